@@ -1,0 +1,145 @@
+"""The `laned` command line. The only place that turns errors into exit codes.
+
+Exit codes: 0 ok, 1 the operation failed (or, with --check, files differ), 2 bad usage
+or a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from laned import __version__
+from laned.errors import ConfigError, LanedError, Severity
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="laned",
+        description="laned owns the GPU inference lanes of this host as systemd user units.",
+        epilog="Config: --config PATH, else $LANED_CONFIG, else $XDG_CONFIG_HOME/laned/laned.toml.",
+    )
+    parser.add_argument("--config", metavar="PATH", help="the laned.toml to use")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    sub.add_parser(
+        "validate",
+        help="check the config and report every problem",
+        description="Check the config; print every error and warning with its key path. "
+        "Exit 0 when it is valid, 2 when it is not.",
+    )
+    render = sub.add_parser(
+        "render",
+        help="write lane units and serve wrappers",
+        description="Write each lane's systemd unit (unit_dir) and serve wrapper (bin_dir) "
+        "atomically, remove laned's files of lanes that left the config, and print what "
+        "changed. A second run changes nothing.",
+    )
+    render.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 with a diff when anything on disk differs",
+    )
+    sub.add_parser("version", help="print laned's version", description="Print laned's version.")
+    sim = sub.add_parser(
+        "sim",
+        help="run the simulated vLLM engine",
+        description="The vLLM-compatible simulated engine: `laned sim serve MODEL [vLLM flags]`.",
+        add_help=False,
+    )
+    sim.add_argument("sim_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _config_path(args: argparse.Namespace) -> str:
+    from laned.paths import default_config_path
+
+    return str(args.config or default_config_path(os.environ))
+
+
+def _print_warnings(config_source: str, warnings: Sequence[object]) -> None:
+    for problem in warnings:
+        print(problem.render(config_source), file=sys.stderr)  # type: ignore[attr-defined]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """`laned validate`."""
+    from laned.config import load_config
+
+    config = load_config(_config_path(args))
+    _print_warnings(config.source, config.warnings)
+    warnings = [w for w in config.warnings if w.severity is Severity.WARNING]
+    lanes = ", ".join(sorted(config.lanes)) or "none"
+    suffix = f", {len(warnings)} warning(s)" if warnings else ""
+    print(f"{config.source}: valid ({len(config.lanes)} lane(s): {lanes}{suffix})")
+    return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """`laned render [--check]`."""
+    from laned import render
+    from laned.config import load_config
+
+    config = load_config(_config_path(args))
+    _print_warnings(config.source, config.warnings)
+    if args.check:
+        differences = render.check(config)
+        for item in differences:
+            print(item)
+        if differences:
+            print(
+                f"{len(differences)} difference(s); run `laned render` to rewrite", file=sys.stderr
+            )
+            return EXIT_FAILED
+        print("in sync: every generated file matches the config")
+        return EXIT_OK
+    changes = render.apply(config)
+    changed = [(a, p) for a, p in changes if a is not render.Action.UNCHANGED]
+    for action, path in changed:
+        print(f"{action.value:9} {path}")
+    if not changed:
+        print(f"unchanged: {len(changes)} file(s) already match the config")
+    elif any(p.endswith(".service") for _, p in changed):
+        print(
+            "units changed: run `systemctl --user daemon-reload` (laned does this itself when it runs)"
+        )
+    return EXIT_OK
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    """`laned sim ...`: hand over to the simulated engine's own command line."""
+    from laned.sim.__main__ import main as sim_main
+
+    return sim_main(list(args.sim_args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
+        return int(exc.code or 0)
+    handlers = {
+        "validate": cmd_validate,
+        "render": cmd_render,
+        "sim": cmd_sim,
+    }
+    if args.command == "version":
+        print(f"laned {__version__}")
+        return EXIT_OK
+    try:
+        return handlers[args.command](args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    except LanedError as exc:
+        print(f"laned: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130

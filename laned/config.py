@@ -1,0 +1,372 @@
+"""The config model: one TOML file parsed into validated, immutable pydantic models.
+
+`load_config()` reads a file; `parse_config()` takes text. Both report every problem
+at once (`ConfigError.problems`), each naming the dotted key path, the bad value and
+what is expected. Semantic rules that span keys live in `laned.checks`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from laned import paths
+from laned.durations import parse_duration
+from laned.errors import ConfigError, Problem, Severity
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+def _scalar_to_str(value: object) -> object:
+    """TOML numbers become the string the engine will see (2 -> "2"); booleans stay invalid."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+ArgText = Annotated[str, BeforeValidator(_scalar_to_str)]
+
+
+class _Model(BaseModel):
+    # Strict: no silent coercion of "8004" into a port or 1 into true. TOML arrays
+    # arrive as lists; the models hold tuples so that they stay immutable.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lists_to_tuples(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return data
+
+
+def _expand_path(value: str | None, info: ValidationInfo) -> str | None:
+    env = (info.context or {}).get("env", os.environ)
+    return None if value is None else paths.expand(value, env)
+
+
+class DaemonConfig(_Model):
+    """`[daemon]`: where laned listens and where it writes what it renders."""
+
+    listen: str = "127.0.0.1:9000"
+    unit_dir: str = ""
+    bin_dir: str = ""
+    state_dir: str = ""
+    podman: str = "podman"
+    token_file: str | None = None
+    default_lane: str | None = None
+
+    @field_validator("unit_dir", "bin_dir", "state_dir", "token_file")
+    @classmethod
+    def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _expand_path(value, info)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any, info: ValidationInfo) -> Any:
+        # Defaults follow the XDG variables the way systemd itself does.
+        if not isinstance(data, dict):
+            return data
+        env = (info.context or {}).get("env", os.environ)
+        data = dict(data)
+        data.setdefault("unit_dir", paths.default_unit_dir(env))
+        data.setdefault("bin_dir", paths.default_bin_dir(env))
+        data.setdefault("state_dir", paths.default_state_dir(env))
+        return data
+
+
+class Arg(_Model):
+    """One engine argument: `flag` alone, or `flag` and `value`, with the reason it is there."""
+
+    flag: ArgText
+    value: ArgText | None = None
+    why: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        # A plain string in `args` is one argv element, exactly as written.
+        return {"flag": data} if isinstance(data, str) else data
+
+    def argv(self) -> list[str]:
+        """The argv elements this argument becomes."""
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+
+class EnvVar(_Model):
+    """One environment variable for the engine, with the reason it is set."""
+
+    value: ArgText
+    why: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_scalar(cls, data: Any) -> Any:
+        if isinstance(data, (str, int, float)) and not isinstance(data, bool):
+            return {"value": _scalar_to_str(data)}
+        return data
+
+
+class Sampling(_Model):
+    """Server-side sampling defaults for requests that send none (generation_config.json keys)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    max_new_tokens: int | None = Field(default=None, gt=0)
+
+    def as_json_dict(self) -> dict[str, float | int]:
+        """The keys that are set, in a stable order, for generation_config.json."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class ContainerSpec(_Model):
+    """`[lanes.X.container]`: the engine runs as `podman run --rm` of a local image."""
+
+    image: str
+    name: str | None = None
+    entrypoint: str | None = None
+    command: tuple[ArgText, ...] = ()
+    devices: tuple[str, ...] = ()
+    network: str | None = None
+    ipc: str | None = None
+    security_opt: tuple[str, ...] = ()
+    volumes: tuple[str, ...] = ()
+    podman_args: tuple[ArgText, ...] = ()
+
+    @field_validator("volumes")
+    @classmethod
+    def _expand_sources(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        # Only the host side of SRC:DST[:OPTS] is a path on this machine.
+        env = (info.context or {}).get("env", os.environ)
+        out = []
+        for volume in value:
+            src, sep, rest = volume.partition(":")
+            out.append(paths.expand(src, env) + sep + rest)
+        return tuple(out)
+
+
+class ExecSpec(_Model):
+    """`[lanes.X.exec]`: the engine runs as a host process (a venv's vllm, the simulator)."""
+
+    command: tuple[ArgText, ...] = Field(min_length=1)
+
+
+class LaneConfig(_Model):
+    """`[lanes.X]`: one engine with its exact flags, environment, mounts and API key."""
+
+    description: str = ""
+    unit: str | None = None
+    group: str = "gpu"
+    port: int = Field(ge=1, le=65535)
+    health_path: str = "/health"
+    served_model_name: str
+    api_key_file: str | None = None
+    start_timeout: Duration = 3600.0
+    stop_timeout: Duration = 120.0
+    restart_sec: Duration = 15.0
+    start_limit_burst: int = Field(default=5, ge=1)
+    start_limit_interval: Duration = 1800.0
+    sampling: Sampling | None = None
+    env: dict[str, EnvVar] = Field(default_factory=dict)
+    args: tuple[Arg, ...] = ()
+    container: ContainerSpec | None = None
+    exec: ExecSpec | None = None
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _expand_path(value, info)
+
+    def engine_args(self) -> list[str]:
+        """The user's engine arguments as argv elements (without laned's own additions)."""
+        return [part for arg in self.args for part in arg.argv()]
+
+
+class Config(_Model):
+    """The whole file: `[daemon]` and `[lanes.*]`."""
+
+    daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    lanes: dict[str, LaneConfig] = Field(default_factory=dict)
+    source: str = Field(default="", exclude=True)
+    warnings: tuple[Problem, ...] = Field(default=(), exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _daemon_table(cls, data: Any) -> Any:
+        # Validate a missing [daemon] too, so that its defaults see the caller's environment.
+        if isinstance(data, dict) and "daemon" not in data:
+            return {**data, "daemon": {}}
+        return data
+
+
+def load_config(path: str, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the config at `path`; raise ConfigError listing every problem."""
+    env = os.environ if env is None else env
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        raise ConfigError(
+            path,
+            [
+                Problem(
+                    "",
+                    "no such file",
+                    "create it (see config/laned.example.toml) or pass --config PATH / set LANED_CONFIG",
+                )
+            ],
+        ) from None
+    except OSError as exc:
+        raise ConfigError(path, [Problem("", f"cannot read: {exc.strerror}")]) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, [Problem("", f"not UTF-8 text ({exc.reason})")]) from exc
+    return parse_config(text, source=path, env=env)
+
+
+def parse_config(
+    text: str, source: str = "<config>", env: Mapping[str, str] | None = None
+) -> Config:
+    """Parse TOML text into a Config; raise ConfigError listing every problem."""
+    from laned.checks import check_config  # the semantic rules build on the model
+
+    env = os.environ if env is None else env
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            source, [Problem("", f"not valid TOML: {exc}", "check quoting and brackets there")]
+        ) from exc
+    try:
+        config = Config.model_validate(data, context={"env": env})
+    except ValidationError as exc:
+        raise ConfigError(source, [_problem_from(err, data) for err in exc.errors()]) from None
+    except ValueError as exc:  # e.g. $XDG_RUNTIME_DIR used but unset
+        raise ConfigError(source, [Problem("", str(exc))]) from None
+    problems = check_config(config)
+    if any(p.severity is Severity.ERROR for p in problems):
+        raise ConfigError(source, problems)
+    return config.model_copy(update={"source": source, "warnings": tuple(problems)})
+
+
+# --- translating pydantic's errors into laned's Problems -------------------------------
+
+_BRANCH_NAMES = {"str", "int", "float", "function-before", "function-after"}
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and (part in _BRANCH_NAMES or part[:1].isupper()):
+            continue  # pydantic's names for union branches and model classes
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model class whose fields are allowed at `loc` (the parent of an unknown key)."""
+    model: Any = Config
+    annotation: Any = None
+    for part in loc:
+        if annotation is None:
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                return None
+            if part not in model.model_fields:
+                if isinstance(part, str) and part[:1].isupper():
+                    continue
+                return None
+            annotation = model.model_fields[part].annotation
+        else:
+            annotation = _item_type(annotation)
+        inner = _unwrap(annotation)
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            model, annotation = inner, None
+    return model if annotation is None else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _unwrap(members[0]) if len(members) == 1 else annotation
+    if origin is Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    return annotation
+
+
+def _item_type(annotation: Any) -> Any:
+    inner = _unwrap(annotation)
+    args = typing.get_args(inner)
+    origin = typing.get_origin(inner)
+    if origin is dict:
+        return args[1]
+    if origin in (tuple, list):
+        return args[0]
+    return None
+
+
+def _problem_from(err: Any, data: Any) -> Problem:
+    loc = tuple(err["loc"])
+    path = _dotted(loc)
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        model = _model_at(loc[:-1])
+        known = sorted(model.model_fields) if model else []
+        known = [k for k in known if k not in ("source", "warnings")]
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean `{close[0]}`?" if close else ""
+        if known:
+            hint = (hint + " " if hint else "") + "known keys here: " + ", ".join(known)
+        return Problem(path, f"unknown key `{key}`", hint)
+    if kind == "missing":
+        return Problem(path, "is required but missing", "add it; see docs/configuration.md")
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return Problem(path, f"{message} (got {shown})", _type_hint(kind))
+
+
+def _type_hint(kind: str) -> str:
+    hints = {
+        "string_type": 'write it as a quoted string, e.g. "text"',
+        "int_type": "write a whole number without quotes",
+        "bool_type": "write true or false",
+        "tuple_type": 'write a list, e.g. ["a", "b"]',
+        "dict_type": 'write a table, e.g. { KEY = "value" }',
+        "model_type": "write a table here",
+    }
+    return hints.get(kind, "see docs/configuration.md for what this key takes")

@@ -1,0 +1,54 @@
+"""Durations as people write them in the config ("90s", "15m", "1h30m", 600) and as systemd reads them."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: object) -> float:
+    """Parse "90s", "15m", "1h30m", "500ms" or a number of seconds into seconds (float)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 90s, 15m, 1h or a number of seconds")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative (got {value})")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError("expected a duration such as 90s, 15m, 1h or a number of seconds")
+    text = value.strip().replace(" ", "")
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    pos, total = 0, 0.0
+    for match in _PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(
+            f"{value!r} is not a duration; write it like 90s, 15m, 1h, 1h30m, 500ms or 600"
+        )
+    return total
+
+
+def systemd_seconds(seconds: float) -> str:
+    """Render seconds the way a unit file states them: `15` for whole seconds, `1500ms` otherwise."""
+    if float(seconds).is_integer():
+        return str(int(seconds))
+    return f"{round(seconds * 1000)}ms"
+
+
+def human(seconds: float) -> str:
+    """Render seconds compactly for messages: 3600 -> "1h", 90 -> "1m30s"."""
+    whole = int(seconds)
+    if whole != seconds:
+        return f"{seconds:g}s"
+    parts = []
+    for name, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if whole >= size:
+            parts.append(f"{whole // size}{name}")
+            whole %= size
+    return "".join(parts) or "0s"

@@ -1,0 +1,80 @@
+"""laned's exception tree. Every error laned raises on purpose is one of these.
+
+    LanedError                      root: what went wrong, and a hint for what to do
+    ├── ConfigError                 the config file is unreadable or invalid (carries every Problem)
+    ├── RenderError                 generated files could not be written or differ on disk
+    └── EngineError                 the simulated engine was started with bad arguments
+
+Errors of foreign libraries (pydantic, tomllib, OSError) are translated at the
+boundary where they happen: ``raise ConfigError(...) from exc``. Only the CLI turns a
+LanedError into an exit code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Severity(str, Enum):
+    """How bad a finding is: an error blocks, a warning is reported and let through."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding about a config: where (file and dotted key path), what, and what to do."""
+
+    path: str
+    message: str
+    hint: str = ""
+    severity: Severity = Severity.ERROR
+
+    def render(self, source: str = "") -> str:
+        """Format as one or two lines: `file: key.path: message` and an indented hint."""
+        where = f"{source}: " if source else ""
+        key = f"{self.path}: " if self.path else ""
+        tag = "" if self.severity is Severity.ERROR else "warning: "
+        text = f"{where}{tag}{key}{self.message}"
+        if self.hint:
+            text += f"\n    hint: {self.hint}"
+        return text
+
+
+class LanedError(Exception):
+    """Root of laned's errors: a message that says what went wrong and a hint."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class ConfigError(LanedError):
+    """The config could not be loaded: every problem found, each with its key path."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        errors = [p for p in problems if p.severity is Severity.ERROR]
+        count = len(errors)
+        head = f"{source}: {count} error{'s' if count != 1 else ''} in the config"
+        super().__init__(head, "fix the keys named above and run `laned validate` again")
+
+    def __str__(self) -> str:
+        lines = [self.message]
+        lines += ["  " + p.render(self.source).replace("\n", "\n  ") for p in self.problems]
+        return "\n".join(lines)
+
+
+class RenderError(LanedError):
+    """Generated files could not be written, or (with --check) differ from what is on disk."""
+
+
+class EngineError(LanedError):
+    """The simulated engine was given arguments it cannot run with."""

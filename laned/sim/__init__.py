@@ -1,0 +1,1 @@
+"""The vLLM-compatible simulated engine (standard library only)."""

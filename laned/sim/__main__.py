@@ -1,0 +1,283 @@
+"""`laned sim serve MODEL [vLLM flags]` (also `python -m laned.sim serve ...`, and `vllm` in the image).
+
+Startup is paced like vLLM's: the port stays closed while the engine "loads", and the
+log shows vLLM's own phase lines with progress. Tuning comes from the environment so
+that units and containers can set it: LANED_SIM_STARTUP (seconds, default 3),
+LANED_SIM_DECODE_TPS (50), LANED_SIM_PREFILL_TPS (5000), LANED_SIM_FAIL_AT_START
+(an exit code to die with during startup).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from laned.errors import EngineError
+from laned.sim.engine import VERSION, Engine, Settings, log
+from laned.sim.http import Server
+
+# vLLM flags that take no value: anything else unknown that is followed by a word takes it.
+_SWITCHES = {
+    "--enforce-eager",
+    "--enable-auto-tool-choice",
+    "--trust-remote-code",
+    "--disable-log-requests",
+}
+USAGE = "usage: laned sim serve MODEL [--host H] [--port P] [--served-model-name N] [--api-key K] [vLLM flags]"
+
+
+def _int(text: str, flag: str) -> int:
+    scale = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}
+    try:
+        if text and text[-1] in scale:
+            return int(float(text[:-1]) * scale[text[-1]])
+        return int(text)
+    except ValueError:
+        raise EngineError(f"{flag}: {text!r} is not a whole number", USAGE) from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise EngineError(
+            f"{name}={value!r} is not a number", f"set {name} to a number such as {default:g}"
+        ) from None
+    if number < 0 or (number == 0 and name.endswith("_TPS")):
+        raise EngineError(
+            f"{name}={value!r} must be positive", f"set {name} to a number such as {default:g}"
+        )
+    return number
+
+
+def _json(text: str, flag: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise EngineError(f"{flag}: {text!r} is not valid JSON", USAGE) from None
+    if not isinstance(value, dict):
+        raise EngineError(f"{flag}: expected a JSON object", USAGE)
+    return value
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
+    """Parse vLLM-style arguments and LANED_SIM_* tuning into Settings."""
+    args = list(argv)
+    if not args or args[0] != "serve":
+        raise EngineError("expected the `serve` subcommand", USAGE)
+    args = args[1:]
+    if not args or args[0].startswith("-"):
+        raise EngineError("expected the model path or name after `serve`", USAGE)
+    settings = Settings(model=args[0])
+    values: dict[str, str] = {}
+    i = 1
+    while i < len(args):
+        item = args[i]
+        if not item.startswith("--"):
+            raise EngineError(f"unexpected argument {item!r}", USAGE)
+        flag, has_eq, value = item.partition("=")
+        if not has_eq:
+            if flag not in _SWITCHES and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value = args[i + 1]
+                i += 1
+            else:
+                value = ""
+        values[flag] = value
+        i += 1
+    known: dict[str, Callable[[str], None]] = {
+        "--host": lambda v: setattr(settings, "host", v),
+        "--port": lambda v: setattr(settings, "port", _int(v, "--port")),
+        "--served-model-name": lambda v: setattr(settings, "served_model_name", v),
+        "--api-key": lambda v: setattr(settings, "api_key", v),
+        "--max-model-len": lambda v: setattr(settings, "max_model_len", _int(v, "--max-model-len")),
+        "--max-num-seqs": lambda v: setattr(settings, "max_num_seqs", _int(v, "--max-num-seqs")),
+        "--generation-config": lambda v: setattr(
+            settings, "generation_defaults", _generation_config(v)
+        ),
+        "--default-chat-template-kwargs": lambda v: setattr(
+            settings, "chat_template_kwargs", _json(v, "--default-chat-template-kwargs")
+        ),
+        "--reasoning-parser": lambda v: setattr(settings, "reasoning_parser", v or None),
+        "--enable-auto-tool-choice": lambda v: setattr(settings, "auto_tool_choice", True),
+        "--enforce-eager": lambda v: setattr(settings, "enforce_eager", True),
+        "--speculative-config": lambda v: setattr(
+            settings,
+            "num_spec_tokens",
+            int(_json(v, "--speculative-config").get("num_speculative_tokens", 0)),
+        ),
+    }
+    for flag, value in values.items():
+        if flag in known:
+            known[flag](value)
+        else:
+            settings.unknown.append(flag)
+    if settings.api_key is None and env.get("VLLM_API_KEY"):
+        settings.api_key = env["VLLM_API_KEY"]
+    if not 0 < settings.port < 65536:
+        raise EngineError(f"--port {settings.port} is out of range", USAGE)
+    if settings.max_model_len < 16:
+        raise EngineError(
+            f"--max-model-len {settings.max_model_len} is too small", "use at least 16"
+        )
+    settings.startup = _float(env, "LANED_SIM_STARTUP", 3.0)
+    settings.decode_tps = _float(env, "LANED_SIM_DECODE_TPS", 50.0)
+    settings.prefill_tps = _float(env, "LANED_SIM_PREFILL_TPS", 5000.0)
+    fail = env.get("LANED_SIM_FAIL_AT_START")
+    if fail:
+        settings.fail_at_start = _int(fail, "LANED_SIM_FAIL_AT_START")
+    return settings
+
+
+def _generation_config(directory: str) -> dict[str, Any]:
+    if directory in ("auto", "vllm"):
+        return {}
+    path = os.path.join(directory, "generation_config.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise EngineError(
+            f"--generation-config: cannot read {path}: {exc}",
+            "pass a directory with generation_config.json",
+        ) from exc
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+    return {k: data[k] for k in keys if k in data}
+
+
+def _bar(done: int, total: int) -> str:
+    filled = done * 10 // max(total, 1)
+    return "█" * filled + " " * (10 - filled)
+
+
+async def _startup(s: Settings, stop: asyncio.Event) -> bool:
+    """Log vLLM's startup phases over LANED_SIM_STARTUP seconds; False when told to stop."""
+
+    async def pause(seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=max(seconds, 0))
+            return False
+        except asyncio.TimeoutError:
+            return True
+
+    shards = 8
+    weights_time = s.startup * 0.5
+    log("INFO", "model_runner.py:1", f"Starting to load model {s.model}...")
+    for i in range(shards + 1):
+        pct = i * 100 // shards
+        print(f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {i}/{shards} [00:00<00:00]",
+              file=sys.stderr, flush=True)  # fmt: skip
+        if i < shards and not await pause(weights_time / shards):
+            return False
+        if s.fail_at_start is not None and i == shards // 2:
+            log("ERROR", "core.py:700", "EngineCore failed to start.")
+            log(
+                "ERROR",
+                "core.py:700",
+                "RuntimeError: simulated startup failure (LANED_SIM_FAIL_AT_START)",
+            )
+            sys.stderr.flush()
+            os._exit(s.fail_at_start)
+    log("INFO", "default_loader.py:262", f"Loading weights took {weights_time:.2f} seconds")
+    log(
+        "INFO",
+        "gpu_model_runner.py:1",
+        f"Model loading took 42.17 GiB and {weights_time:.2f} seconds",
+    )
+    if not await pause(s.startup * 0.2):
+        return False
+    kv_gib = s.kv_capacity * 2 / 1024**2
+    log("INFO", "gpu_worker.py:276", f"Available KV cache memory: {kv_gib:.2f} GiB")
+    log("INFO", "kv_cache_utils.py:1", f"GPU KV cache size: {s.kv_capacity:,} tokens")
+    log("INFO", "kv_cache_utils.py:1",
+        f"Maximum concurrency for {s.max_model_len:,} tokens per request: {s.kv_capacity / s.max_model_len:.2f}x")  # fmt: skip
+    if s.enforce_eager:
+        if not await pause(s.startup * 0.3):
+            return False
+    else:
+        graphs = 10
+        for i in range(graphs + 1):
+            print(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {i * 100 // graphs:3d}%|{_bar(i, graphs)}| "
+                  f"{i}/{graphs} [00:00<00:00]", file=sys.stderr, flush=True)  # fmt: skip
+            if i < graphs and not await pause(s.startup * 0.3 / graphs):
+                return False
+        log(
+            "INFO",
+            "gpu_model_runner.py:1",
+            f"Graph capturing finished in {s.startup * 0.3:.0f} secs",
+        )
+    log("INFO", "api_server.py:1", f"Starting vLLM API server 0 on http://{s.host}:{s.port}")
+    return True
+
+
+async def serve(settings: Settings) -> int:
+    """Run the engine until SIGTERM/SIGINT (exit 0) or a fault ends it."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    pid = os.getpid()
+    log("INFO", "api_server.py:1", f"vLLM API server version {VERSION}")
+    shown = {"model": settings.model, "host": settings.host, "port": settings.port,
+             "served_model_name": settings.name, "max_model_len": settings.max_model_len}  # fmt: skip
+    log("INFO", "utils.py:1", f"non-default args: {shown}")
+    for flag in settings.unknown:
+        log("INFO", "sim.py:1", f"accepted vLLM flag {flag} (no effect in the simulator)")
+    if settings.generation_defaults:
+        log(
+            "INFO",
+            "serving_chat.py:1",
+            f"Using default chat sampling params from model: {settings.generation_defaults}",
+        )
+    if not await _startup(settings, stop):
+        log("INFO", "launcher.py:1", "Shutting down during startup.")
+        return 0
+
+    def exit_now(code: int) -> None:
+        log("INFO", "launcher.py:1", "Shutting down FastAPI HTTP server.")
+        sys.stderr.flush()
+        os._exit(code)
+
+    engine = Engine(settings, exit_now)
+    server = Server(engine.handle)
+    try:
+        await server.start(settings.host, settings.port)
+    except OSError as exc:
+        log("ERROR", "api_server.py:1", f"[Errno {exc.errno}] error while attempting to bind on address "
+            f"('{settings.host}', {settings.port}): {exc.strerror}")  # fmt: skip
+        return 1
+    print(f"INFO:     Started server process [{pid}]", file=sys.stderr, flush=True)
+    print("INFO:     Waiting for application startup.", file=sys.stderr, flush=True)
+    print("INFO:     Application startup complete.", file=sys.stderr, flush=True)
+    await stop.wait()
+    print("INFO:     Shutting down", file=sys.stderr, flush=True)
+    await server.close()
+    print("INFO:     Application shutdown complete.", file=sys.stderr, flush=True)
+    print(f"INFO:     Finished server process [{pid}]", file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, then serve; bad arguments exit 2 with the reason."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]) or not argv:
+        print(USAGE)
+        print(__doc__)
+        return 0 if argv else 2
+    try:
+        settings = parse_args(argv, os.environ)
+    except EngineError as exc:
+        print(f"laned sim: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

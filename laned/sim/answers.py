@@ -1,0 +1,225 @@
+"""What the simulated engine says: tokens and deterministic answers (pure, no I/O).
+
+Good enough for the acceptance checks of seed 002: a plain answer that stops on its
+own, reasoning kept apart from the answer, 17 × 23 done right, a tool call with valid
+JSON arguments and then use of its result, and recall of a code buried in a long prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_PROMPT_TOKEN = re.compile(r"\w+|[^\w\s]")
+_OUTPUT_TOKEN = re.compile(r"\s*\S+")
+_ARITH = re.compile(r"(-?\d+(?:\.\d+)?)\s*([x×*+\-/÷])\s*(-?\d+(?:\.\d+)?)")
+_CODE = re.compile(
+    r"(?:code|passcode|password|secret|needle|key|token)\s*(?:is|was|:|=)\s*[\"'`]?"
+    r"([A-Za-z0-9][A-Za-z0-9_-]{2,})",
+    re.IGNORECASE,
+)
+_LONG = re.compile(r"\b(write|story|essay|explain in detail|describe at length|count)\b", re.I)
+
+FILLER = (
+    "The simulated engine keeps talking at its configured pace so that a client can "
+    "measure decode speed, and every token it sends is counted in its metrics. "
+)
+
+
+def count_prompt_tokens(text: str) -> int:
+    """Tokens in a prompt: words and punctuation marks (a stable stand-in for a tokenizer)."""
+    return len(_PROMPT_TOKEN.findall(text))
+
+
+def prompt_token_list(text: str) -> list[str]:
+    """The prompt's tokens, for prefix-cache block hashing."""
+    return _PROMPT_TOKEN.findall(text)
+
+
+def split_output(text: str) -> list[str]:
+    """Split output text into the tokens that are streamed one by one (joined, they are the text)."""
+    return _OUTPUT_TOKEN.findall(text)
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a chat message whose content is a string or a list of parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def chat_prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """Prompt tokens of a chat request: contents plus a few template tokens per message."""
+    total = sum(count_prompt_tokens(message_text(m)) + 4 for m in messages)
+    if tools:
+        total += count_prompt_tokens(json.dumps(tools))
+    return total + 2
+
+
+@dataclass
+class Answer:
+    """What the engine will emit for one request."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    long: bool = False  # keep generating filler until max_tokens
+
+
+def _format_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def arithmetic(text: str) -> tuple[str, str] | None:
+    """Solve the first `a op b` in text: (working, result); None when there is none."""
+    match = _ARITH.search(text)
+    if not match:
+        return None
+    a, op, b = float(match.group(1)), match.group(2), float(match.group(3))
+    if op in "x×*":
+        result, sign = a * b, "×"
+    elif op == "+":
+        result, sign = a + b, "+"
+    elif op == "-":
+        result, sign = a - b, "-"
+    else:
+        if b == 0:
+            return (f"{_format_number(a)} ÷ 0 is undefined.", "undefined")
+        result, sign = a / b, "÷"
+    sa, sb, sr = _format_number(a), _format_number(b), _format_number(result)
+    working = f"The question asks for {sa} {sign} {sb}."
+    if sign == "×" and b >= 10 and b.is_integer() and a.is_integer():
+        tens, ones = int(b) // 10 * 10, int(b) % 10
+        working += (
+            f" {sa} × {tens} = {_format_number(a * tens)}, {sa} × {ones} = {_format_number(a * ones)},"
+            f" and {_format_number(a * tens)} + {_format_number(a * ones)} = {sr}."
+        )
+    else:
+        working += f" That is {sr}."
+    return working, sr
+
+
+def find_code(text: str) -> str | None:
+    """The code buried in a prompt (`the code is X7-...`): the last one that has a digit."""
+    found = [m.group(1) for m in _CODE.finditer(text) if any(ch.isdigit() for ch in m.group(1))]
+    return found[-1] if found else None
+
+
+def _tool_keywords(tool: dict[str, Any]) -> set[str]:
+    function = tool.get("function", {})
+    words = re.split(r"[_\W]+", f"{function.get('name', '')} {function.get('description', '')}")
+    stop = {"the", "and", "for", "with", "from", "that", "this", "into", "returns", "return", "get"}
+    return {w.lower() for w in words if len(w) >= 4 and w.lower() not in stop}
+
+
+def _argument_for(name: str, schema: dict[str, Any], text: str) -> Any:
+    kind = schema.get("type", "string")
+    if schema.get("enum"):
+        for option in schema["enum"]:
+            if str(option).lower() in text.lower():
+                return option
+        return schema["enum"][0]
+    if kind in ("number", "integer"):
+        match = re.search(r"-?\d+(?:\.\d+)?", text)
+        number = float(match.group(0)) if match else 0.0
+        return int(number) if kind == "integer" else number
+    if kind == "boolean":
+        return not re.search(r"\b(no|not|false|without)\b", text, re.I)
+    quoted = re.search(r"[\"“']([^\"”']{1,80})[\"”']", text)
+    if quoted:
+        return quoted.group(1)
+    place = re.search(r"\b(?:in|for|of|at|about|to)\s+((?:[A-Z][\w.-]*)(?:\s+[A-Z][\w.-]*)*)", text)
+    if place:
+        return place.group(1)
+    capitals = re.findall(r"\b[A-Z][a-z][\w-]*", text)
+    if capitals:
+        return capitals[-1]
+    words = re.findall(r"\w+", text)
+    return words[-1] if words else name
+
+
+def tool_call_for(tool: dict[str, Any], text: str, call_id: str) -> dict[str, Any]:
+    """A call of `tool` whose arguments are read out of the user's text, as valid JSON."""
+    function = tool.get("function", {})
+    params = function.get("parameters") or {}
+    properties = params.get("properties") or {}
+    required = params.get("required") or list(properties)
+    args = {name: _argument_for(name, properties.get(name, {}), text) for name in required}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": function.get("name", "tool"), "arguments": json.dumps(args)},
+    }
+
+
+def _choose_tool(tools: list[dict[str, Any]], tool_choice: Any, text: str) -> dict[str, Any] | None:
+    if not tools or tool_choice == "none":
+        return None
+    if isinstance(tool_choice, dict):
+        wanted = tool_choice.get("function", {}).get("name")
+        return next((t for t in tools if t.get("function", {}).get("name") == wanted), None)
+    if tool_choice == "required":
+        return tools[0]
+    words = {w.lower() for w in re.findall(r"\w+", text)}
+    for tool in tools:
+        if _tool_keywords(tool) & words:
+            return tool
+    return None
+
+
+def compose_chat(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    thinking: bool,
+    model: str,
+    call_id: str,
+) -> Answer:
+    """Decide the reply to a chat request, deterministically."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    question = message_text(messages[last_user]) if last_user >= 0 else ""
+    tool_results = [m for m in messages[last_user + 1 :] if m.get("role") == "tool"]
+    everything = "\n".join(message_text(m) for m in messages)
+    if tool_results:
+        result = message_text(tool_results[-1])
+        return Answer(
+            content=f"According to the tool, the result is: {result}",
+            reasoning="The tool answered; I will report its result to the user.",
+        )
+    tool = _choose_tool(tools or [], tool_choice, question)
+    if tool is not None:
+        call = tool_call_for(tool, question, call_id)
+        name = call["function"]["name"]
+        return Answer(
+            reasoning=f"The user needs {name}; I will call it with arguments taken from the request.",
+            tool_calls=[call],
+        )
+    return compose_text(question, everything, thinking, model)
+
+
+def compose_text(question: str, context: str, thinking: bool, model: str) -> Answer:
+    """Decide the reply to a plain prompt (chat without tools, or a completion)."""
+    math = arithmetic(question)
+    if math is not None:
+        working, result = math
+        return Answer(
+            content=f"{result}" if thinking else f"{working} The answer is {result}.",
+            reasoning=working,
+        )
+    if re.search(r"\b(code|passcode|password|secret|needle)\b", question, re.I):
+        code = find_code(context)
+        if code:
+            return Answer(
+                content=f"The code is {code}.", reasoning="I searched the text for the code."
+            )
+    if _LONG.search(question):
+        return Answer(content=FILLER, reasoning="The user wants a long text.", long=True)
+    return Answer(
+        content=f"This is {model}, served by laned's simulated engine. Your question was received.",
+        reasoning="A short, direct answer is enough here.",
+    )

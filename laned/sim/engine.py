@@ -1,0 +1,539 @@
+"""The simulated engine's behaviour: vLLM's endpoints, pacing, metrics and failure modes.
+
+One Engine per process. Requests are admitted up to max_num_seqs (the rest wait, as in
+vLLM's scheduler), prefill is paced at the configured prefill rate for the tokens the
+prefix cache does not already hold, and decode at the configured rate per stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from laned.sim import answers
+from laned.sim.http import Request, Response
+from laned.sim.metrics import Metrics
+
+VERSION = "0.11.0+laned.sim"
+BLOCK = 16  # tokens per KV block, for prefix-cache accounting
+
+
+def log(level: str, where: str, message: str) -> None:
+    """Write one line the way vLLM's logger does: `INFO 12-02 10:00:00 [file.py:12] message`."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"{level} {stamp} [{where}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Settings:
+    """Everything the engine was started with (command line, environment)."""
+
+    model: str
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: str = ""
+    api_key: str | None = None
+    max_model_len: int = 32768
+    max_num_seqs: int = 256
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_parser: str | None = None
+    auto_tool_choice: bool = False
+    num_spec_tokens: int = 0
+    enforce_eager: bool = False
+    startup: float = 3.0
+    decode_tps: float = 50.0
+    prefill_tps: float = 5000.0
+    fail_at_start: int | None = None
+    unknown: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The model name clients use."""
+        return self.served_model_name or self.model
+
+    @property
+    def kv_capacity(self) -> int:
+        """KV cache capacity in tokens."""
+        return max(self.max_model_len * 4, 1)
+
+
+@dataclass
+class Job:
+    """One request's work: what to emit and how it ends."""
+
+    prompt_text: str
+    prompt_tokens: int
+    pieces: list[tuple[str, str]]
+    tool_calls: list[dict[str, Any]]
+    truncated: bool  # cut short by max_tokens: finish_reason "length"
+
+    @property
+    def finish_reason(self) -> str:
+        """The OpenAI finish_reason."""
+        if self.tool_calls:
+            return "tool_calls"
+        return "length" if self.truncated else "stop"
+
+
+class EngineDead(Exception):
+    """The engine core died: every request fails from now on."""
+
+
+def _error(message: str, status: int, kind: str = "BadRequestError") -> Response:
+    return Response.json(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status
+    )
+
+
+class Engine:
+    """The simulated engine: state, routes, and faults."""
+
+    def __init__(self, settings: Settings, on_exit: Callable[[int], None]) -> None:
+        self.settings = settings
+        self.on_exit = on_exit
+        self.metrics = Metrics(
+            settings.name, settings.num_spec_tokens > 0, settings.num_spec_tokens
+        )
+        self.dead = False
+        self.stalled = False
+        self.cached_blocks: set[str] = set()
+        self.kv_tokens = 0
+        self.slot_free = asyncio.Condition()
+        self.started = time.time()
+
+    # --- routing ---------------------------------------------------------------------
+
+    async def handle(self, request: Request) -> Response:
+        """Route one request."""
+        route = (request.method, request.path)
+        if request.path not in ("/health", "/metrics"):
+            log("INFO", "api_server.py:1", f'"{request.method} {request.path} HTTP/1.1"')
+        if route == ("GET", "/health"):
+            return Response(503 if self.dead else 200, b"", "application/json")
+        if route == ("GET", "/version"):
+            return Response.json({"version": VERSION})
+        if route == ("GET", "/metrics"):
+            return Response.text(
+                self.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8"
+            )
+        if route == ("POST", "/sim/fault"):
+            return self._fault(request)
+        if route == ("GET", "/sim/state"):
+            return Response.json(self._state())
+        if request.path.startswith("/v1/"):
+            denied = self._authorize(request)
+            if denied is not None:
+                return denied
+            if route == ("GET", "/v1/models"):
+                return Response.json(self._models())
+            if route == ("POST", "/v1/chat/completions"):
+                return await self._completion(request, chat=True)
+            if route == ("POST", "/v1/completions"):
+                return await self._completion(request, chat=False)
+        if request.path in (
+            "/health",
+            "/version",
+            "/metrics",
+            "/v1/models",
+            "/v1/chat/completions",
+            "/v1/completions",
+        ):
+            return Response.json({"detail": "Method Not Allowed"}, 405)
+        return Response.json({"detail": "Not Found"}, 404)
+
+    def _authorize(self, request: Request) -> Response | None:
+        key = self.settings.api_key
+        if not key:
+            return None
+        given = request.headers.get("authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return None
+        return Response.json({"error": "Unauthorized"}, 401)
+
+    def _models(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": s.name,
+                    "object": "model",
+                    "created": int(self.started),
+                    "owned_by": "vllm",
+                    "root": s.model,
+                    "parent": None,
+                    "max_model_len": s.max_model_len,
+                }
+            ],
+        }
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": self.settings.model,
+            "served_model_name": self.settings.name,
+            "max_model_len": self.settings.max_model_len,
+            "generation_defaults": self.settings.generation_defaults,
+            "decode_tps": self.settings.decode_tps,
+            "prefill_tps": self.settings.prefill_tps,
+            "unknown_flags": self.settings.unknown,
+            "dead": self.dead,
+            "stalled": self.stalled,
+            "running": self.metrics.running,
+            "waiting": self.metrics.waiting,
+        }
+
+    # --- faults ----------------------------------------------------------------------
+
+    def _fault(self, request: Request) -> Response:
+        try:
+            body = request.json()
+            kind = body["kind"]
+        except (ValueError, KeyError, TypeError):
+            return _error('expected {"kind": "exit"|"engine-dead"|"stall"|"crash", ...}', 400)
+        log("WARNING", "sim.py:1", f"fault injected: {json.dumps(body)}")
+        if kind == "exit":
+            code = int(body.get("code", 1))
+            return Response(200, b'{"fault":"exit"}', after=lambda: self.on_exit(code))
+        if kind == "crash":
+            sig = int(body.get("signal", signal.SIGKILL))
+
+            def crash() -> None:
+                signal.signal(sig, signal.SIG_DFL)
+                os.kill(os.getpid(), sig)
+
+            return Response(200, b'{"fault":"crash"}', after=crash)
+        if kind == "engine-dead":
+            self.dead = True
+            asyncio.get_running_loop().call_later(0.2, self._log_engine_death)
+            return Response.json({"fault": "engine-dead"})
+        if kind == "stall":
+            self.stalled = True
+            return Response.json({"fault": "stall"})
+        return _error(f"unknown fault kind {kind!r}", 400)
+
+    def _log_engine_death(self) -> None:
+        log(
+            "ERROR",
+            "core_client.py:564",
+            "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+        )
+        log("ERROR", "async_llm.py:480", "AsyncLLM output_handler failed.")
+        log(
+            "ERROR",
+            "async_llm.py:480",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+        )
+        # vLLM's API server then shuts itself down and exits with status 0 (vLLM #48966).
+        asyncio.get_running_loop().call_later(2.0, lambda: self.on_exit(0))
+
+    # --- completions -----------------------------------------------------------------
+
+    async def _completion(self, request: Request, chat: bool) -> Response:
+        if self.dead:
+            return _error(
+                "EngineCore encountered an issue. See stack trace for the root cause.",
+                500,
+                "EngineDeadError",
+            )
+        try:
+            body = request.json()
+        except ValueError:
+            return _error("request body is not valid JSON", 400)
+        if not isinstance(body, dict):
+            return _error("request body must be a JSON object", 400)
+        s = self.settings
+        if body.get("model") not in (None, s.name):
+            return _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
+        call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"
+        if chat:
+            messages = body.get("messages")
+            if (
+                not isinstance(messages, list)
+                or not all(isinstance(m, dict) for m in messages)
+                or not messages
+            ):
+                return _error("messages must be a non-empty list of message objects", 400)
+            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+            kwargs = {**s.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
+            thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", False)))
+            prompt_tokens = answers.chat_prompt_tokens(messages, tools)
+            prompt_text = "\n".join(answers.message_text(m) for m in messages)
+            tool_choice = body.get(
+                "tool_choice", "auto" if (tools and s.auto_tool_choice) else "none"
+            )
+            answer = answers.compose_chat(messages, tools, tool_choice, thinking, s.name, call_id)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list):
+                prompt = " ".join(str(p) for p in prompt)
+            if not isinstance(prompt, str):
+                return _error("prompt must be a string", 400)
+            thinking = False
+            prompt_tokens = answers.count_prompt_tokens(prompt) + 1
+            prompt_text = prompt
+            answer = answers.compose_text(prompt, prompt, False, s.name)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            return _error("max_tokens must be a positive integer", 400)
+        requested = max_tokens or 0
+        if prompt_tokens + requested > s.max_model_len:
+            return _error(
+                f"This model's maximum context length is {s.max_model_len} tokens. However, you requested "
+                f"{prompt_tokens + requested} tokens ({prompt_tokens} in the messages, {requested} in the "
+                "completion). Please reduce the length of the messages or completion.",
+                400,
+            )
+        limit = max_tokens or (s.max_model_len - prompt_tokens)
+        pieces = self._pieces(answer, thinking, limit, bool(body.get("ignore_eos")))
+        job = Job(
+            prompt_text, prompt_tokens, pieces[:limit], answer.tool_calls, len(pieces) > limit
+        )
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return Response(
+                200, content_type="text/event-stream", stream=self._sse(job, chat, include_usage)
+            )
+        return await self._collect(job, chat)
+
+    def _pieces(
+        self, answer: answers.Answer, thinking: bool, limit: int, ignore_eos: bool
+    ) -> list[tuple[str, str]]:
+        """The tokens to emit, tagged `reasoning`, `content` or `tool`; one past `limit` when cut."""
+        s = self.settings
+        pieces: list[tuple[str, str]] = []
+        if thinking and answer.reasoning:
+            if s.reasoning_parser:
+                pieces += [("reasoning", t) for t in answers.split_output(answer.reasoning)]
+            else:  # no parser: the thinking stays inline, as vLLM leaves it
+                pieces += [
+                    ("content", t)
+                    for t in answers.split_output(f"<think>{answer.reasoning}</think> ")
+                ]
+        for call in answer.tool_calls:
+            pieces += [("tool", t) for t in answers.split_output(call["function"]["arguments"])]
+        pieces += [("content", t) for t in answers.split_output(answer.content)]
+        if answer.long or ignore_eos:
+            filler = answers.split_output(answers.FILLER)
+            while len(pieces) <= limit:
+                pieces += [("content", t) for t in filler[: limit + 1 - len(pieces)]]
+        return pieces
+
+    async def _admit(self) -> float:
+        """Wait for a running slot (max_num_seqs); return the time spent waiting."""
+        queued = time.monotonic()
+        async with self.slot_free:
+            self.metrics.waiting += 1
+            try:
+                await self.slot_free.wait_for(
+                    lambda: not self.stalled and self.metrics.running < self.settings.max_num_seqs
+                )
+            finally:
+                self.metrics.waiting -= 1
+            self.metrics.running += 1
+        return time.monotonic() - queued
+
+    async def _release(self) -> None:
+        async with self.slot_free:
+            self.metrics.running -= 1
+            self.slot_free.notify_all()
+
+    def _cache_lookup(self, text: str) -> int:
+        """Tokens of this prompt already in the prefix cache; caches the rest."""
+        tokens = answers.prompt_token_list(text)
+        digest = hashlib.sha256()
+        hits, still_hitting = 0, True
+        for start in range(0, len(tokens) - len(tokens) % BLOCK, BLOCK):
+            digest.update("\x00".join(tokens[start : start + BLOCK]).encode())
+            key = digest.hexdigest()
+            if still_hitting and key in self.cached_blocks:
+                hits += BLOCK
+            else:
+                still_hitting = False
+                self.cached_blocks.add(key)
+        return hits
+
+    async def _hold_if_stalled(self) -> None:
+        # A wedged engine: nothing moves, /health still answers 200 (vLLM #39863).
+        while self.stalled:
+            await asyncio.sleep(3600)
+
+    async def _run(self, job: Job) -> AsyncGenerator[tuple[str, str], None]:
+        """Admit, prefill, then yield the pieces at the decode rate; account everything."""
+        s, m = self.settings, self.metrics
+        prompt_tokens, pieces = job.prompt_tokens, job.pieces
+        arrived = time.monotonic()
+        queue_time = await self._admit()
+        emitted, reason = 0, "abort"
+        self.kv_tokens += prompt_tokens
+        self._update_kv()
+        try:
+            hits = self._cache_lookup(job.prompt_text)
+            m.add("prefix_cache_queries", prompt_tokens)
+            m.add("prefix_cache_hits", hits)
+            prefill_start = time.monotonic()
+            await self._hold_if_stalled()
+            await asyncio.sleep(max(prompt_tokens - hits, 0) / s.prefill_tps)
+            decode_start = time.monotonic()
+            last = decode_start
+            for index, piece in enumerate(pieces):
+                await self._hold_if_stalled()
+                if self.dead:
+                    raise EngineDead
+                delay = decode_start + index / s.decode_tps - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                now = time.monotonic()
+                if index == 0:
+                    m.observe("time_to_first_token_seconds", now - arrived)
+                else:
+                    m.observe("inter_token_latency_seconds", now - last)
+                last = now
+                emitted += 1
+                self.kv_tokens += 1
+                self._update_kv()
+                yield piece
+            reason = "length" if job.truncated else "stop"
+        finally:
+            end = time.monotonic()
+            self.kv_tokens -= prompt_tokens + emitted
+            self._update_kv()
+            await self._release()
+            m.add("prompt_tokens", prompt_tokens)
+            m.add("generation_tokens", emitted)
+            m.finished[reason if reason in m.finished else "abort"] += 1
+            m.observe("e2e_request_latency_seconds", end - arrived)
+            m.observe("request_queue_time_seconds", queue_time)
+            m.observe("request_prompt_tokens", prompt_tokens)
+            m.observe("request_generation_tokens", emitted)
+            if emitted:
+                m.observe("request_prefill_time_seconds", decode_start - prefill_start)
+                m.observe("request_decode_time_seconds", end - decode_start)
+            self._account_spec(emitted)
+
+    def _account_spec(self, emitted: int) -> None:
+        k = self.settings.num_spec_tokens
+        if not k or not emitted:
+            return
+        accepted = max(k * 3 // 5, 1)  # a steady 60 % acceptance
+        drafts = max(emitted // (accepted + 1), 1)
+        m = self.metrics
+        m.add("spec_decode_num_drafts", drafts)
+        m.add("spec_decode_num_draft_tokens", drafts * k)
+        m.add("spec_decode_num_accepted_tokens", drafts * accepted)
+        for pos in range(accepted):
+            m.accepted_per_pos[pos] += drafts
+
+    def _update_kv(self) -> None:
+        self.metrics.kv_usage = min(max(self.kv_tokens, 0) / self.settings.kv_capacity, 1.0)
+
+    # --- response shapes -------------------------------------------------------------
+
+    async def _collect(self, job: Job, chat: bool) -> Response:
+        parts: dict[str, list[str]] = {"reasoning": [], "content": [], "tool": []}
+        run = self._run(job)
+        try:
+            async for kind, text in run:
+                parts[kind].append(text)
+        except EngineDead:
+            return _error(
+                "EngineCore encountered an issue. See stack trace for the root cause.",
+                500,
+                "EngineDeadError",
+            )
+        finally:
+            await run.aclose()
+        prompt_tokens, tool_calls, finish = job.prompt_tokens, job.tool_calls, job.finish_reason
+        completion = sum(len(v) for v in parts.values())
+        created, rid = int(time.time()), uuid.uuid4().hex
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                 "total_tokens": prompt_tokens + completion, "prompt_tokens_details": None}  # fmt: skip
+        if not chat:
+            choice = {"index": 0, "text": "".join(parts["content"]), "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None}  # fmt: skip
+            return Response.json({"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
+                                  "model": self.settings.name, "choices": [choice], "usage": usage})  # fmt: skip
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(parts["content"]) or None,
+            "reasoning_content": "".join(parts["reasoning"]) or None,
+            "tool_calls": tool_calls,
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
+        return Response.json({"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created,
+                              "model": self.settings.name, "choices": [choice], "usage": usage})  # fmt: skip
+
+    async def _sse(self, job: Job, chat: bool, include_usage: bool) -> AsyncGenerator[bytes, None]:
+        created, rid = int(time.time()), uuid.uuid4().hex
+        tool_calls, prompt_tokens = job.tool_calls, job.prompt_tokens
+        run = self._run(job)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        ident = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
+
+        def event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+            data: dict[str, Any] = {"id": ident, "object": obj, "created": created, "model": self.settings.name,
+                                    "choices": choices}  # fmt: skip
+            if usage is not None:
+                data["usage"] = usage
+            return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+        def choice(delta: dict[str, Any] | str, finish: str | None = None) -> dict[str, Any]:
+            if chat:
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
+
+        completion = 0
+        try:
+            if chat:
+                yield event([choice({"role": "assistant", "content": ""})])
+            started_tool = False
+            async for kind, text in run:
+                completion += 1
+                if not chat:
+                    yield event([choice(text)])
+                elif kind == "tool":
+                    call = tool_calls[0]
+                    delta: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+                    if not started_tool:
+                        delta = {"index": 0, "id": call["id"], "type": "function",
+                                 "function": {"name": call["function"]["name"], "arguments": text}}  # fmt: skip
+                        started_tool = True
+                    yield event([choice({"tool_calls": [delta]})])
+                else:
+                    yield event(
+                        [choice({"reasoning_content" if kind == "reasoning" else "content": text})]
+                    )
+            finish = job.finish_reason
+            yield event([choice({} if chat else "", finish)])
+            if include_usage:
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                         "total_tokens": prompt_tokens + completion}  # fmt: skip
+                yield event([], usage)
+        except EngineDead:
+            error = {
+                "error": {
+                    "message": "EngineCore encountered an issue.",
+                    "type": "EngineDeadError",
+                    "code": 500,
+                }
+            }
+            yield b"data: " + json.dumps(error).encode() + b"\n\n"
+        finally:
+            await run.aclose()
+        yield b"data: [DONE]\n\n"

@@ -1,0 +1,198 @@
+"""The serve wrapper: the bash script a lane's unit runs, with every flag and the reason for it.
+
+The wrapper exists for three reasons the seed lane learned the hard way:
+- it loads the API key from the unit's EnvironmentFile and passes it to the engine by
+  name only (never in argv);
+- it turns an exit nobody asked for into a failure: vLLM's API server exits 0 when its
+  engine dies, and `Restart=on-failure` would read that as a deliberate stop;
+- it records the engine's own exit status before that mapping, for laned to report.
+Every value is quoted with shlex.quote; a `why` becomes comment lines, each prefixed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable
+
+from laned.config import Config, LaneConfig
+from laned.names import (
+    GENERATION_CONFIG_MOUNT,
+    container_name,
+    exit_record_path,
+    generation_config_dir,
+    unit_name,
+    wrapper_name,
+)
+from laned.units import generated_header
+
+# Status the wrapper exits with when the engine exited 0 without being asked to stop:
+# EX_TEMPFAIL, so systemd records Result=exit-code and Restart=on-failure applies.
+UNREQUESTED_EXIT_STATUS = 75
+
+Line = tuple[str | None, list[str]]  # (why, argv words on one line)
+
+
+def comment(text: str, indent: str = "") -> list[str]:
+    """Comment lines for free text: every line prefixed, so no text can leave the comment."""
+    return [f"{indent}# {line}".rstrip() for line in text.splitlines() or [""]]
+
+
+def _lines_for(lines: Iterable[Line], indent: str = "  ") -> list[str]:
+    out: list[str] = []
+    for why, words in lines:
+        if why:
+            out += comment(why, indent)
+        out.append(indent + " ".join(shlex.quote(word) for word in words))
+    return out
+
+
+def engine_lines(config: Config, lane: str) -> list[Line]:
+    """The engine's argv, one logical flag per line with its reason: what `engine=(...)` holds."""
+    spec: LaneConfig = config.lanes[lane]
+    base = f"lanes.{lane}"
+    lines: list[Line] = []
+    if spec.container is not None:
+        c = spec.container
+        lines.append(
+            (None, [config.daemon.podman, "run", "--rm", "--name", container_name(lane, spec)])
+        )
+        lines += [(None, ["--device", d]) for d in c.devices]
+        if c.network:
+            lines.append((None, ["--network", c.network]))
+        if c.ipc:
+            lines.append((None, ["--ipc", c.ipc]))
+        lines += [(None, ["--security-opt", s]) for s in c.security_opt]
+        lines += [(None, ["-v", v]) for v in c.volumes]
+        lines += [(var.why, ["-e", f"{key}={var.value}"]) for key, var in spec.env.items()]
+        if spec.sampling is not None:
+            lines.append(
+                (
+                    f"server-side sampling defaults from {base}.sampling (laned-owned, read-only)",
+                    ["-v", f"{generation_config_dir(config, lane)}:{GENERATION_CONFIG_MOUNT}:ro"],
+                )
+            )
+        if spec.api_key_file:
+            lines.append(
+                (
+                    f"the API key, by name only: its value comes from {spec.api_key_file}",
+                    ["-e", "VLLM_API_KEY"],
+                )
+            )
+        if c.podman_args:
+            lines.append((f"verbatim from {base}.container.podman_args", list(c.podman_args)))
+        if c.entrypoint:
+            lines.append((None, ["--entrypoint", c.entrypoint]))
+        lines.append((None, [c.image, *c.command]))
+        generation_dir = GENERATION_CONFIG_MOUNT
+    else:
+        assert spec.exec is not None
+        lines.append((None, list(spec.exec.command)))
+        generation_dir = generation_config_dir(config, lane)
+    lines += [(arg.why, arg.argv()) for arg in spec.args]
+    if spec.sampling is not None:
+        lines.append(
+            (
+                "defaults for requests that send no sampling parameters (the seed's word-salad fix)",
+                ["--generation-config", generation_dir],
+            )
+        )
+    lines.append(
+        (f"set by laned from {base}.port: laned probes the same port", ["--port", str(spec.port)])
+    )
+    lines.append(
+        (
+            f"set by laned from {base}.served_model_name: readiness checks /v1/models for it",
+            ["--served-model-name", spec.served_model_name],
+        )
+    )
+    return lines
+
+
+def engine_argv(config: Config, lane: str) -> list[str]:
+    """The engine's argv exactly as the wrapper runs it."""
+    return [word for _, words in engine_lines(config, lane) for word in words]
+
+
+def render_wrapper(config: Config, lane: str) -> str:
+    """The bash serve wrapper of one lane."""
+    spec: LaneConfig = config.lanes[lane]
+    name = wrapper_name(lane, spec)
+    out = ["#!/usr/bin/env bash"]
+    out += comment("\n".join(generated_header(config, f"serve wrapper of lane {lane}")))
+    out.append("#")
+    if spec.description:
+        out += comment(spec.description)
+    out.append(f"# Run by {unit_name(lane, spec)}.")
+    out += ["set -euo pipefail", ""]
+    if spec.container is not None:
+        cleanup = [config.daemon.podman, "rm", "--force", "--ignore", container_name(lane, spec)]
+        out += [
+            "# `" + name + " cleanup` removes a container left behind by a crash or a kill.",
+            'if [[ "${1:-}" == cleanup ]]; then',
+            "  exec " + " ".join(shlex.quote(w) for w in cleanup),
+            "fi",
+        ]
+    out += [
+        "if [[ $# -gt 0 ]]; then",
+        f"  echo {shlex.quote(f'usage: {name}' + (' [cleanup]' if spec.container else ''))} >&2",
+        "  exit 2",
+        "fi",
+        "",
+    ]
+    if spec.api_key_file:
+        message = f"is not set: define VLLM_API_KEY=... in {spec.api_key_file} (lanes.{lane}.api_key_file)"
+        out.append(': "${VLLM_API_KEY:?' + _braced(message) + '}"')
+    if spec.exec is not None:
+        for key, var in spec.env.items():
+            if var.why:
+                out += comment(var.why)
+            out.append(f"export {key}={shlex.quote(var.value)}")
+    out += ["", "engine=("]
+    out += _lines_for(engine_lines(config, lane))
+    out += [")", ""]
+    out += _supervise(exit_record_path(config, lane))
+    return "\n".join(out) + "\n"
+
+
+def _braced(text: str) -> str:
+    # Inside ${VAR:?word} the word undergoes expansion: escape what bash would expand.
+    return "".join("\\" + ch if ch in '\\$`"}' else ch for ch in text)
+
+
+def _supervise(record: str) -> list[str]:
+    return [
+        "# Run the engine as a child so that its exit can be judged: a stop systemd asked for",
+        "# (SIGTERM) ends cleanly; any other exit, status 0 included, is a failure.",
+        "requested=0",
+        "child=",
+        "on_stop() {",
+        "  requested=1",
+        '  if [[ -n "$child" ]]; then kill -TERM "$child" 2>/dev/null || true; fi',
+        "}",
+        "trap on_stop TERM INT",
+        '"${engine[@]}" &',
+        "child=$!",
+        'if (( requested )); then kill -TERM "$child" 2>/dev/null || true; fi',
+        "status=0",
+        "while :; do",
+        '  wait "$child" && status=0 || status=$?',
+        "  # wait returns early when a signal arrives; the engine may still be shutting down.",
+        '  kill -0 "$child" 2>/dev/null || break',
+        "done",
+        "",
+        "# The engine's own status, before any mapping, for laned to report.",
+        f"record={shlex.quote(record)}",
+        'mkdir -p "${record%/*}" 2>/dev/null || true',
+        'printf \'status=%s requested=%s at=%s\\n\' "$status" "$requested" "$(date +%s)" \\',
+        '  >"$record.tmp" 2>/dev/null && mv -f "$record.tmp" "$record" 2>/dev/null || true',
+        "",
+        "if (( requested )); then",
+        '  echo "laned: the engine stopped on request (status $status)" >&2',
+        "  exit 0",
+        "fi",
+        "code=$status",
+        f"if (( code == 0 )); then code={UNREQUESTED_EXIT_STATUS}; fi",
+        'echo "laned: the engine exited on its own with status $status;'
+        ' exiting $code so that systemd records a failure" >&2',
+        'exit "$code"',
+    ]

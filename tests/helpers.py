@@ -1,0 +1,72 @@
+"""Test helpers: waiting on conditions with deadlines, free ports, processes, journals."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `predicate` until it returns something truthy; fail with `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the condition may raise until it holds
+            last_error = exc
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what} (last error: {last_error!r})"
+    )
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:port."""
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def run(argv: list[str], check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run a command (argv, no shell) with output captured; show it when it fails."""
+    result = subprocess.run(argv, text=True, capture_output=True, stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{argv} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
+    return result  # type: ignore[no-any-return]
+
+
+def journal(unit: str, lines: int = 200) -> str:
+    """A unit's log from journald (matches both the private manager's and a real one's field)."""
+    result = run(
+        ["journalctl", "--no-pager", "-o", "short-precise", "-n", str(lines),
+         f"_SYSTEMD_UNIT={unit}", "+", f"_SYSTEMD_USER_UNIT={unit}"],
+        check=False,
+    )  # fmt: skip
+    return result.stdout + result.stderr
+
+
+def sim_env(**extra: str) -> dict[str, str]:
+    """The environment for a simulator subprocess, with LANED_SIM_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANED_SIM_")}
+    env.update(extra)
+    return env

@@ -1,0 +1,297 @@
+"""The config model: defaults, expansion, and an error for every bad config, with its key path."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from laned.config import load_config, parse_config
+from laned.durations import human, parse_duration, systemd_seconds
+from laned.errors import ConfigError, Severity
+from tests.helpers import ROOT
+
+ENV = {"HOME": "/home/op"}
+
+MINIMAL = """
+[lanes.a]
+port = 8001
+served_model_name = "m"
+[lanes.a.exec]
+command = ["/opt/vllm/bin/vllm", "serve", "/models/a"]
+"""
+
+
+def problems(text: str, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """(key path, message) of every error a config text produces."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(textwrap.dedent(text), "t.toml", env or ENV)
+    return [(p.path, p.message) for p in info.value.problems if p.severity is Severity.ERROR]
+
+
+def paths_of(text: str) -> set[str]:
+    return {path for path, _ in problems(text)}
+
+
+def test_example_config_is_valid_and_complete() -> None:
+    config = load_config(str(ROOT / "config/laned.example.toml"), ENV)
+    assert set(config.lanes) == {"dsv41", "glm53"}
+    dsv = config.lanes["dsv41"]
+    assert dsv.start_timeout == 3600 and dsv.stop_timeout == 120 and dsv.restart_sec == 15
+    assert dsv.api_key_file == "/home/op/.config/laned/dsv41.env"
+    assert config.daemon.unit_dir == "/home/op/.config/systemd/user"
+    assert [w for w in config.warnings if w.severity is Severity.ERROR] == []
+
+
+def test_demo_config_is_valid() -> None:
+    config = load_config(str(ROOT / "config/demo.toml"), ENV)
+    assert config.daemon.default_lane == "dsv41"
+    assert all(lane.exec is not None for lane in config.lanes.values())
+
+
+def test_defaults_follow_xdg_variables_like_systemd() -> None:
+    config = parse_config(
+        MINIMAL, "t", {"HOME": "/h", "XDG_CONFIG_HOME": "/cfg", "XDG_STATE_HOME": "/st"}
+    )
+    assert config.daemon.unit_dir == "/cfg/systemd/user"
+    assert config.daemon.state_dir == "/st/laned"
+    assert config.daemon.bin_dir == "/h/.local/bin"
+    plain = parse_config(MINIMAL, "t", {"HOME": "/h"})
+    assert plain.daemon.unit_dir == "/h/.config/systemd/user"
+    assert plain.daemon.state_dir == "/h/.local/state/laned"
+    lane = plain.lanes["a"]
+    assert lane.unit is None and lane.group == "gpu" and lane.health_path == "/health"
+
+
+def test_tilde_and_xdg_expand_in_paths() -> None:
+    text = (
+        MINIMAL
+        + '\n[daemon]\nstate_dir = "$XDG_STATE_HOME/x"\nbin_dir = "~/bin"\ntoken_file = "${XDG_CONFIG_HOME}/t"\n'
+    )
+    config = parse_config(text, "t", {"HOME": "/h", "XDG_STATE_HOME": "/s"})
+    assert config.daemon.state_dir == "/s/x"
+    assert config.daemon.bin_dir == "/h/bin"
+    assert config.daemon.token_file == "/h/.config/t"
+
+
+def test_xdg_runtime_dir_unset_is_a_clear_error() -> None:
+    found = problems(MINIMAL + '\n[daemon]\nstate_dir = "$XDG_RUNTIME_DIR/laned"\n', {"HOME": "/h"})
+    assert any("XDG_RUNTIME_DIR" in message for _, message in found)
+
+
+def test_config_is_immutable() -> None:
+    config = parse_config(MINIMAL, "t", ENV)
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen error
+        config.lanes["a"].port = 1  # type: ignore[misc]
+
+
+def test_unknown_key_gets_did_you_mean() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            MINIMAL.replace("port = 8001", "port = 8001\nserved_modle_name = 'x'"), "t.toml", ENV
+        )
+    problem = info.value.problems[0]
+    assert problem.path == "lanes.a.served_modle_name"
+    assert "unknown key" in problem.message
+    assert "served_model_name" in problem.hint
+    rendered = str(info.value)
+    assert rendered.startswith("t.toml: 1 error")
+    assert "t.toml: lanes.a.served_modle_name: unknown key" in rendered
+
+
+def test_unknown_key_in_nested_tables() -> None:
+    text = MINIMAL + '[lanes.a.container]\nimage = "x"\nvolume = ["/a:/b"]\n'
+    found = problems(text)
+    assert ("lanes.a.container.volume", "unknown key `volume`") in found
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    text = """
+    [daemon]
+    listen = "nowhere"
+    default_lane = "dsv4"
+    [lanes.dsv41]
+    port = 99999
+    served_model_name = "m"
+    start_timeout = "ten minutes"
+    [lanes.dsv41.exec]
+    command = ["x"]
+    [lanes.Bad]
+    port = 8000
+    served_model_name = "m"
+    """
+    found = paths_of(text)
+    assert {"lanes.dsv41.port", "lanes.dsv41.start_timeout"} <= found
+    # pydantic errors come first; the semantic ones need a parsed model, so fix those and retry
+    fixed = text.replace("99999", "8004").replace('"ten minutes"', '"10m"')
+    found = paths_of(fixed)
+    assert {"daemon.listen", "daemon.default_lane", "lanes.Bad"} <= found
+
+
+def test_missing_and_wrong_types_name_the_key() -> None:
+    found = problems('[lanes.a]\nport = "8001"\n[lanes.a.exec]\ncommand = ["x"]\n')
+    assert ("lanes.a.served_model_name", "is required but missing") in found
+    assert any(path == "lanes.a.port" and "integer" in msg for path, msg in found)
+
+
+@pytest.mark.parametrize(
+    ("snippet", "path", "words"),
+    [
+        ('args = ["--port", "9"]', "lanes.a.args[0]", "--port is set by laned"),
+        ('args = ["--port=9"]', "lanes.a.args[0]", "--port is set by laned"),
+        (
+            'args = [{flag = "--served-model-name", value = "x"}]',
+            "lanes.a.args[0]",
+            "served_model_name",
+        ),
+        (
+            'args = [{flag = "--api-key", value = "k"}]',
+            "lanes.a.args[0]",
+            "--api-key is set by laned",
+        ),
+        ('env = { VLLM_API_KEY = "k" }', "lanes.a.env.VLLM_API_KEY", "must not be written"),
+        ('env = { "BAD-NAME" = "1" }', "lanes.a.env.BAD-NAME", "not a valid environment"),
+        ('description = "a\\nExecStartPre=/bin/evil"', "lanes.a.description", "control character"),
+        ('description = "ends with \\\\"', "lanes.a.description", "backslash"),
+        ('unit = "x.socket"', "lanes.a.unit", "not a service unit"),
+        ('unit = "laned.service"', "lanes.a.unit", "laned's own unit"),
+        ('health_path = "health"', "lanes.a.health_path", "not a URL path"),
+        ('group = "GPU 1"', "lanes.a.group", "not a valid group"),
+        ('api_key_file = "relative.env"', "lanes.a.api_key_file", "not an absolute path"),
+        ('args = ["--x\\u0000y"]', "lanes.a.args[0]", "NUL"),
+        ("stop_timeout = 0", "lanes.a.stop_timeout", "longer than zero"),
+        ("env = { DSV41_ENGRAM_DISK = 1 }", "lanes.a.args", "--enforce-eager"),
+        (
+            'sampling = { temperature = 1.0 }\nargs = [{flag = "--generation-config", value = "/x"}]',
+            "lanes.a.args[0]",
+            "conflicts with `sampling`",
+        ),
+    ],
+)
+def test_lane_rules(snippet: str, path: str, words: str) -> None:
+    text = MINIMAL.replace('served_model_name = "m"', f'served_model_name = "m"\n{snippet}')
+    found = problems(text)
+    assert any(p == path and words in m for p, m in found), found
+
+
+@pytest.mark.parametrize(
+    ("container", "words"),
+    [
+        ('ipc = "host"\npodman_args = ["--shm-size", "48g"]', "--shm-size together with ipc"),
+        ('podman_args = ["--cap-add", "IPC_LOCK"]', "--cap-add IPC_LOCK with DSV41_ENGRAM_DISK=1"),
+        ('podman_args = ["-e", "VLLM_API_KEY=abc"]', "API key must not be passed"),
+        ('podman_args = ["--name", "x"]', "--name is set by laned"),
+        ('volumes = ["models:/models"]', "is not absolute"),
+        ('volumes = ["/models"]', "SRC:DST"),
+        ('name = "bad name"', "not a valid container name"),
+    ],
+)
+def test_container_rules_from_the_seed(container: str, words: str) -> None:
+    text = f"""
+    [lanes.a]
+    port = 8001
+    served_model_name = "m"
+    args = ["--enforce-eager"]
+    env = {{ DSV41_ENGRAM_DISK = "1" }}
+    [lanes.a.container]
+    image = "img"
+    {container}
+    """
+    found = problems(text)
+    assert any(words in m for _, m in found), found
+
+
+def test_warnings_do_not_block() -> None:
+    text = MINIMAL.replace(
+        "[lanes.a.exec]", '[lanes.a.container]\nimage = "i"\npodman_args = ["--gpus", "all"]\n#'
+    )
+    text = text.replace('command = ["/opt/vllm/bin/vllm", "serve", "/models/a"]', "")
+    config = parse_config(text, "t", ENV)
+    assert [w.path for w in config.warnings] == ["lanes.a.container.podman_args"]
+    assert config.warnings[0].severity is Severity.WARNING
+
+
+def test_lane_needs_exactly_one_of_container_and_exec() -> None:
+    neither = MINIMAL.split("[lanes.a.exec]")[0]
+    assert "lanes.a" in paths_of(neither)
+    both = MINIMAL + '[lanes.a.container]\nimage = "i"\n'
+    assert ("lanes.a", "has both of `container` and `exec`") in problems(both)
+
+
+def test_ports_unique_across_groups_but_shared_within_one() -> None:
+    two = MINIMAL + MINIMAL.replace("lanes.a", "lanes.b")
+    parse_config(two, "t", ENV)  # same group, same port: one base URL across swaps
+    other_group = two.replace("[lanes.b]\nport = 8001", '[lanes.b]\ngroup = "cpu"\nport = 8001')
+    assert any(
+        "shared by lanes that may run at the same time" in m for _, m in problems(other_group)
+    )
+    own = MINIMAL.replace("8001", "9000")
+    assert any("laned's own listen port" in m for _, m in problems(own))
+
+
+def test_duplicate_units_and_containers() -> None:
+    two = (MINIMAL + MINIMAL.replace("lanes.a", "lanes.b")).replace(
+        "served_model_name", 'unit = "same.service"\nserved_model_name'
+    )
+    assert any("also used by lane" in m for _, m in problems(two))
+
+
+def test_default_lane_did_you_mean() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(MINIMAL + '[daemon]\ndefault_lane = "b"\n', "t", ENV)
+    problem = info.value.problems[0]
+    assert problem.path == "daemon.default_lane"
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            MINIMAL.replace("lanes.a", "lanes.dsv41") + '[daemon]\ndefault_lane = "dsv4"\n',
+            "t",
+            ENV,
+        )
+    assert "did you mean 'dsv41'" in info.value.problems[0].hint
+
+
+def test_unreadable_and_malformed_files(tmp_path: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("/nonexistent/laned.toml", ENV)
+    assert "no such file" in str(info.value) and "LANED_CONFIG" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config("[lanes.a\nport=1", "bad.toml", ENV)
+    assert "not valid TOML" in str(info.value) and "bad.toml" in str(info.value)
+
+
+def test_numbers_in_args_and_env_become_their_text() -> None:
+    text = MINIMAL.replace(
+        'served_model_name = "m"',
+        'served_model_name = "m"\nargs = [{flag = "--tp", value = 2}, {flag = "--u", value = 0.92}]\nenv = { N = 32 }',
+    )
+    lane = parse_config(text, "t", ENV).lanes["a"]
+    assert lane.engine_args() == ["--tp", "2", "--u", "0.92"]
+    assert lane.env["N"].value == "32"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90),
+        ("15m", 900),
+        ("1h", 3600),
+        ("1h30m", 5400),
+        ("500ms", 0.5),
+        (600, 600),
+        ("42", 42),
+    ],
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "10 minutes", "1x", "-5", True, None, "m"])
+def test_bad_durations(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_duration_rendering() -> None:
+    assert systemd_seconds(3600) == "3600"
+    assert systemd_seconds(1.5) == "1500ms"
+    assert human(5400) == "1h30m"

@@ -26,6 +26,7 @@ from laned.sim.metrics import Metrics
 
 VERSION = "0.11.0+laned.sim"
 BLOCK = 16  # tokens per KV block, for prefix-cache accounting
+LONG_ANSWER_TOKENS = 200  # length of a "write an essay" answer when the request sets no cap
 
 
 def log(level: str, where: str, message: str) -> None:
@@ -209,7 +210,8 @@ class Engine:
             sig = int(body.get("signal", signal.SIGKILL))
 
             def crash() -> None:
-                signal.signal(sig, signal.SIG_DFL)
+                if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                    signal.signal(sig, signal.SIG_DFL)  # die of it, even from SIGTERM
                 os.kill(os.getpid(), sig)
 
             return Response(200, b'{"fault":"crash"}', after=crash)
@@ -295,6 +297,11 @@ class Engine:
                 400,
             )
         limit = max_tokens or (s.max_model_len - prompt_tokens)
+        if answer.long and max_tokens is None:
+            # A long text with no cap ends on its own, as a model's essay does.
+            limit = min(limit, LONG_ANSWER_TOKENS)
+            answer.long = False
+            answer.content = " ".join([answer.content.strip()] * (LONG_ANSWER_TOKENS // 40))
         pieces = self._pieces(answer, thinking, limit, bool(body.get("ignore_eos")))
         job = Job(
             prompt_text, prompt_tokens, pieces[:limit], answer.tool_calls, len(pieces) > limit

@@ -1,0 +1,302 @@
+"""The simulated engine against itself, over real HTTP: startup, endpoints, counting, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import port_open, wait_until
+
+CHAT = "/v1/chat/completions"
+
+
+def metric(client: httpx.Client, name: str, **labels: str) -> float:
+    """One sample's value from the engine's /metrics."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    raise AssertionError(f"no sample {name} {labels}")
+
+
+def ask(client: httpx.Client, content: str, **body: Any) -> dict[str, Any]:
+    response = client.post(CHAT, json={"messages": [{"role": "user", "content": content}], **body})
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def test_port_is_closed_during_startup_and_open_after(start_sim: Any) -> None:
+    sim = start_sim(ready=False, LANED_SIM_STARTUP="2")
+    wait_until(
+        lambda: "Loading safetensors checkpoint shards" in sim.log(),
+        10,
+        "the first startup log line",
+    )
+    assert not port_open(sim.port), "the port accepted connections while the engine was loading"
+    sim.wait_ready(timeout=20)
+    log = sim.log()
+    for line in ("Loading safetensors checkpoint shards: 100% Completed | 8/8", "Loading weights took",
+                 "Capturing CUDA graphs", "Available KV cache memory:", "Application startup complete."):  # fmt: skip
+        assert line in log, line
+    assert log.index("Loading weights took") < log.index("Application startup complete.")
+    with sim.client() as client:
+        assert client.get("/health").status_code == 200
+        assert "version" in client.get("/version").json()
+
+
+def test_enforce_eager_skips_graph_capture_and_unknown_flags_are_logged(start_sim: Any) -> None:
+    sim = start_sim(
+        "--enforce-eager", "--tensor-parallel-size", "2", "--attention-config", '{"a":1}'
+    )
+    log = sim.log()
+    assert "Capturing CUDA graphs" not in log
+    assert (
+        "accepted vLLM flag --tensor-parallel-size" in log
+        and "accepted vLLM flag --attention-config" in log
+    )
+
+
+def test_api_key_guards_v1_but_not_health_or_metrics(start_sim: Any) -> None:
+    sim = start_sim(VLLM_API_KEY="k-123")
+    with sim.client() as anonymous, sim.client("k-123") as keyed, sim.client("wrong") as wrong:
+        assert anonymous.get("/v1/models").status_code == 401
+        assert (
+            wrong.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]}).status_code
+            == 401
+        )
+        models = keyed.get("/v1/models").json()
+        assert models["data"][0]["id"] == "/models/sim"
+        assert anonymous.get("/health").status_code == 200
+        assert anonymous.get("/metrics").status_code == 200
+    assert "k-123" not in sim.log()
+
+
+def test_metrics_parse_and_promtool_accepts_them(start_sim: Any, tmp_path: Path) -> None:
+    sim = start_sim(
+        "--served-model-name", "dsv", "--speculative-config", '{"num_speculative_tokens": 5}'
+    )
+    with sim.client() as client:
+        ask(client, "What is 2 + 2?")
+        text = client.get("/metrics").text
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:spec_decode_num_accepted_tokens",
+            "vllm:prefix_cache_hits", "vllm:request_success", "vllm:e2e_request_latency_seconds"} <= names  # fmt: skip
+    assert (
+        'model_name="dsv"' in text
+        and 'engine="0"' in text
+        and "vllm:generation_tokens_created" in text
+    )
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing (apt-get install prometheus)"
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True
+    )
+    # promtool parses the exposition (exit 1 when it cannot) and then lints it (exit 3).
+    # vLLM's own names carry the `vllm:` prefix, which the linter flags on real vLLM too;
+    # that is the only finding allowed.
+    findings = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert result.returncode in (0, 3), findings
+    assert findings and all(f.endswith("metric names should not contain ':'") for f in findings), (
+        findings
+    )
+
+
+def test_tokens_counted_equal_tokens_returned(start_sim: Any) -> None:
+    sim = start_sim("--served-model-name", "m", LANED_SIM_DECODE_TPS="400")
+    with sim.client() as client:
+        usage = [
+            ask(client, q)["usage"] for q in ("Hello there", "What is 6 * 7?", "Write a story", "x")
+        ]
+        chunks, stream_usage = 0, None
+        with client.stream("POST", CHAT, json={"messages": [{"role": "user", "content": "Write an essay"}],
+                           "stream": True, "max_tokens": 40, "stream_options": {"include_usage": True}}) as r:  # fmt: skip
+            assert r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    stream_usage = event["usage"]
+                for choice in event["choices"]:
+                    if choice["delta"].get("content"):
+                        chunks += 1
+        assert stream_usage is not None and stream_usage["completion_tokens"] == chunks == 40
+        completion = sum(u["completion_tokens"] for u in usage) + chunks
+        prompt = sum(u["prompt_tokens"] for u in usage) + stream_usage["prompt_tokens"]
+        assert metric(client, "vllm:generation_tokens_total") == completion
+        assert metric(client, "vllm:prompt_tokens_total") == prompt
+        assert metric(client, "vllm:request_success_total", finished_reason="length") == 1
+        assert metric(client, "vllm:request_success_total", finished_reason="stop") == 4
+
+
+def test_completions_endpoint_and_prefix_cache(start_sim: Any) -> None:
+    sim = start_sim()
+    prompt = "shared system prompt " * 40
+    with sim.client() as client:
+        for _ in range(2):
+            body = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 5}).json()
+            assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] <= 5
+        assert metric(client, "vllm:prefix_cache_hits_total") > 0
+        assert (
+            metric(client, "vllm:prefix_cache_queries_total")
+            >= 2 * body["usage"]["prompt_tokens"] - 2
+        )
+
+
+def test_acceptance_behaviours(start_sim: Any) -> None:
+    sim = start_sim(
+        "--reasoning-parser",
+        "deepseek_v41",
+        "--enable-auto-tool-choice",
+        "--max-model-len",
+        "20000",
+    )
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    with sim.client() as client:
+        plain = ask(client, "Hello, who are you?")
+        assert plain["choices"][0]["finish_reason"] == "stop"
+        math = ask(client, "What is 17 × 23?", chat_template_kwargs={"thinking": True})
+        message = math["choices"][0]["message"]
+        assert message["content"].strip() == "391" and "17" in message["reasoning_content"]
+        called = ask(client, "What is the weather in Lisbon?", tools=[tool])
+        choice = called["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        call = choice["message"]["tool_calls"][0]
+        assert json.loads(call["function"]["arguments"]) == {"city": "Lisbon"}
+        follow = client.post(CHAT, json={"tools": [tool], "messages": [
+            {"role": "user", "content": "What is the weather in Lisbon?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "21C, clear"}]}).json()  # fmt: skip
+        assert "21C, clear" in follow["choices"][0]["message"]["content"]
+        haystack = "lorem ipsum dolor. " * 3000
+        depth = len(haystack) // 3
+        prompt = (
+            haystack[:depth] + " The code is ZK-9921. " + haystack[depth:] + "\nWhat is the code?"
+        )
+        assert "ZK-9921" in ask(client, prompt)["choices"][0]["message"]["content"]
+        too_long = client.post(
+            CHAT, json={"messages": [{"role": "user", "content": "word " * 25000}]}
+        )
+        assert too_long.status_code == 400
+        assert "maximum context length is 20000 tokens" in too_long.json()["error"]["message"]
+
+
+def test_decode_is_paced_at_the_configured_rate(start_sim: Any) -> None:
+    # Only a lower bound: a busy machine can be slower, never faster than the pace.
+    sim = start_sim(LANED_SIM_DECODE_TPS="100")
+    with sim.client() as client:
+        started = time.monotonic()
+        body = ask(client, "hi", max_tokens=50, ignore_eos=True)
+        elapsed = time.monotonic() - started
+    assert body["usage"]["completion_tokens"] == 50
+    assert elapsed >= 49 / 100
+
+
+def test_generation_config_defaults_are_read(start_sim: Any, tmp_path: Path) -> None:
+    (tmp_path / "gen").mkdir()
+    (tmp_path / "gen" / "generation_config.json").write_text(
+        '{"temperature": 1.0, "top_p": 0.95, "x": 1}'
+    )
+    sim = start_sim("--generation-config", str(tmp_path / "gen"))
+    with sim.client() as client:
+        assert client.get("/sim/state").json()["generation_defaults"] == {
+            "temperature": 1.0,
+            "top_p": 0.95,
+        }
+    assert "Using default chat sampling params from model" in sim.log()
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_fault_exit(start_sim: Any, code: int) -> None:
+    sim = start_sim()
+    with sim.client() as client:
+        assert client.post("/sim/fault", json={"kind": "exit", "code": code}).status_code == 200
+    assert sim.wait_exit(timeout=10) == code
+
+
+def test_fault_crash_is_a_signal(start_sim: Any) -> None:
+    sim = start_sim()
+    with sim.client() as client:
+        client.post("/sim/fault", json={"kind": "crash"})
+    assert sim.wait_exit(timeout=10) == -signal.SIGKILL
+
+
+def test_fault_engine_dead_is_503_then_500_then_exit_0(start_sim: Any) -> None:
+    sim = start_sim()
+    with sim.client() as client:
+        client.post("/sim/fault", json={"kind": "engine-dead"})
+        assert client.get("/health").status_code == 503
+        failed = client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]})
+        assert failed.status_code == 500 and failed.json()["error"]["type"] == "EngineDeadError"
+    started = time.monotonic()
+    assert sim.wait_exit(timeout=15) == 0
+    assert time.monotonic() - started < 15
+    assert "EngineDeadError" in sim.log()
+
+
+def test_fault_stall_keeps_health_but_freezes_work(start_sim: Any) -> None:
+    sim = start_sim("--max-num-seqs", "2")
+    with sim.client() as client:
+        before = metric(client, "vllm:generation_tokens_total")
+        client.post("/sim/fault", json={"kind": "stall"})
+
+        def hang() -> None:
+            with sim.client(timeout=60) as c, pytest.raises(httpx.HTTPError):
+                c.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=3)
+
+        threads = [threading.Thread(target=hang) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        wait_until(
+            lambda: metric(client, "vllm:num_requests_waiting") >= 3, 10, "requests piling up"
+        )
+        assert client.get("/health").status_code == 200
+        assert metric(client, "vllm:generation_tokens_total") == before
+        for thread in threads:
+            thread.join(timeout=10)
+
+
+def test_sigterm_is_a_graceful_exit_0_even_during_startup(start_sim: Any) -> None:
+    sim = start_sim()
+    sim.process.send_signal(signal.SIGTERM)
+    assert sim.wait_exit(timeout=10) == 0
+    assert "Application shutdown complete." in sim.log()
+    starting = start_sim(ready=False, LANED_SIM_STARTUP="30")
+    wait_until(lambda: "Loading safetensors" in starting.log(), 10, "startup to begin")
+    starting.process.send_signal(signal.SIGTERM)
+    assert starting.wait_exit(timeout=10) == 0
+
+
+def test_fail_at_start_exits_with_the_code_before_the_port_opens(start_sim: Any) -> None:
+    sim = start_sim(ready=False, LANED_SIM_FAIL_AT_START="7", LANED_SIM_STARTUP="0.5")
+    assert sim.wait_exit(timeout=10) == 7
+    assert "EngineCore failed to start" in sim.log()
+    assert not port_open(sim.port)
+
+
+def test_bad_arguments_are_refused_with_a_reason(start_sim: Any) -> None:
+    for argv, env, words in (
+        (["serve"], {}, "model"),
+        (["run", "x"], {}, "serve"),
+        (["serve", "m", "--port", "abc"], {}, "not a whole number"),
+        (["serve", "m"], {"LANED_SIM_DECODE_TPS": "fast"}, "LANED_SIM_DECODE_TPS"),
+    ):
+        result = subprocess.run(
+            ["laned", "sim", *argv],
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], **env},
+        )
+        assert result.returncode == 2 and words in result.stderr, result.stderr

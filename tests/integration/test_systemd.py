@@ -97,7 +97,7 @@ async def _dbus_start_stop(bus_address: str, unit: str) -> tuple[str, str, str]:
                 member="Get",
                 signature="ss",
                 body=["org.freedesktop.systemd1.Unit", "ActiveState"],
-            )  # fmt: skip
+            )
         )
         assert reply is not None and reply.message_type == MessageType.METHOD_RETURN
         state = reply.body[0].value

@@ -79,7 +79,7 @@ def test_metrics_exposition_parses_with_vllm_names() -> None:
                  "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
                  "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:spec_decode_num_drafts"):  # fmt: skip
         assert name in families, name
-    gen = [s for s in families["vllm:generation_tokens"].samples if s.name.endswith("_total")][0]
+    gen = next(s for s in families["vllm:generation_tokens"].samples if s.name.endswith("_total"))
     assert gen.value == 12 and gen.labels == {"model_name": "deepseek", "engine": "0"}
     ttft = {s.name: s.value for s in families["vllm:time_to_first_token_seconds"].samples}
     assert ttft["vllm:time_to_first_token_seconds_count"] == 1

@@ -58,10 +58,19 @@ def run(argv: list[str], check: bool = True, **kw: object) -> subprocess.Complet
 def journal(unit: str, lines: int = 200) -> str:
     """A unit's log from journald (matches both the private manager's and a real one's field)."""
     result = run(
-        ["journalctl", "--no-pager", "-o", "short-precise", "-n", str(lines),
-         f"_SYSTEMD_UNIT={unit}", "+", f"_SYSTEMD_USER_UNIT={unit}"],
+        [
+            "journalctl",
+            "--no-pager",
+            "-o",
+            "short-precise",
+            "-n",
+            str(lines),
+            f"_SYSTEMD_UNIT={unit}",
+            "+",
+            f"_SYSTEMD_USER_UNIT={unit}",
+        ],
         check=False,
-    )  # fmt: skip
+    )
     return result.stdout + result.stderr
 
 

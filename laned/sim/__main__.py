@@ -172,8 +172,11 @@ async def _startup(s: Settings, stop: asyncio.Event) -> bool:
     log("INFO", "model_runner.py:1", f"Starting to load model {s.model}...")
     for i in range(shards + 1):
         pct = i * 100 // shards
-        print(f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {i}/{shards} [00:00<00:00]",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {i}/{shards} [00:00<00:00]",
+            file=sys.stderr,
+            flush=True,
+        )
         if i < shards and not await pause(weights_time / shards):
             return False
         if s.fail_at_start is not None and i == shards // 2:
@@ -196,16 +199,23 @@ async def _startup(s: Settings, stop: asyncio.Event) -> bool:
     kv_gib = s.kv_capacity * 2 / 1024**2
     log("INFO", "gpu_worker.py:276", f"Available KV cache memory: {kv_gib:.2f} GiB")
     log("INFO", "kv_cache_utils.py:1", f"GPU KV cache size: {s.kv_capacity:,} tokens")
-    log("INFO", "kv_cache_utils.py:1",
-        f"Maximum concurrency for {s.max_model_len:,} tokens per request: {s.kv_capacity / s.max_model_len:.2f}x")  # fmt: skip
+    log(
+        "INFO",
+        "kv_cache_utils.py:1",
+        f"Maximum concurrency for {s.max_model_len:,} tokens per request: {s.kv_capacity / s.max_model_len:.2f}x",
+    )
     if s.enforce_eager:
         if not await pause(s.startup * 0.3):
             return False
     else:
         graphs = 10
         for i in range(graphs + 1):
-            print(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {i * 100 // graphs:3d}%|{_bar(i, graphs)}| "
-                  f"{i}/{graphs} [00:00<00:00]", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {i * 100 // graphs:3d}%|{_bar(i, graphs)}| "
+                f"{i}/{graphs} [00:00<00:00]",
+                file=sys.stderr,
+                flush=True,
+            )
             if i < graphs and not await pause(s.startup * 0.3 / graphs):
                 return False
         log(
@@ -225,8 +235,13 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     pid = os.getpid()
     log("INFO", "api_server.py:1", f"vLLM API server version {VERSION}")
-    shown = {"model": settings.model, "host": settings.host, "port": settings.port,
-             "served_model_name": settings.name, "max_model_len": settings.max_model_len}  # fmt: skip
+    shown = {
+        "model": settings.model,
+        "host": settings.host,
+        "port": settings.port,
+        "served_model_name": settings.name,
+        "max_model_len": settings.max_model_len,
+    }
     log("INFO", "utils.py:1", f"non-default args: {shown}")
     for flag in settings.unknown:
         log("INFO", "sim.py:1", f"accepted vLLM flag {flag} (no effect in the simulator)")
@@ -250,8 +265,12 @@ async def serve(settings: Settings) -> int:
     try:
         await server.start(settings.host, settings.port)
     except OSError as exc:
-        log("ERROR", "api_server.py:1", f"[Errno {exc.errno}] error while attempting to bind on address "
-            f"('{settings.host}', {settings.port}): {exc.strerror}")  # fmt: skip
+        log(
+            "ERROR",
+            "api_server.py:1",
+            f"[Errno {exc.errno}] error while attempting to bind on address "
+            f"('{settings.host}', {settings.port}): {exc.strerror}",
+        )
         return 1
     print(f"INFO:     Started server process [{pid}]", file=sys.stderr, flush=True)
     print("INFO:     Waiting for application startup.", file=sys.stderr, flush=True)

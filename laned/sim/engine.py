@@ -463,13 +463,30 @@ class Engine:
         prompt_tokens, tool_calls, finish = job.prompt_tokens, job.tool_calls, job.finish_reason
         completion = sum(len(v) for v in parts.values())
         created, rid = int(time.time()), uuid.uuid4().hex
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                 "total_tokens": prompt_tokens + completion, "prompt_tokens_details": None}  # fmt: skip
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": None,
+        }
         if not chat:
-            choice = {"index": 0, "text": "".join(parts["content"]), "logprobs": None, "finish_reason": finish,
-                      "stop_reason": None}  # fmt: skip
-            return Response.json({"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
-                                  "model": self.settings.name, "choices": [choice], "usage": usage})  # fmt: skip
+            choice = {
+                "index": 0,
+                "text": "".join(parts["content"]),
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+            return Response.json(
+                {
+                    "id": f"cmpl-{rid}",
+                    "object": "text_completion",
+                    "created": created,
+                    "model": self.settings.name,
+                    "choices": [choice],
+                    "usage": usage,
+                }
+            )
         message: dict[str, Any] = {
             "role": "assistant",
             "content": "".join(parts["content"]) or None,
@@ -483,8 +500,16 @@ class Engine:
             "finish_reason": finish,
             "stop_reason": None,
         }
-        return Response.json({"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created,
-                              "model": self.settings.name, "choices": [choice], "usage": usage})  # fmt: skip
+        return Response.json(
+            {
+                "id": f"chatcmpl-{rid}",
+                "object": "chat.completion",
+                "created": created,
+                "model": self.settings.name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
     async def _sse(self, job: Job, chat: bool, include_usage: bool) -> AsyncGenerator[bytes, None]:
         created, rid = int(time.time()), uuid.uuid4().hex
@@ -494,8 +519,13 @@ class Engine:
         ident = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
 
         def event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
-            data: dict[str, Any] = {"id": ident, "object": obj, "created": created, "model": self.settings.name,
-                                    "choices": choices}  # fmt: skip
+            data: dict[str, Any] = {
+                "id": ident,
+                "object": obj,
+                "created": created,
+                "model": self.settings.name,
+                "choices": choices,
+            }
             if usage is not None:
                 data["usage"] = usage
             return b"data: " + json.dumps(data).encode() + b"\n\n"
@@ -518,8 +548,12 @@ class Engine:
                     call = tool_calls[0]
                     delta: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
                     if not started_tool:
-                        delta = {"index": 0, "id": call["id"], "type": "function",
-                                 "function": {"name": call["function"]["name"], "arguments": text}}  # fmt: skip
+                        delta = {
+                            "index": 0,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": call["function"]["name"], "arguments": text},
+                        }
                         started_tool = True
                     yield event([choice({"tool_calls": [delta]})])
                 else:
@@ -529,8 +563,11 @@ class Engine:
             finish = job.finish_reason
             yield event([choice({} if chat else "", finish)])
             if include_usage:
-                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                         "total_tokens": prompt_tokens + completion}  # fmt: skip
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt_tokens + completion,
+                }
                 yield event([], usage)
         except EngineDead:
             error = {

@@ -14,9 +14,29 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 LATENCY_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
@@ -146,12 +166,24 @@ class Metrics:
                 f"vllm:{sample}{_labels(labels)} {_num(value)}" for sample, labels, value in samples
             )
 
-        family("num_requests_running", "gauge", "Number of requests in model execution batches.",
-               [("num_requests_running", base, self.running)])  # fmt: skip
-        family("num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-               [("num_requests_waiting", base, self.waiting)])  # fmt: skip
-        family("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-               [("kv_cache_usage_perc", base, self.kv_usage)])  # fmt: skip
+        family(
+            "num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            [("num_requests_running", base, self.running)],
+        )
+        family(
+            "num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            [("num_requests_waiting", base, self.waiting)],
+        )
+        family(
+            "kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            [("kv_cache_usage_perc", base, self.kv_usage)],
+        )
         counters = dict(self.COUNTERS)
         if self.spec_decode:
             counters.update(self.SPEC_COUNTERS)
@@ -186,8 +218,12 @@ class Metrics:
                 )
                 for i, n in enumerate(self.accepted_per_pos)
             ]
-            family("spec_decode_num_accepted_tokens_per_pos_total", "counter",
-                   "Accepted tokens per draft position.", per_pos)  # fmt: skip
+            family(
+                "spec_decode_num_accepted_tokens_per_pos_total",
+                "counter",
+                "Accepted tokens per draft position.",
+                per_pos,
+            )
         for name, (help_text, _) in self.HISTOGRAMS.items():
             hist = self.histograms[name]
             samples: list[tuple[str, dict[str, str], float]] = [

@@ -156,8 +156,19 @@ def start_sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object
     def start(*args: str, ready: bool = True, **env: str) -> Sim:
         port = free_port()
         log_path = tmp_path / f"sim-{port}.log"
-        argv = [sys.executable, "-m", "laned", "sim", "serve", "/models/sim", "--port", str(port),
-                "--host", "127.0.0.1", *args]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "laned",
+            "sim",
+            "serve",
+            "/models/sim",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            *args,
+        ]
         env.setdefault("LANED_SIM_STARTUP", "0.2")
         with log_path.open("w") as handle:  # the child keeps its own descriptor
             process = subprocess.Popen(

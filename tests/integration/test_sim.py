@@ -46,8 +46,13 @@ def test_port_is_closed_during_startup_and_open_after(start_sim: Any) -> None:
     assert not port_open(sim.port), "the port accepted connections while the engine was loading"
     sim.wait_ready(timeout=20)
     log = sim.log()
-    for line in ("Loading safetensors checkpoint shards: 100% Completed | 8/8", "Loading weights took",
-                 "Capturing CUDA graphs", "Available KV cache memory:", "Application startup complete."):  # fmt: skip
+    for line in (
+        "Loading safetensors checkpoint shards: 100% Completed | 8/8",
+        "Loading weights took",
+        "Capturing CUDA graphs",
+        "Available KV cache memory:",
+        "Application startup complete.",
+    ):
         assert line in log, line
     assert log.index("Loading weights took") < log.index("Application startup complete.")
     with sim.client() as client:
@@ -90,8 +95,14 @@ def test_metrics_parse_and_promtool_accepts_them(start_sim: Any, tmp_path: Path)
         ask(client, "What is 2 + 2?")
         text = client.get("/metrics").text
     names = {f.name for f in text_string_to_metric_families(text)}
-    assert {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:spec_decode_num_accepted_tokens",
-            "vllm:prefix_cache_hits", "vllm:request_success", "vllm:e2e_request_latency_seconds"} <= names  # fmt: skip
+    assert {
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:spec_decode_num_accepted_tokens",
+        "vllm:prefix_cache_hits",
+        "vllm:request_success",
+        "vllm:e2e_request_latency_seconds",
+    } <= names
     assert (
         'model_name="dsv"' in text
         and 'engine="0"' in text
@@ -119,8 +130,16 @@ def test_tokens_counted_equal_tokens_returned(start_sim: Any) -> None:
             ask(client, q)["usage"] for q in ("Hello there", "What is 6 * 7?", "Write a story", "x")
         ]
         chunks, stream_usage = 0, None
-        with client.stream("POST", CHAT, json={"messages": [{"role": "user", "content": "Write an essay"}],
-                           "stream": True, "max_tokens": 40, "stream_options": {"include_usage": True}}) as r:  # fmt: skip
+        with client.stream(
+            "POST",
+            CHAT,
+            json={
+                "messages": [{"role": "user", "content": "Write an essay"}],
+                "stream": True,
+                "max_tokens": 40,
+                "stream_options": {"include_usage": True},
+            },
+        ) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -162,8 +181,18 @@ def test_acceptance_behaviours(start_sim: Any) -> None:
         "--max-model-len",
         "20000",
     )
-    tool = {"type": "function", "function": {"name": "get_weather", "description": "weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
     with sim.client() as client:
         plain = ask(client, "Hello, who are you?")
         assert plain["choices"][0]["finish_reason"] == "stop"
@@ -175,10 +204,17 @@ def test_acceptance_behaviours(start_sim: Any) -> None:
         assert choice["finish_reason"] == "tool_calls"
         call = choice["message"]["tool_calls"][0]
         assert json.loads(call["function"]["arguments"]) == {"city": "Lisbon"}
-        follow = client.post(CHAT, json={"tools": [tool], "messages": [
-            {"role": "user", "content": "What is the weather in Lisbon?"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call["id"], "content": "21C, clear"}]}).json()  # fmt: skip
+        follow = client.post(
+            CHAT,
+            json={
+                "tools": [tool],
+                "messages": [
+                    {"role": "user", "content": "What is the weather in Lisbon?"},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": call["id"], "content": "21C, clear"},
+                ],
+            },
+        ).json()
         assert "21C, clear" in follow["choices"][0]["message"]["content"]
         haystack = "lorem ipsum dolor. " * 3000
         depth = len(haystack) // 3

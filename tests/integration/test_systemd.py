@@ -210,8 +210,13 @@ def test_swap_stops_the_old_lane_before_starting_the_new_one_both_ways(
         assert int(old_state["InactiveEnterTimestampMonotonic"]) <= int(
             new_state["ExecMainStartTimestampMonotonic"]
         )
-        wait_until(lambda m=model: httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"] == m,
-                   30, f"lane {model} to answer")  # fmt: skip
+        wait_until(
+            lambda m=model: (
+                httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"] == m
+            ),
+            30,
+            f"lane {model} to answer",
+        )
 
 
 # --- container lanes: the simulator image under podman -----------------------------------------

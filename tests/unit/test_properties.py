@@ -129,9 +129,24 @@ def test_values_reach_the_engine_exactly_and_inject_nothing(
         assert seen["env"][env_name] == env_value
         # The unit: every line is a comment, a section, or one of the keys laned writes.
         unit = render.plan(config)[0].content
-        allowed = {"Description", "Conflicts", "After", "StartLimitIntervalSec", "StartLimitBurst", "Type",
-                   "Environment", "EnvironmentFile", "ExecStartPre", "ExecStart", "ExecStopPost", "KillMode",
-                   "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec"}  # fmt: skip
+        allowed = {
+            "Description",
+            "Conflicts",
+            "After",
+            "StartLimitIntervalSec",
+            "StartLimitBurst",
+            "Type",
+            "Environment",
+            "EnvironmentFile",
+            "ExecStartPre",
+            "ExecStart",
+            "ExecStopPost",
+            "KillMode",
+            "Restart",
+            "RestartSec",
+            "TimeoutStartSec",
+            "TimeoutStopSec",
+        }
         keys = []
         for line in unit.split("\n"):
             if not line or line.startswith("#") or line in ("[Unit]", "[Service]"):

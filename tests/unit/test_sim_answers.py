@@ -74,10 +74,19 @@ def test_metrics_exposition_parses_with_vllm_names() -> None:
     metrics.add("generation_tokens", 12)
     metrics.observe("time_to_first_token_seconds", 0.3)
     families = {f.name: f for f in text_string_to_metric_families(metrics.render())}
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
-                 "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:spec_decode_num_drafts"):  # fmt: skip
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "vllm:request_success",
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:spec_decode_num_drafts",
+    ):
         assert name in families, name
     gen = next(s for s in families["vllm:generation_tokens"].samples if s.name.endswith("_total"))
     assert gen.value == 12 and gen.labels == {"model_name": "deepseek", "engine": "0"}

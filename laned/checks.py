@@ -147,6 +147,21 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
     for key in ("start_timeout", "stop_timeout", "start_limit_interval"):
         if getattr(lane, key) <= 0:
             yield Problem(f"{base}.{key}", "must be longer than zero", "e.g. 90s, 15m or 1h")
+    for key in ("interval", "stall_after", "start_interval_min", "start_interval_max"):
+        if getattr(lane.probe, key) <= 0:
+            yield Problem(f"{base}.probe.{key}", "must be longer than zero", "e.g. 500ms, 5s or 2m")
+    if lane.probe.start_interval_min > lane.probe.start_interval_max:
+        yield Problem(
+            f"{base}.probe.start_interval_min",
+            "is longer than probe.start_interval_max",
+            "readiness probing starts at the min and backs off to the max",
+        )
+    if lane.restart_max_delay < lane.restart_sec:
+        yield Problem(
+            f"{base}.restart_max_delay",
+            "is shorter than restart_sec",
+            "the backoff cap must be >= restart_sec",
+        )
     yield from _check_env(base, lane)
     yield from _check_argv(base, lane)
     if lane.container is not None:

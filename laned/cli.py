@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
         help="write nothing; exit 1 with a diff when anything on disk differs",
     )
     sub.add_parser("version", help="print laned's version", description="Print laned's version.")
+    sub.add_parser(
+        "serve",
+        help="run the daemon: supervise the lanes",
+        description="Render the lanes, reload systemd, adopt what runs, start the desired lane "
+        "(or daemon.default_lane) and supervise until SIGTERM. The lanes keep running when laned stops.",
+    )
     sim = sub.add_parser(
         "sim",
         help="run the simulated vLLM engine",
@@ -83,11 +89,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     """`laned render [--check]`."""
     from laned import render
     from laned.config import load_config
+    from laned.systemd import installed_version
 
     config = load_config(_config_path(args))
     _print_warnings(config.source, config.warnings)
+    # The unit's restart policy depends on the manager (RestartSteps= since systemd 254).
+    version = installed_version() or render.DEFAULT_SYSTEMD_VERSION
     if args.check:
-        differences = render.check(config)
+        differences = render.check(config, version)
         for item in differences:
             print(item)
         if differences:
@@ -97,7 +106,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         print("in sync: every generated file matches the config")
         return EXIT_OK
-    changes = render.apply(config)
+    changes = render.apply(config, version)
     changed = [(a, p) for a, p in changes if a is not render.Action.UNCHANGED]
     for action, path in changed:
         print(f"{action.value:9} {path}")
@@ -108,6 +117,20 @@ def cmd_render(args: argparse.Namespace) -> int:
             "units changed: run `systemctl --user daemon-reload` (laned does this itself when it runs)"
         )
     return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """`laned serve`."""
+    import asyncio
+    import logging
+
+    from laned.config import load_config
+    from laned.daemon import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = load_config(_config_path(args))
+    _print_warnings(config.source, config.warnings)
+    return asyncio.run(serve(config))
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -129,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "validate": cmd_validate,
         "render": cmd_render,
         "sim": cmd_sim,
+        "serve": cmd_serve,
     }
     if args.command == "version":
         print(f"laned {__version__}")

@@ -178,6 +178,18 @@ class ExecSpec(_Model):
     command: tuple[ArgText, ...] = Field(min_length=1)
 
 
+class ProbeConfig(_Model):
+    """`[lanes.X.probe]`: how laned watches a lane (see docs/configuration.md)."""
+
+    interval: Duration = 5.0
+    failures: int = Field(default=3, ge=1)
+    stall_after: Duration = 120.0
+    start_interval_min: Duration = 0.1
+    start_interval_max: Duration = 5.0
+    memory_floor_gib: float = Field(default=0.0, ge=0)
+    memory_floor_for: Duration = 30.0
+
+
 class LaneConfig(_Model):
     """`[lanes.X]`: one engine with its exact flags, environment, mounts and API key."""
 
@@ -191,11 +203,13 @@ class LaneConfig(_Model):
     start_timeout: Duration = 3600.0
     stop_timeout: Duration = 120.0
     restart_sec: Duration = 15.0
+    restart_max_delay: Duration = 300.0
     start_limit_burst: int = Field(default=5, ge=1)
     start_limit_interval: Duration = 1800.0
     sampling: Sampling | None = None
     env: dict[str, EnvVar] = Field(default_factory=dict)
     args: tuple[Arg, ...] = ()
+    probe: ProbeConfig = Field(default_factory=ProbeConfig)
     container: ContainerSpec | None = None
     exec: ExecSpec | None = None
 

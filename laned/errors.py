@@ -3,7 +3,13 @@
     LanedError                      root: what went wrong, and a hint for what to do
     ├── ConfigError                 the config file is unreadable or invalid (carries every Problem)
     ├── RenderError                 generated files could not be written or differ on disk
-    └── EngineError                 the simulated engine was started with bad arguments
+    ├── EngineError                 the simulated engine was started with bad arguments
+    ├── SystemdError                a call to the systemd user manager failed (D-Bus)
+    │   └── BusUnavailable          the user bus cannot be reached at all
+    └── LaneError                   a lane operation could not be done
+        ├── UnknownLane             no lane of that name in the config
+        ├── Superseded              a newer request for the same group replaced this one
+        └── ActivationFailed        the lane failed, timed out or crash-looped while starting
 
 Errors of foreign libraries (pydantic, tomllib, OSError) are translated at the
 boundary where they happen: ``raise ConfigError(...) from exc``. Only the CLI turns a
@@ -78,3 +84,39 @@ class RenderError(LanedError):
 
 class EngineError(LanedError):
     """The simulated engine was given arguments it cannot run with."""
+
+
+class SystemdError(LanedError):
+    """A call to the systemd user manager failed; carries systemd's error name."""
+
+    def __init__(self, message: str, hint: str = "", name: str = "") -> None:
+        super().__init__(message, hint)
+        self.name = name
+
+
+class BusUnavailable(SystemdError):
+    """The user bus cannot be reached (no user manager, or DBUS_SESSION_BUS_ADDRESS is wrong)."""
+
+
+class LaneError(LanedError):
+    """A lane operation could not be done."""
+
+    code = "lane-error"
+
+
+class UnknownLane(LaneError):
+    """No lane of that name in the config."""
+
+    code = "unknown-lane"
+
+
+class Superseded(LaneError):
+    """A newer activate or deactivate of the same group replaced this request."""
+
+    code = "superseded"
+
+
+class ActivationFailed(LaneError):
+    """The lane failed, timed out or crash-looped while starting."""
+
+    code = "activation-failed"

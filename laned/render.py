@@ -42,12 +42,17 @@ class Action(str, Enum):
     REMOVED = "removed"
 
 
-def plan(config: Config) -> list[GeneratedFile]:
-    """Every file the config renders to, in a stable order."""
+DEFAULT_SYSTEMD_VERSION = 252  # Debian 12; without RestartSteps= (see units.lane_unit)
+
+
+def plan(config: Config, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> list[GeneratedFile]:
+    """Every file the config renders to, for a user manager of `systemd_version`, in a stable order."""
     files: list[GeneratedFile] = []
     for lane in sorted(config.lanes):
         spec = config.lanes[lane]
-        files.append(GeneratedFile(unit_path(config, lane), lane_unit(config, lane), 0o644))
+        files.append(
+            GeneratedFile(unit_path(config, lane), lane_unit(config, lane, systemd_version), 0o644)
+        )
         files.append(GeneratedFile(wrapper_path(config, lane), render_wrapper(config, lane), 0o755))
         if spec.sampling is not None:
             text = json.dumps(spec.sampling.as_json_dict(), indent=2) + "\n"
@@ -129,9 +134,11 @@ def stale(config: Config, files: list[GeneratedFile]) -> list[str]:
     ]
 
 
-def apply(config: Config) -> list[tuple[Action, str]]:
+def apply(
+    config: Config, systemd_version: int = DEFAULT_SYSTEMD_VERSION
+) -> list[tuple[Action, str]]:
     """Write the plan, remove laned's files of lanes that left the config; report each path."""
-    files = plan(config)
+    files = plan(config, systemd_version)
     changes: list[tuple[Action, str]] = []
     for item in files:
         current = _read(item.path)
@@ -152,9 +159,9 @@ def apply(config: Config) -> list[tuple[Action, str]]:
     return changes
 
 
-def check(config: Config) -> list[str]:
+def check(config: Config, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> list[str]:
     """Differences between the plan and the disk, as unified diffs and notes; empty when in sync."""
-    files = plan(config)
+    files = plan(config, systemd_version)
     out: list[str] = []
     for item in files:
         current = _read(item.path)

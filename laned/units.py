@@ -68,8 +68,21 @@ def group_peers(config: Config, lane: str) -> list[str]:
     return sorted(n for n, spec in config.lanes.items() if spec.group == group and n != lane)
 
 
-def lane_unit(config: Config, lane: str) -> str:
-    """The systemd user unit of one lane."""
+# systemd 254 added RestartSteps=/RestartMaxDelaySec= (exponential restart backoff).
+RESTART_STEPS_SINCE = 254
+
+
+def restart_steps(base: float, cap: float) -> int:
+    """How many doublings take RestartSec to RestartMaxDelaySec (at least 1)."""
+    steps, delay = 0, max(base, 0.001)
+    while delay < cap:
+        delay *= 2
+        steps += 1
+    return max(steps, 1)
+
+
+def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
+    """The systemd user unit of one lane, for a user manager of `systemd_version`."""
     spec: LaneConfig = config.lanes[lane]
     peers = group_peers(config, lane)
     unit: list[tuple[str, str]] = [
@@ -85,11 +98,17 @@ def lane_unit(config: Config, lane: str) -> str:
         before = [unit_name(p, config.lanes[p]) for p in peers if p < lane]
         after += before
     unit.append(("After", " ".join([*after, "network-online.target"])))
-    unit += [
-        # Start limits live in [Unit]: a crash loop ends in `failed`, not endless restarts.
-        ("StartLimitIntervalSec", systemd_seconds(spec.start_limit_interval)),
-        ("StartLimitBurst", str(spec.start_limit_burst)),
-    ]
+    systemd_restarts = systemd_version >= RESTART_STEPS_SINCE
+    if systemd_restarts:
+        unit += [
+            # Start limits live in [Unit]: a crash loop ends in `failed`, not endless restarts.
+            ("StartLimitIntervalSec", systemd_seconds(spec.start_limit_interval)),
+            ("StartLimitBurst", str(spec.start_limit_burst)),
+        ]
+    else:
+        # laned restarts this lane itself (with backoff and its own crash-loop limit), so
+        # systemd's start limit must not refuse laned's restarts.
+        unit.append(("StartLimitIntervalSec", "0"))
     wrapper = wrapper_path(config, lane)
     service: list[tuple[str, str]] = [("Type", "simple"), ("Environment", "HOME=%h")]
     if spec.api_key_file:
@@ -105,9 +124,21 @@ def lane_unit(config: Config, lane: str) -> str:
         # SIGTERM goes to the wrapper alone, which forwards it once to the engine and
         # records that the stop was requested; SIGKILL still reaches every process.
         ("KillMode", "mixed"),
-        # The wrapper turns any exit nobody asked for (status 0 included) into a failure.
-        ("Restart", "on-failure"),
-        ("RestartSec", systemd_seconds(spec.restart_sec)),
+    ]
+    if systemd_restarts:
+        service += [
+            # The wrapper turns any exit nobody asked for (status 0 included) into a failure.
+            ("Restart", "on-failure"),
+            ("RestartSec", systemd_seconds(spec.restart_sec)),
+            ("RestartSteps", str(restart_steps(spec.restart_sec, spec.restart_max_delay))),
+            ("RestartMaxDelaySec", systemd_seconds(spec.restart_max_delay)),
+        ]
+    else:
+        # This manager has no RestartSteps=: laned is the one restarter, with exponential
+        # backoff (two restarters would fight). The wrapper still turns any exit nobody
+        # asked for, status 0 included, into Result=exit-code.
+        service.append(("Restart", "no"))
+    service += [
         ("TimeoutStartSec", systemd_seconds(spec.start_timeout)),
         ("TimeoutStopSec", systemd_seconds(spec.stop_timeout)),
     ]

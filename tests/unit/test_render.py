@@ -211,12 +211,12 @@ def test_render_check_finds_hand_edits_and_modes(
     path = lane_config(tmp_path)
     assert main(["--config", path, "render"]) == 0
     unit = tmp_path / "units" / "laned-a.service"
-    unit.write_text(unit.read_text().replace("Restart=on-failure", "Restart=no"))
+    unit.write_text(unit.read_text().replace("KillMode=mixed", "KillMode=process"))
     (tmp_path / "bin" / "laned-a-serve").chmod(0o700)
     capsys.readouterr()
     assert main(["--config", path, "render", "--check"]) == 1
     out = capsys.readouterr().out
-    assert "-Restart=no" in out and "+Restart=on-failure" in out
+    assert "-KillMode=process" in out and "+KillMode=mixed" in out
     assert "mode:" in out and "0700" in out
     assert main(["--config", path, "render"]) == 0
     assert "updated" in capsys.readouterr().out
@@ -291,3 +291,13 @@ def test_specifiers_and_dollars_are_escaped(tmp_path: Path) -> None:
     unit = render.plan(config)[0].content
     assert "Description=50%% of $HOME" in unit
     assert 'ExecStart="/opt/100%%/b in/laned-a-serve"' in unit
+
+
+def test_restart_policy_follows_the_managers_version(example: object) -> None:
+    # systemd >= 254 backs off by itself (RestartSteps=); older managers leave it to laned.
+    new = render.plan(example, systemd_version=254)[0].content  # type: ignore[arg-type]
+    assert "Restart=on-failure" in new and "RestartSec=15" in new
+    assert "RestartSteps=5" in new and "RestartMaxDelaySec=300" in new
+    assert "StartLimitBurst=5" in new and "StartLimitIntervalSec=1800" in new
+    old = render.plan(example, systemd_version=252)[0].content  # type: ignore[arg-type]
+    assert "Restart=no" in old and "RestartSteps" not in old and "StartLimitIntervalSec=0" in old

@@ -1,0 +1,68 @@
+"""A lane unit's log from journald: followed with `journalctl -f`, or read back.
+
+Matches both `_SYSTEMD_USER_UNIT=` (a user manager under user@.service, as on a real
+host) and `_SYSTEMD_UNIT=` (a private `systemd --user`, as in the test harness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator, Iterable
+
+
+def _match(unit: str) -> list[str]:
+    return [f"_SYSTEMD_USER_UNIT={unit}", "+", f"_SYSTEMD_UNIT={unit}"]
+
+
+async def follow(units: Iterable[str]) -> AsyncIterator[tuple[str, str]]:
+    """Yield (unit, message) for new log lines of any of `units`, until cancelled.
+
+    One journalctl process serves every lane for the supervisor's whole life.
+    """
+    journalctl = shutil.which("journalctl")
+    names = list(units)
+    if journalctl is None or not names:
+        return
+    matches: list[str] = []
+    for unit in names:
+        matches += [*(["+"] if matches else []), *_match(unit)]
+    process = await asyncio.create_subprocess_exec(
+        journalctl, "--follow", "--lines=0", "--output=json", "--no-pager", *matches,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        limit=1024 * 1024,
+    )  # fmt: skip
+    assert process.stdout is not None
+    try:
+        while True:
+            raw = await process.stdout.readline()
+            if not raw:
+                return
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            unit = record.get("_SYSTEMD_USER_UNIT") or record.get("_SYSTEMD_UNIT") or ""
+            message = record.get("MESSAGE", "")
+            if isinstance(message, list):  # journald's form for non-UTF-8 text
+                message = bytes(message).decode("utf-8", errors="replace")
+            yield str(unit), str(message)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        # Read to EOF and reap, so that the pipe's transport is closed, not left to the GC.
+        await process.communicate()
+
+
+async def tail(unit: str, lines: int) -> list[str]:
+    """The unit's last `lines` log lines."""
+    journalctl = shutil.which("journalctl")
+    if journalctl is None:
+        return []
+    process = await asyncio.create_subprocess_exec(
+        journalctl, f"--lines={lines}", "--output=short-iso", "--no-pager", *_match(unit),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    out, _ = await process.communicate()
+    return out.decode("utf-8", errors="replace").splitlines()

@@ -1,0 +1,96 @@
+"""Probes of an engine's HTTP API: /health, /v1/models (with the lane's key), /metrics.
+
+Each probe answers a plain value or None; transport errors are an answer ("no"), never an
+exception, because an engine that does not answer is exactly what probes are for.
+"""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from laned.lanes import EngineSample
+
+
+def read_api_key(path: str | None) -> str | None:
+    """VLLM_API_KEY from a systemd environment file; None when unset or unreadable."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                key, sep, value = line.strip().partition("=")
+                if sep and key.strip() == "VLLM_API_KEY":
+                    return value.strip().strip('"').strip("'") or None
+    except OSError:
+        return None
+    return None
+
+
+class Probe:
+    """HTTP probes against engines on this host."""
+
+    def __init__(self, timeout: float = 5.0, host: str = "127.0.0.1") -> None:
+        self.client = httpx.AsyncClient(timeout=timeout)
+        self.host = host
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self.client.aclose()
+
+    def url(self, port: int, path: str) -> str:
+        """The engine URL for a path."""
+        return f"http://{self.host}:{port}{path}"
+
+    async def health(self, port: int, path: str = "/health") -> bool:
+        """Whether the health path answers 200."""
+        try:
+            return (await self.client.get(self.url(port, path))).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def models(self, port: int, api_key: str | None) -> list[str] | None:
+        """The model ids /v1/models lists (None when it does not answer with a list)."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        try:
+            response = await self.client.get(self.url(port, "/v1/models"), headers=headers)
+            if response.status_code != 200:
+                return None
+            return [str(m.get("id")) for m in response.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    async def sample(self, port: int) -> EngineSample | None:
+        """The numbers stall detection and the engine summary need, from /metrics."""
+        try:
+            response = await self.client.get(self.url(port, "/metrics"))
+            if response.status_code != 200:
+                return None
+            return parse_engine_metrics(response.text)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+
+def parse_engine_metrics(text: str) -> EngineSample:
+    """Sum vLLM's gauges and counters across engines (and models) into one sample."""
+    wanted = {
+        "vllm:num_requests_running": "running",
+        "vllm:num_requests_waiting": "waiting",
+        "vllm:generation_tokens_total": "generation_tokens",
+        "vllm:prompt_tokens_total": "prompt_tokens",
+        "vllm:kv_cache_usage_perc": "kv_cache_usage",
+        "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # vLLM before V1's rename
+    }
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                values[key] = values.get(key, 0.0) + float(sample.value)
+    return EngineSample(
+        running=values.get("running", 0.0),
+        waiting=values.get("waiting", 0.0),
+        generation_tokens=values.get("generation_tokens", 0.0),
+        prompt_tokens=values.get("prompt_tokens", 0.0),
+        kv_cache_usage=values.get("kv_cache_usage", 0.0),
+    )

@@ -1,0 +1,694 @@
+"""The lane supervisor: the one owner of lane state.
+
+Everything that changes a lane's state runs on one asyncio event loop, and every change
+happens in `_transition`, a synchronous method: no decision reads state, awaits, and then
+acts on what it read. After each await an operation re-checks that it is still current
+(the generation of its group) before it acts again.
+
+Activation of a lane is an operation of its group: it stops every conflicting lane and
+confirms each is gone, runs the pre-start gate, starts the unit and waits for readiness
+(the health path answers 200 and /v1/models lists the served model). A newer request for
+the same group supersedes it. Exits are judged by `lanes.judge_exit`: only a stop somebody
+asked for is `requested`; anything else — status 0 too — is a failure, restarted with
+backoff, until a crash loop ends in `failed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+
+from laned import journal, state
+from laned.config import Config, LaneConfig
+from laned.errors import ActivationFailed, LanedError, Superseded, SystemdError, UnknownLane
+from laned.lanes import (
+    RUNNING_STATES,
+    Desired,
+    Event,
+    LaneState,
+    LaneStatus,
+    LastExit,
+    StallDetector,
+    Verdict,
+    backoff_delay,
+    decode_status,
+    is_crash_loop,
+    judge_exit,
+    parse_phase,
+    recent,
+)
+from laned.names import exit_record_path, unit_name
+from laned.probes import Probe, read_api_key
+from laned.render import DEFAULT_SYSTEMD_VERSION
+from laned.systemd import CLD_DUMPED, CLD_KILLED, Systemd, UnitSnapshot
+from laned.units import RESTART_STEPS_SINCE
+
+log = logging.getLogger("laned.supervisor")
+
+EXITED_SUBSTATES = {"dead", "failed", "auto-restart", "exited"}
+PreStart = Callable[[str], Awaitable[None]]
+
+
+@dataclass
+class Operation:
+    """An activate or deactivate in progress for one group."""
+
+    lane: str
+    kind: str
+    generation: int
+    future: asyncio.Future[LaneStatus]
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class ExitRecord:
+    """What the serve wrapper wrote about the engine's exit."""
+
+    status: int
+    requested: bool
+    at: float
+
+
+def read_exit_record(path: str) -> ExitRecord | None:
+    """Parse the wrapper's `status=N requested=0|1 at=EPOCH` line."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            fields = dict(part.split("=", 1) for part in handle.read().split() if "=" in part)
+        return ExitRecord(int(fields["status"]), fields["requested"] == "1", float(fields["at"]))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def mem_available_gib() -> float | None:
+    """MemAvailable from /proc/meminfo, in GiB."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024**2
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+@dataclass
+class Supervisor:
+    """Owns every lane's state; talks to systemd and the engines."""
+
+    config: Config
+    systemd: Systemd
+    probe: Probe
+    systemd_version: int = DEFAULT_SYSTEMD_VERSION
+    pre_start: PreStart | None = None
+    clock: Callable[[], float] = time.time
+    statuses: dict[str, LaneStatus] = field(default_factory=dict)
+    events: deque[Event] = field(default_factory=lambda: deque(maxlen=state.EVENTS_KEPT))
+    listeners: list[Callable[[Event], None]] = field(default_factory=list)
+    snapshots: dict[str, UnitSnapshot] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.units = {unit_name(n, spec): n for n, spec in self.config.lanes.items()}
+        self.statuses = {n: LaneStatus(n) for n in self.config.lanes}
+        self.systemd_restarts = self.systemd_version >= RESTART_STEPS_SINCE
+        self._ops: dict[str, Operation] = {}
+        self._generation = 0
+        self._stopping: set[str] = set()
+        self._follow: dict[str, asyncio.Task[None]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._waiters: dict[str, list[asyncio.Future[LaneStatus]]] = {}
+        self._started_at: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the saved state, connect to systemd, reconcile with what runs."""
+        saved = state.load(self.config.daemon.state_dir)
+        for name, status in self.statuses.items():
+            status.desired = saved.desired.get(name, Desired.INACTIVE)
+            status.restarts = saved.restarts.get(name, 0)
+            status.last_exit = saved.last_exit.get(name)
+            status.last_cold_start = saved.last_cold_start.get(name)
+            status.since = self.clock()
+            if name in saved.failed:
+                # A lane that gave up (crash loop, start timeout) stays failed until activated.
+                status.state, status.reason = LaneState.FAILED, saved.failed[name]
+        self.events.extend(e for e in saved.events if e.lane in self.statuses)
+        await self._connect()
+        self._spawn(self._follow_logs())
+        await self.reconcile(first=not saved.desired)
+        self._spawn(self._keep_bus())
+
+    async def close(self) -> None:
+        """Stop watching (the lanes keep running: they are systemd's units)."""
+        self._closing = True
+        for timer in self._timers.values():
+            timer.cancel()
+        tasks = [
+            *self._tasks,
+            *self._follow.values(),
+            *(op.task for op in self._ops.values() if op.task),
+        ]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=10)
+            for task in pending:
+                log.error("a supervisor task did not stop: %r", task)
+        self.systemd.disconnect()
+
+    async def _connect(self) -> None:
+        self.systemd.on_unit_change = self._on_unit_change
+        self.systemd.on_manager_restart = self._on_manager_restart
+        await self.systemd.connect()
+        for unit in self.units:
+            with contextlib.suppress(SystemdError):
+                await self.systemd.ref_unit(unit)
+
+    def _on_manager_restart(self) -> None:
+        self._spawn(self._resync("the user manager was re-executed"))
+
+    async def _keep_bus(self) -> None:
+        """Reconnect when the bus connection drops, and catch up with what changed meanwhile."""
+        while not self._closing:
+            await self.systemd.wait_closed()
+            if self._closing:
+                return
+            log.warning("lost the user bus; reconnecting")
+            delay = 0.05
+            while not self._closing:
+                try:
+                    await self._connect()
+                    break
+                except LanedError as exc:
+                    log.warning("reconnect failed: %s", exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            await self._resync("reconnected to the user bus")
+
+    async def _resync(self, why: str) -> None:
+        log.info("%s: re-reading every lane unit", why)
+        with contextlib.suppress(SystemdError):
+            await self.systemd.subscribe()
+        for unit, lane in self.units.items():
+            try:
+                snap = await self.systemd.snapshot(unit)
+            except SystemdError:
+                continue
+            self._apply(lane, snap)
+
+    async def reconcile(self, first: bool = False) -> None:
+        """Adopt lanes that already run (never restart a healthy one); start the desired ones."""
+        running: list[str] = []
+        for unit, lane in self.units.items():
+            snap = await self.systemd.snapshot(unit)
+            self.snapshots[lane] = snap
+            if snap.running:
+                running.append(lane)
+        for lane in running:
+            status = self.statuses[lane]
+            status.desired = Desired.ACTIVE
+            self._started_at.setdefault(lane, self.clock())
+            self._transition(lane, LaneState.STARTING, "adopted: already running")
+            self._start_follow(lane)
+        for lane, status in self.statuses.items():
+            if (
+                status.desired is Desired.ACTIVE
+                and lane not in running
+                and status.state is not LaneState.FAILED
+            ):
+                self._spawn_activation(lane, "restore the desired lane")
+        if first and not running and self.config.daemon.default_lane:
+            self._spawn_activation(self.config.daemon.default_lane, "default lane")
+
+    # --- requests -------------------------------------------------------------------------
+
+    def spec(self, lane: str) -> LaneConfig:
+        """The lane's config; UnknownLane with the known names otherwise."""
+        if lane not in self.config.lanes:
+            known = ", ".join(sorted(self.config.lanes)) or "none"
+            raise UnknownLane(f"no lane named {lane!r}", f"configured lanes: {known}")
+        return self.config.lanes[lane]
+
+    def activate(self, lane: str, reason: str = "activate") -> asyncio.Future[LaneStatus]:
+        """Make `lane` the running lane of its group; the future resolves when it is ready."""
+        spec = self.spec(lane)
+        status = self.statuses[lane]
+        current = self._ops.get(spec.group)
+        if status.desired is Desired.ACTIVE and status.state in (
+            *RUNNING_STATES,
+            LaneState.RESTARTING,
+        ):
+            if current is not None and current.lane == lane and current.kind == "activate":
+                return current.future
+            return self._wait_ready(lane)  # idempotent: nothing is restarted
+        if current is not None:
+            self._supersede(current, f"superseded by activate {lane}")
+        for peer in self._group(lane):
+            self._set_desired(peer, Desired.INACTIVE)
+        self._set_desired(lane, Desired.ACTIVE)
+        status.failures.clear()
+        op = self._new_op(lane, "activate", spec.group)
+        op.task = self._spawn(self._run_activation(op, reason))
+        return op.future
+
+    def deactivate(self, lane: str) -> asyncio.Future[LaneStatus]:
+        """Stop `lane`; a stop laned asked for is never counted as a failure."""
+        spec = self.spec(lane)
+        current = self._ops.get(spec.group)
+        self._set_desired(lane, Desired.INACTIVE)
+        self._cancel_restart(lane)
+        if current is not None and current.lane != lane:
+            # Another lane of the group is being activated, which stops this one anyway:
+            # stop it alongside without displacing that operation.
+            op = Operation(lane, "deactivate", 0, asyncio.get_running_loop().create_future())
+            op.future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        else:
+            if current is not None:
+                self._supersede(current, f"superseded by deactivate {lane}")
+            op = self._new_op(lane, "deactivate", spec.group)
+        op.task = self._spawn(self._run_deactivation(op))
+        return op.future
+
+    def restart(self, lane: str, reason: str = "restart requested") -> asyncio.Future[LaneStatus]:
+        """Stop and start `lane` again (it must be desired active)."""
+        self.spec(lane)
+        if self.statuses[lane].desired is not Desired.ACTIVE:
+            return self.activate(lane)
+        self._spawn(self._restart(lane, reason))
+        return self._wait_ready(lane)
+
+    # --- operations -----------------------------------------------------------------------
+
+    def _new_op(self, lane: str, kind: str, group: str) -> Operation:
+        self._generation += 1
+        op = Operation(lane, kind, self._generation, asyncio.get_running_loop().create_future())
+        op.future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        self._ops[group] = op
+        return op
+
+    def _current(self, op: Operation) -> bool:
+        return self._ops.get(self.config.lanes[op.lane].group) is op
+
+    def _supersede(self, op: Operation, why: str) -> None:
+        if op.task is not None:
+            op.task.cancel()
+        if not op.future.done():
+            op.future.set_exception(Superseded(why, "the newest request for a group wins"))
+        self._ops.pop(self.config.lanes[op.lane].group, None)
+
+    def _finish(self, op: Operation, error: LanedError | None = None) -> None:
+        if not op.future.done():
+            if error is None:
+                op.future.set_result(self.statuses[op.lane])
+            else:
+                op.future.set_exception(error)
+        if self._current(op):
+            self._ops.pop(self.config.lanes[op.lane].group, None)
+
+    def _spawn_activation(self, lane: str, reason: str) -> None:
+        future = self.activate(lane, reason)
+        future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+
+    async def _run_activation(self, op: Operation, reason: str) -> None:
+        lane = op.lane
+        try:
+            for peer in self._group(lane):
+                await self._stop_and_confirm(peer, f"swap to {lane}")
+                if not self._current(op):
+                    self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
+                    return
+            if self.pre_start is not None:
+                await self.pre_start(lane)
+                if not self._current(op):
+                    self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
+                    return
+            waiter = self._wait_ready(lane)
+            await self._start_unit(lane, reason)
+            await waiter
+            self._finish(op)
+        except asyncio.CancelledError:
+            raise
+        except LanedError as exc:
+            self._finish(
+                op,
+                exc if isinstance(exc, ActivationFailed) else ActivationFailed(str(exc), exc.hint),
+            )
+
+    async def _run_deactivation(self, op: Operation) -> None:
+        try:
+            await self._stop_and_confirm(op.lane, "deactivate")
+            self._finish(op)
+        except asyncio.CancelledError:
+            raise
+        except LanedError as exc:
+            self._finish(op, exc)
+
+    async def _stop_and_confirm(self, lane: str, reason: str) -> None:
+        """Stop the lane's unit and confirm it is gone (for containers, ExecStopPost removed it)."""
+        status = self.statuses[lane]
+        self._cancel_restart(lane)
+        self._stop_follow(lane)
+        self._fail_waiters(lane, reason, superseded=True)
+        unit = unit_name(lane, self.config.lanes[lane])
+        snap = await self.systemd.snapshot(unit)
+        if not snap.running and snap.active_state != "deactivating":
+            if status.state is not LaneState.INACTIVE and status.state is not LaneState.FAILED:
+                self._transition(lane, LaneState.INACTIVE, reason)
+            return
+        self._stopping.add(lane)
+        try:
+            self._transition(lane, LaneState.STOPPING, reason)
+            await self.systemd.stop_unit(unit)
+            snap = await self.systemd.snapshot(unit)
+            if snap.running:
+                raise ActivationFailed(
+                    f"{unit} is still {snap.active_state} after its stop job", "see `laned logs`"
+                )
+        finally:
+            self._stopping.discard(lane)
+        if self.statuses[lane].state is LaneState.STOPPING:
+            self._transition(lane, LaneState.INACTIVE, reason)
+
+    async def _start_unit(self, lane: str, reason: str) -> None:
+        unit = unit_name(lane, self.config.lanes[lane])
+        self._started_at[lane] = self.clock()
+        self._transition(lane, LaneState.STARTING, reason)
+        self._start_follow(lane)
+        await self.systemd.reset_failed_unit(unit)
+        result = await self.systemd.start_unit(unit)
+        if result not in ("done", "skipped"):
+            log.warning("start job of %s ended %s", unit, result)
+
+    async def _restart(self, lane: str, reason: str) -> None:
+        status = self.statuses[lane]
+        if status.desired is not Desired.ACTIVE:
+            return
+        status.restarts += 1
+        self._transition(lane, LaneState.RESTARTING, reason)
+        unit = unit_name(lane, self.config.lanes[lane])
+        self._stop_follow(lane)
+        self._stopping.add(lane)
+        try:
+            await self.systemd.stop_unit(unit)
+        finally:
+            self._stopping.discard(lane)
+        if status.desired is Desired.ACTIVE and status.state is LaneState.RESTARTING:
+            await self._start_unit(lane, f"restart: {reason}")
+
+    # --- readiness and liveness -------------------------------------------------------------
+
+    def _start_follow(self, lane: str) -> None:
+        self._stop_follow(lane)
+        task = asyncio.get_running_loop().create_task(self._follow_lane(lane))
+        task.add_done_callback(self._task_done)
+        self._follow[lane] = task
+
+    def _stop_follow(self, lane: str) -> None:
+        task = self._follow.pop(lane, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _follow_lane(self, lane: str) -> None:
+        """Readiness (fast probing backing off over a long cold start), then liveness."""
+        spec = self.config.lanes[lane]
+        status = self.statuses[lane]
+        started = time.monotonic()
+        interval = spec.probe.start_interval_min
+        key = read_api_key(spec.api_key_file)
+        while True:
+            if await self.probe.health(spec.port, spec.health_path):
+                models = await self.probe.models(spec.port, key)
+                if models is not None and spec.served_model_name in models:
+                    break
+            if time.monotonic() - started >= spec.start_timeout:
+                self._spawn(self._start_timeout(lane))
+                return
+            await asyncio.sleep(interval)
+            interval = min(interval * 1.5, spec.probe.start_interval_max)
+        if status.state is not LaneState.STARTING:
+            return
+        status.last_cold_start = round(self.clock() - self._started_at.get(lane, self.clock()), 3)
+        status.phase, status.progress = None, None
+        status.failures.clear()
+        self._transition(
+            lane, LaneState.READY, "health 200 and /v1/models lists " + spec.served_model_name
+        )
+        await self._watch_liveness(lane)
+
+    async def _follow_logs(self) -> None:
+        """Startup phases of starting lanes, from their engines' log lines (one journalctl)."""
+        async for unit, line in journal.follow(self.units):
+            lane = self.units.get(unit)
+            if lane is None:
+                continue
+            status = self.statuses[lane]
+            found = parse_phase(line) if status.state is LaneState.STARTING else None
+            if found is not None:
+                status.phase, status.progress = found
+
+    async def _watch_liveness(self, lane: str) -> None:
+        spec = self.config.lanes[lane]
+        probe = spec.probe
+        detector = StallDetector(probe.stall_after)
+        failures = 0
+        low_since: float | None = None
+        while True:
+            await asyncio.sleep(probe.interval)
+            if self.statuses[lane].state is not LaneState.READY:
+                return
+            if not await self.probe.health(spec.port, spec.health_path):
+                failures += 1
+                if failures >= probe.failures:
+                    self._degrade(lane, f"health: {failures} consecutive probe failures")
+                    return
+                continue
+            failures = 0
+            sample = await self.probe.sample(spec.port)
+            if sample is not None and detector.observe(sample, time.monotonic()):
+                self._degrade(
+                    lane,
+                    f"stalled: {sample.running:g} running, {sample.waiting:g} waiting and no token "
+                    f"for {probe.stall_after:g}s",
+                )
+                return
+            if probe.memory_floor_gib > 0:
+                available = mem_available_gib()
+                if available is not None and available < probe.memory_floor_gib:
+                    low_since = low_since if low_since is not None else time.monotonic()
+                    if time.monotonic() - low_since >= probe.memory_floor_for:
+                        self._spawn(self._memory_guard(lane, available))
+                        return
+                else:
+                    low_since = None
+
+    def _degrade(self, lane: str, reason: str) -> None:
+        self._transition(lane, LaneState.DEGRADED, reason)
+        self._spawn(self._restart(lane, reason))
+
+    async def _start_timeout(self, lane: str) -> None:
+        spec = self.config.lanes[lane]
+        reason = f"start-timeout: not ready within {spec.start_timeout:g}s"
+        await self._stop_quietly(lane)
+        self._transition(lane, LaneState.FAILED, reason)
+        self._fail_waiters(lane, reason)
+
+    async def _memory_guard(self, lane: str, available: float) -> None:
+        reason = f"memory-guard: MemAvailable {available:.1f} GiB below the floor"
+        await self._stop_quietly(lane)
+        self._transition(lane, LaneState.FAILED, reason)
+        self._fail_waiters(lane, reason)
+
+    async def _stop_quietly(self, lane: str) -> None:
+        self._stopping.add(lane)
+        try:
+            await self.systemd.stop_unit(unit_name(lane, self.config.lanes[lane]))
+        finally:
+            self._stopping.discard(lane)
+
+    # --- what systemd tells us --------------------------------------------------------------
+
+    def _on_unit_change(self, unit: str, props: dict[str, object]) -> None:
+        lane = self.units.get(unit)
+        if lane is None:
+            return
+        previous = self.snapshots.get(lane, UnitSnapshot(unit))
+        self._apply(lane, previous.update(props))
+
+    def _apply(self, lane: str, snap: UnitSnapshot) -> None:
+        """Compare a lane unit's new state with the last one seen and act on the difference."""
+        previous = self.snapshots.get(lane, UnitSnapshot(snap.name))
+        self.snapshots[lane] = snap
+        status = self.statuses[lane]
+        exited = snap.sub_state in EXITED_SUBSTATES and previous.sub_state not in EXITED_SUBSTATES
+        if exited and previous.active_state != "inactive":
+            self._on_exit(lane, snap)
+        elif (
+            snap.running
+            and not previous.running
+            and status.state in (LaneState.INACTIVE, LaneState.FAILED)
+        ) and not self._starting_by_laned(lane):
+            # Started behind laned's back (systemctl --user start): follow it.
+            self._set_desired(lane, Desired.ACTIVE)
+            self._started_at[lane] = self.clock()
+            self._transition(lane, LaneState.STARTING, "started outside laned")
+            for peer in self._group(lane):
+                self._set_desired(peer, Desired.INACTIVE)
+            self._start_follow(lane)
+
+    def _starting_by_laned(self, lane: str) -> bool:
+        op = self._ops.get(self.config.lanes[lane].group)
+        return (
+            op is not None and op.lane == lane and op.kind == "activate"
+        ) or lane in self._timers
+
+    def _on_exit(self, lane: str, snap: UnitSnapshot) -> None:
+        spec = self.config.lanes[lane]
+        status = self.statuses[lane]
+        now = self.clock()
+        record = read_exit_record(exit_record_path(self.config, lane))
+        fresh = record is not None and record.at >= self._started_at.get(lane, 0) - 2
+        if record is not None and fresh:
+            code, signal = decode_status(record.status)
+            by_systemd = record.requested
+        elif snap.exec_main_code in (CLD_KILLED, CLD_DUMPED):
+            code, signal, by_systemd = None, snap.exec_main_status, snap.result == "success"
+        else:
+            code, signal, by_systemd = snap.exec_main_status, None, snap.result == "success"
+        verdict = judge_exit(lane in self._stopping, by_systemd)
+        status.last_exit = LastExit(code, signal, now, verdict)
+        what = f"signal {signal}" if signal is not None else f"status {code}"
+        self._stop_follow(lane)
+        if verdict is Verdict.REQUESTED:
+            if lane in self._stopping or status.state in (LaneState.STOPPING, LaneState.RESTARTING):
+                self._save()
+                return  # laned's own stop: the operation makes the transition
+            self._set_desired(lane, Desired.INACTIVE)
+            self._transition(lane, LaneState.INACTIVE, f"stopped outside laned ({what})")
+            self._fail_waiters(lane, "stopped outside laned")
+            return
+        status.failures.append(now)
+        status.failures[:] = recent(status.failures, now, spec.start_limit_interval)
+        reason = f"engine exited with {what} (failure)"
+        if status.desired is not Desired.ACTIVE:
+            self._transition(lane, LaneState.FAILED, reason)
+            return
+        if self.systemd_restarts and snap.sub_state == "auto-restart":
+            status.restarts = max(status.restarts + 1, snap.n_restarts)
+            self._transition(lane, LaneState.RESTARTING, f"{reason}; systemd restarts it")
+            self._start_follow_after_restart(lane)
+            return
+        if is_crash_loop(status.failures, now, spec.start_limit_burst, spec.start_limit_interval):
+            reason = (
+                f"crash-loop: {len(status.failures)} failures within {spec.start_limit_interval:g}s; "
+                f"last {reason}"
+            )
+            self._transition(lane, LaneState.FAILED, reason)
+            self._fail_waiters(lane, reason)
+            return
+        delay = backoff_delay(spec.restart_sec, len(status.failures), spec.restart_max_delay)
+        self._transition(lane, LaneState.RESTARTING, f"{reason}; restarting in {delay:g}s")
+        self._cancel_restart(lane)
+        loop = asyncio.get_running_loop()
+        self._timers[lane] = loop.call_later(
+            delay, lambda: self._spawn(self._restart_after_failure(lane))
+        )
+
+    def _start_follow_after_restart(self, lane: str) -> None:
+        self._started_at[lane] = self.clock()
+        self._start_follow(lane)
+
+    async def _restart_after_failure(self, lane: str) -> None:
+        self._timers.pop(lane, None)
+        status = self.statuses[lane]
+        if status.desired is not Desired.ACTIVE or status.state is not LaneState.RESTARTING:
+            return
+        status.restarts += 1
+        await self._start_unit(lane, f"restart #{status.restarts} after a failure")
+
+    def _cancel_restart(self, lane: str) -> None:
+        timer = self._timers.pop(lane, None)
+        if timer is not None:
+            timer.cancel()
+
+    # --- state, events, waiters --------------------------------------------------------------
+
+    def _group(self, lane: str) -> list[str]:
+        group = self.config.lanes[lane].group
+        return sorted(n for n, s in self.config.lanes.items() if s.group == group and n != lane)
+
+    def _set_desired(self, lane: str, desired: Desired) -> None:
+        self.statuses[lane].desired = desired
+        self._save()
+
+    def _transition(self, lane: str, to: LaneState, reason: str) -> None:
+        """The only place a lane's state changes: record the event, persist, notify."""
+        status = self.statuses[lane]
+        event = Event(self.clock(), lane, status.state, to, reason)
+        status.state, status.since, status.reason = to, event.at, reason
+        if to is not LaneState.STARTING:
+            status.phase, status.progress = None, None
+        self.events.append(event)
+        log.info("%s: %s -> %s (%s)", lane, event.from_state.value, to.value, reason)
+        self._save()
+        if to is LaneState.READY:
+            for waiter in self._waiters.pop(lane, []):
+                if not waiter.done():
+                    waiter.set_result(status)
+        for listener in list(self.listeners):
+            listener(event)
+
+    def _wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
+        future: asyncio.Future[LaneStatus] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        if self.statuses[lane].state is LaneState.READY:
+            future.set_result(self.statuses[lane])
+        else:
+            self._waiters.setdefault(lane, []).append(future)
+        return future
+
+    def _fail_waiters(self, lane: str, reason: str, superseded: bool = False) -> None:
+        for waiter in self._waiters.pop(lane, []):
+            if waiter.done():
+                continue
+            if superseded:
+                waiter.set_exception(
+                    Superseded(f"lane {lane}: {reason}", "the newest request for a group wins")
+                )
+            else:
+                waiter.set_exception(
+                    ActivationFailed(f"lane {lane}: {reason}", f"see `laned logs {lane}`")
+                )
+
+    def _save(self) -> None:
+        saved = state.Saved(
+            desired={n: s.desired for n, s in self.statuses.items()},
+            restarts={n: s.restarts for n, s in self.statuses.items()},
+            last_exit={n: s.last_exit for n, s in self.statuses.items() if s.last_exit},
+            last_cold_start={
+                n: s.last_cold_start for n, s in self.statuses.items() if s.last_cold_start
+            },
+            failed={n: s.reason for n, s in self.statuses.items() if s.state is LaneState.FAILED},
+            events=list(self.events),
+        )
+        try:
+            state.save(self.config.daemon.state_dir, saved)
+        except LanedError as exc:
+            log.error("cannot save state: %s", exc)
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervisor task failed: %r", task.exception())

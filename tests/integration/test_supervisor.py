@@ -1,0 +1,495 @@
+"""The supervisor against the real user manager, journald and simulator lanes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from laned.config import Config
+from laned.errors import ActivationFailed, Superseded
+from laned.lanes import Desired, LaneState, Verdict
+from laned.probes import Probe
+from laned.supervisor import Supervisor
+from laned.systemd import Systemd
+from tests.helpers import free_port, wait_until
+from tests.integration.conftest import Harness, Units
+from tests.integration.lanes import FAST, lane_config
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+async def until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Wait on a condition with a deadline (checked every 20 ms)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def supervise(harness: Harness, config: Config) -> Supervisor:
+    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+    await sup.start()
+    return sup
+
+
+async def stop(sup: Supervisor) -> None:
+    await sup.close()
+    await sup.probe.close()
+
+
+def served_model(port: int) -> str | None:
+    try:
+        return str(
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).json()["data"][0]["id"]
+        )
+    except (httpx.HTTPError, KeyError, ValueError):
+        return None
+
+
+def saw(sup: Supervisor, lane: str, state: LaneState) -> bool:
+    """Whether the lane passed through `state` (transient states are missed by polling)."""
+    return any(e.lane == lane and e.to_state is state for e in sup.events)
+
+
+def transitions(sup: Supervisor, lane: str) -> list[tuple[str, str]]:
+    return [(e.to_state.value, e.reason) for e in sup.events if e.lane == lane]
+
+
+def test_activate_swap_both_ways_and_idempotent(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = lane_config(
+        harness,
+        units,
+        tmp_path,
+        {"a": FAST, "b": FAST},
+        port,
+        env={"a": {"LANED_SIM_STARTUP": "1.5"}},
+    )
+    unit_a = f"{units.name('a')}.service"
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            future = sup.activate("a")
+            # While it starts, the phase follows the engine's own log lines (journald).
+            await until(lambda: sup.statuses["a"].phase == "loading weights", 10, "a loading phase")
+            assert sup.statuses["a"].state is LaneState.STARTING
+            assert (await future).state is LaneState.READY
+            assert (
+                sup.statuses["a"].last_cold_start is not None
+                and sup.statuses["a"].last_cold_start > 1
+            )
+            invocation = harness.show(unit_a, "InvocationID")["InvocationID"]
+            again = sup.activate("a")  # idempotent: nothing is restarted
+            assert (await again).state is LaneState.READY
+            assert harness.show(unit_a, "InvocationID")["InvocationID"] == invocation
+            for new, old in (("b", "a"), ("a", "b")):
+                await sup.activate(new)
+                assert served_model(port) == new
+                assert sup.statuses[old].state is LaneState.INACTIVE
+                assert sup.statuses[old].desired is Desired.INACTIVE
+                assert sup.statuses[old].last_exit is not None
+                assert sup.statuses[old].last_exit.verdict is Verdict.REQUESTED
+                order = [(e.lane, e.to_state) for e in sup.events]
+                stopped = order.index((old, LaneState.INACTIVE), len(order) - 6)
+                started = order.index((new, LaneState.STARTING), len(order) - 6)
+                assert stopped < started, "the old lane must be gone before the new one starts"
+            assert sup.statuses["b"].restarts == 0 and sup.statuses["a"].restarts == 0
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "sig"),
+    [
+        ({"kind": "engine-dead"}, 0, None),
+        ({"kind": "exit", "code": 1}, 1, None),
+        ({"kind": "crash"}, None, 9),
+    ],
+    ids=["exit-0", "exit-1", "signal"],
+)
+def test_an_engine_exit_is_a_failure_restarted_and_counted(
+    harness: Harness,
+    units: Units,
+    tmp_path: Path,
+    fault: dict[str, Any],
+    code: int | None,
+    sig: int | None,
+) -> None:
+    port = free_port()
+    # Probe failures are tolerated long enough for engine-dead's exit 0 (2 s after its 503s)
+    # to be what laned sees; test_health_failures_degrade_the_lane covers the 503s.
+    slow_health = FAST.replace('interval = "200ms"', 'interval = "200ms", failures = 100')
+    config = lane_config(harness, units, tmp_path, {"a": slow_health}, port)
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            await sup.activate("a")
+            async with httpx.AsyncClient() as client:
+                await client.post(f"http://127.0.0.1:{port}/sim/fault", json=fault)
+            await until(lambda: saw(sup, "a", LaneState.RESTARTING), 10, "the failure to be seen")
+            last = sup.statuses["a"].last_exit
+            assert last is not None and (last.code, last.signal, last.verdict) == (
+                code,
+                sig,
+                Verdict.FAILURE,
+            )
+            await until(
+                lambda: (
+                    sup.statuses["a"].state is LaneState.READY and sup.statuses["a"].restarts == 1
+                ),
+                30,
+                "a restart",
+            )
+            assert sup.statuses["a"].desired is Desired.ACTIVE
+            assert any("engine exited with" in reason for _, reason in transitions(sup, "a"))
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+def test_health_failures_degrade_the_lane(harness: Harness, units: Units, tmp_path: Path) -> None:
+    port = free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            await sup.activate("a")
+            async with httpx.AsyncClient() as client:
+                await client.post(
+                    f"http://127.0.0.1:{port}/sim/fault", json={"kind": "engine-dead"}
+                )
+            await until(
+                lambda: saw(sup, "a", LaneState.DEGRADED), 10, "the 503s to degrade the lane"
+            )
+            assert ("degraded", "health: 3 consecutive probe failures") in transitions(sup, "a")
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, 30, "the restart")
+            assert sup.statuses["a"].restarts == 1
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+def test_a_crash_loop_ends_in_failed_without_further_restarts(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    lanes = {"a": FAST + 'start_limit_burst = 3\nrestart_max_delay = "1s"\n'}
+    config = lane_config(
+        harness, units, tmp_path, lanes, port, env={"a": {"LANED_SIM_FAIL_AT_START": "3"}}
+    )
+    unit = f"{units.name('a')}.service"
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            with pytest.raises(ActivationFailed, match="crash-loop"):
+                await sup.activate("a")
+            status = sup.statuses["a"]
+            assert status.state is LaneState.FAILED and status.reason.startswith("crash-loop")
+            assert (
+                status.restarts == 2 and status.last_exit is not None and status.last_exit.code == 3
+            )
+            assert "a" not in sup._timers, "no restart may be pending after a crash loop"
+            assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
+        finally:
+            await stop(sup)
+        # A new laned leaves the failed lane alone until it is activated again.
+        sup = await supervise(harness, config)
+        try:
+            assert sup.statuses["a"].state is LaneState.FAILED
+            assert sup._ops == {} and sup._timers == {}
+            assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+def test_a_stalled_engine_is_degraded_then_restarted(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    lanes = {
+        "a": 'restart_sec = "200ms"\nprobe = { interval = "200ms", stall_after = "1s", start_interval_max = "200ms" }\n'
+    }
+    config = lane_config(harness, units, tmp_path, lanes, port)
+
+    def hang() -> None:
+        with pytest.raises(httpx.HTTPError):
+            httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}]}, timeout=20)  # fmt: skip
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            await sup.activate("a")
+            async with httpx.AsyncClient() as client:
+                await client.post(f"http://127.0.0.1:{port}/sim/fault", json={"kind": "stall"})
+            thread = threading.Thread(target=hang)
+            thread.start()
+            await until(lambda: saw(sup, "a", LaneState.DEGRADED), 15, "the stall to be detected")
+            assert any(
+                s == "degraded" and r.startswith("stalled") for s, r in transitions(sup, "a")
+            )
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, 30, "the restart")
+            assert sup.statuses["a"].restarts == 1
+            assert sup.statuses["a"].last_exit is not None
+            assert sup.statuses["a"].last_exit.verdict is Verdict.REQUESTED  # laned's own stop
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 30)
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+def test_start_timeout_fails_the_lane_and_stops_the_unit(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    lanes = {"a": FAST + 'start_timeout = "1s"\n'}
+    config = lane_config(
+        harness, units, tmp_path, lanes, port, env={"a": {"LANED_SIM_STARTUP": "60"}}
+    )
+    unit = f"{units.name('a')}.service"
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            with pytest.raises(ActivationFailed, match="start-timeout"):
+                await sup.activate("a")
+            assert sup.statuses["a"].state is LaneState.FAILED
+            assert harness.show(unit, "ActiveState")["ActiveState"] in ("inactive", "failed")
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+def test_changes_behind_laneds_back_are_seen(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST, "b": FAST}, port)
+    unit_b = f"{units.name('b')}.service"
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            await sup.activate("a")
+            await asyncio.to_thread(harness.systemctl, "start", "--no-block", unit_b)
+            started = time.monotonic()
+            await until(
+                lambda: sup.statuses["b"].desired is Desired.ACTIVE, 5, "the out-of-band start"
+            )
+            await until(
+                lambda: sup.statuses["a"].state is LaneState.INACTIVE, 5, "a stopped by the swap"
+            )
+            assert time.monotonic() - started < 5
+            assert sup.statuses["a"].desired is Desired.INACTIVE
+            await until(lambda: sup.statuses["b"].state is LaneState.READY, 30, "b ready")
+            assert ("starting", "started outside laned") in transitions(sup, "b")
+            await asyncio.to_thread(harness.systemctl, "stop", unit_b)
+            await until(
+                lambda: sup.statuses["b"].state is LaneState.INACTIVE, 5, "the out-of-band stop"
+            )
+            assert sup.statuses["b"].desired is Desired.INACTIVE
+            assert sup.statuses["b"].restarts == 0
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+def test_newest_request_wins_and_storms_leave_one_lane(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = lane_config(
+        harness,
+        units,
+        tmp_path,
+        {"a": FAST, "b": FAST, "c": FAST},
+        port,
+        env={"a": {"LANED_SIM_STARTUP": "3"}},
+    )
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            first = sup.activate("a")
+            await until(lambda: sup.statuses["a"].state is LaneState.STARTING, 5, "a starting")
+            second = sup.activate("b")
+            with pytest.raises(Superseded):
+                await first
+            await second
+            assert served_model(port) == "b"
+            futures, calls = [], []
+            for i in range(12):
+                lane = "abc"[i % 3]
+                kind = "deactivate" if i % 4 == 3 else "activate"
+                futures.append(sup.deactivate(lane) if kind == "deactivate" else sup.activate(lane))
+                calls.append(f"{kind} {lane}")
+                await asyncio.sleep(0.01 * (i % 3))
+            last = sup.activate("c")
+            await last
+            # Every caller hears back: ready, superseded, or failed — none is left hanging.
+            _done, pending = await asyncio.wait(futures, timeout=30)
+            assert not pending, [calls[futures.index(f)] for f in pending]
+            running = [n for n in "abc" if harness.show(f"{units.name(n)}.service", "ActiveState")["ActiveState"]
+                       in ("active", "activating", "deactivating")]  # fmt: skip
+            assert running == ["c"]
+            assert served_model(port) == "c"
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+def test_a_new_laned_adopts_a_healthy_lane_without_restarting_it(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = lane_config(
+        harness, units, tmp_path, {"a": FAST, "b": FAST}, port, daemon='default_lane = "b"'
+    )
+    unit_a = f"{units.name('a')}.service"
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)  # first start: nothing desired -> the default lane
+        await until(lambda: sup.statuses["b"].state is LaneState.READY, 30, "the default lane")
+        await sup.activate("a")
+        invocation = harness.show(unit_a, "InvocationID")["InvocationID"]
+        await stop(sup)
+        sup = await supervise(harness, config)
+        try:
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, 10, "a adopted")
+            assert harness.show(unit_a, "InvocationID")["InvocationID"] == invocation
+            assert ("starting", "adopted: already running") in transitions(sup, "a")
+            assert sup.statuses["b"].state is LaneState.INACTIVE
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
+def test_laned_killed_mid_swap_converges_to_the_last_desired_lane(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    lane_config(
+        harness, units, tmp_path, {"a": FAST, "b": FAST}, port, daemon='default_lane = "a"',
+        env={"b": {"LANED_SIM_STARTUP": "2"}},
+    )  # fmt: skip
+    config_path = tmp_path / "laned.toml"  # written by lane_config
+    env = {**harness.env, "LANED_CONFIG": str(config_path)}
+    state_file = tmp_path / "state" / "state.json"
+
+    def events() -> list[dict[str, Any]]:
+        try:
+            return list(json.loads(state_file.read_text())["events"])
+        except (OSError, ValueError, KeyError):
+            return []
+
+    logs = tmp_path / "laned.log"
+
+    def start(*argv: str) -> subprocess.Popen[bytes]:
+        with logs.open("a") as out:  # the child keeps its own descriptor
+            return subprocess.Popen([sys.executable, "-m", *argv], env=env, stdout=out, stderr=out)
+
+    laned = start("laned", "serve")
+    try:
+        wait_until(lambda: served_model(port) == "a", 30, "the default lane a")
+        laned.send_signal(signal.SIGKILL)
+        laned.wait(10)
+        # Ask for b through a second laned, and kill that one while b is starting.
+        driver = start("tests.integration.activate", "b")
+        wait_until(
+            lambda: any(e["lane"] == "b" and e["to"] == "starting" for e in events()),
+            30,
+            "b starting",
+        )
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(10)
+        laned = start("laned", "serve")
+        wait_until(lambda: served_model(port) == "b", 30, "convergence to b")
+        unit_b = f"{units.name('b')}.service"
+        wait_until(
+            lambda: any(e["lane"] == "b" and e["to"] == "ready" for e in events()), 30, "b ready"
+        )
+        invocation = harness.show(unit_b, "InvocationID")["InvocationID"]
+        # Killed again with b healthy: the next laned adopts b and does not restart it.
+        laned.send_signal(signal.SIGKILL)
+        laned.wait(10)
+        laned = start("laned", "serve")
+        wait_until(
+            lambda: events() and events()[-1]["reason"].startswith("health 200"),
+            30,
+            "b adopted and ready",
+        )
+        assert harness.show(unit_b, "InvocationID")["InvocationID"] == invocation
+        assert harness.show(f"{units.name('a')}.service", "ActiveState")["ActiveState"] != "active"
+    finally:
+        laned.send_signal(signal.SIGTERM)
+        try:
+            laned.wait(20)
+        except subprocess.TimeoutExpired:
+            laned.kill()
+        print(logs.read_text())
+
+
+def test_bus_reconnect_keeps_watching(harness: Harness, units: Units, tmp_path: Path) -> None:
+    port = free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
+    unit = f"{units.name('a')}.service"
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            await sup.activate("a")
+            assert sup.systemd.bus is not None
+            sup.systemd.bus.disconnect()  # the connection drops under laned's feet
+            await until(
+                lambda: sup.systemd.bus is not None and sup.systemd.bus.connected, 10, "a reconnect"
+            )
+            await asyncio.to_thread(harness.systemctl, "stop", unit)
+            await until(
+                lambda: sup.statuses["a"].state is LaneState.INACTIVE,
+                5,
+                "the stop seen after reconnecting",
+            )
+            await asyncio.to_thread(harness.systemctl, "daemon-reexec")
+            await asyncio.to_thread(harness.systemctl, "start", "--no-block", unit)
+            await until(
+                lambda: sup.statuses["a"].state is LaneState.READY,
+                30,
+                "a start seen after a re-exec",
+            )
+        finally:
+            await stop(sup)
+
+    run(scenario())

@@ -1,0 +1,137 @@
+"""The supervisor's pure decisions: exits, backoff, crash loops, stalls, startup phases, state files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from laned import state
+from laned.lanes import (
+    Desired,
+    EngineSample,
+    Event,
+    LaneState,
+    LastExit,
+    StallDetector,
+    Verdict,
+    backoff_delay,
+    decode_status,
+    is_crash_loop,
+    judge_exit,
+    parse_phase,
+)
+from laned.probes import parse_engine_metrics, read_api_key
+from laned.supervisor import read_exit_record
+from laned.systemd import UnitSnapshot, unit_name_from_path
+
+
+def test_only_a_requested_stop_is_not_a_failure() -> None:
+    assert judge_exit(requested_by_laned=False, requested_by_systemd=False) is Verdict.FAILURE
+    assert judge_exit(requested_by_laned=True, requested_by_systemd=False) is Verdict.REQUESTED
+    assert judge_exit(requested_by_laned=False, requested_by_systemd=True) is Verdict.REQUESTED
+
+
+def test_status_decoding() -> None:
+    assert decode_status(0) == (0, None)
+    assert decode_status(3) == (3, None)
+    assert decode_status(137) == (None, 9)
+    assert decode_status(143) == (None, 15)
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    assert [backoff_delay(15, n, 300) for n in range(1, 8)] == [15, 30, 60, 120, 240, 300, 300]
+    assert backoff_delay(1, 0, 10) == 1
+
+
+def test_crash_loop_counts_only_recent_failures() -> None:
+    assert is_crash_loop([100, 110, 120], now=130, burst=3, interval=60)
+    assert not is_crash_loop([10, 110, 120], now=130, burst=3, interval=60)
+
+
+def test_stall_needs_busy_and_flat_tokens_for_the_whole_window() -> None:
+    detector = StallDetector(after=10)
+    busy = EngineSample(running=2, waiting=1, generation_tokens=50, prompt_tokens=20)
+    assert not detector.observe(busy, 0)
+    assert not detector.observe(busy, 9)
+    assert detector.observe(busy, 10)
+    moving = EngineSample(running=2, waiting=1, generation_tokens=51, prompt_tokens=20)
+    assert not detector.observe(moving, 11)  # a token moved: the clock starts again
+    assert not detector.observe(moving, 20)
+    assert detector.observe(moving, 21)
+    idle = EngineSample(running=0, waiting=0, generation_tokens=51, prompt_tokens=20)
+    assert not detector.observe(idle, 100)  # idle is not stalled
+    assert not detector.observe(idle, 1000)
+
+
+def test_phases_from_vllm_log_lines() -> None:
+    assert parse_phase(
+        "Loading safetensors checkpoint shards:  37% Completed | 3/8 [00:01<00:02]"
+    ) == (
+        "loading weights",
+        37.5,
+    )
+    line = "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  40%|████      | 4/10 [00:00<00:00]"
+    assert parse_phase(line) == ("capturing CUDA graphs", 40.0)
+    assert parse_phase("INFO 12-02 [default_loader.py:262] Loading weights took 12.3 seconds") == (
+        "weights loaded",
+        None,
+    )
+    assert parse_phase("INFO:     Application startup complete.") == ("serving", None)
+    assert parse_phase("something unknown \x00 ☃") is None
+
+
+def test_exit_record_and_api_key_parsing(tmp_path: Path) -> None:
+    record = tmp_path / "last-exit"
+    record.write_text("status=0 requested=0 at=1700000000\n")
+    parsed = read_exit_record(str(record))
+    assert parsed is not None and parsed.status == 0 and not parsed.requested
+    record.write_text("garbage")
+    assert read_exit_record(str(record)) is None
+    keyfile = tmp_path / "k.env"
+    keyfile.write_text('# comment\nVLLM_API_KEY="sk-1"\nOTHER=x\n')
+    assert read_api_key(str(keyfile)) == "sk-1"
+    assert read_api_key(str(tmp_path / "missing")) is None
+
+
+def test_engine_metrics_summary() -> None:
+    text = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 40.0\n'
+        'vllm:generation_tokens_total{engine="1",model_name="m"} 2.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+    )
+    sample = parse_engine_metrics(text)
+    assert (sample.running, sample.waiting, sample.generation_tokens, sample.kv_cache_usage) == (
+        2,
+        1,
+        42,
+        0.25,
+    )
+
+
+def test_unit_paths_and_snapshots() -> None:
+    assert unit_name_from_path("/org/freedesktop/systemd1/unit/dsv41_2eservice") == "dsv41.service"
+    assert (
+        unit_name_from_path("/org/freedesktop/systemd1/unit/glm53_2dtr3_2eservice")
+        == "glm53-tr3.service"
+    )
+    snap = UnitSnapshot("a.service").update(
+        {"ActiveState": "activating", "SubState": "auto-restart"}
+    )
+    assert snap.running
+    assert not UnitSnapshot("a.service").running
+
+
+def test_state_file_round_trip(tmp_path: Path) -> None:
+    saved = state.Saved(
+        desired={"a": Desired.ACTIVE},
+        restarts={"a": 2},
+        last_exit={"a": LastExit(0, None, 5.0, Verdict.FAILURE)},
+        failed={"b": "crash-loop"},
+        events=[Event(1.0, "a", LaneState.INACTIVE, LaneState.STARTING, "activate")],
+    )
+    state.save(str(tmp_path), saved)
+    loaded = state.load(str(tmp_path))
+    assert loaded.to_json() == saved.to_json()
+    (tmp_path / "state.json").write_text("{not json")
+    assert state.load(str(tmp_path)).desired == {}

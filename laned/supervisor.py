@@ -123,6 +123,7 @@ class Supervisor:
         self._waiters: dict[str, list[asyncio.Future[LaneStatus]]] = {}
         self._started_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pokes: dict[str, asyncio.Event] = {}
         self._closing = False
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -430,7 +431,12 @@ class Supervisor:
             if time.monotonic() - started >= spec.start_timeout:
                 self._spawn(self._start_timeout(lane))
                 return
-            await asyncio.sleep(interval)
+            # Probing backs off over a long cold start, but the engine's own "startup
+            # complete" log line (see _follow_logs) wakes it at once.
+            poke = self._pokes.setdefault(lane, asyncio.Event())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(poke.wait(), interval)
+            poke.clear()
             interval = min(interval * 1.5, spec.probe.start_interval_max)
         if status.state is not LaneState.STARTING:
             return
@@ -452,6 +458,8 @@ class Supervisor:
             found = parse_phase(line) if status.state is LaneState.STARTING else None
             if found is not None:
                 status.phase, status.progress = found
+                if found[0] in ("starting API server", "serving"):
+                    self._pokes.setdefault(lane, asyncio.Event()).set()
 
     async def _watch_liveness(self, lane: str) -> None:
         spec = self.config.lanes[lane]

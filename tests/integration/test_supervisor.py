@@ -267,6 +267,31 @@ def test_a_stalled_engine_is_degraded_then_restarted(
     run(scenario())
 
 
+def test_memory_guard_stops_the_lane_when_memavailable_stays_low(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    # A floor far above this machine's memory: MemAvailable is always "low".
+    guard = 'probe = { interval = "200ms", start_interval_max = "200ms", memory_floor_gib = 100000, memory_floor_for = "600ms" }\n'
+    config = lane_config(harness, units, tmp_path, {"a": guard}, port)
+    unit = f"{units.name('a')}.service"
+
+    async def scenario() -> None:
+        sup = await supervise(harness, config)
+        try:
+            await sup.activate("a")
+            await until(lambda: sup.statuses["a"].state is LaneState.FAILED, 10, "the memory guard")
+            assert sup.statuses["a"].reason.startswith("memory-guard: MemAvailable")
+            assert harness.show(unit, "ActiveState")["ActiveState"] == "inactive"
+            assert sup.statuses["a"].last_exit is not None
+            assert sup.statuses["a"].last_exit.verdict is Verdict.REQUESTED
+            assert "a" not in sup._timers
+        finally:
+            await stop(sup)
+
+    run(scenario())
+
+
 def test_start_timeout_fails_the_lane_and_stops_the_unit(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:

@@ -282,7 +282,7 @@ class Supervisor:
         self.spec(lane)
         if self.statuses[lane].desired is not Desired.ACTIVE:
             return self.activate(lane)
-        self._spawn(self._restart(lane, reason))
+        self._restart(lane, reason)
         return self._wait_ready(lane)
 
     # --- operations -----------------------------------------------------------------------
@@ -360,7 +360,8 @@ class Supervisor:
         unit = unit_name(lane, self.config.lanes[lane])
         snap = await self.systemd.snapshot(unit)
         if not snap.running and snap.active_state != "deactivating":
-            if status.state is not LaneState.INACTIVE and status.state is not LaneState.FAILED:
+            # Not running (a failed lane included: deactivating it acknowledges the failure).
+            if status.state is not LaneState.INACTIVE:
                 self._transition(lane, LaneState.INACTIVE, reason)
             return
         self._stopping.add(lane)
@@ -387,17 +388,23 @@ class Supervisor:
         if result not in ("done", "skipped"):
             log.warning("start job of %s ended %s", unit, result)
 
-    async def _restart(self, lane: str, reason: str) -> None:
+    def _restart(self, lane: str, reason: str) -> None:
+        """Restart a desired lane: `restarting` now (so waiters made after this wait for the
+        new run), then stop and start it in a task."""
         status = self.statuses[lane]
         if status.desired is not Desired.ACTIVE:
             return
         status.restarts += 1
-        self._transition(lane, LaneState.RESTARTING, reason)
-        unit = unit_name(lane, self.config.lanes[lane])
+        self._cancel_restart(lane)
         self._stop_follow(lane)
         self._stopping.add(lane)
+        self._transition(lane, LaneState.RESTARTING, reason)
+        self._spawn(self._stop_then_start(lane, reason))
+
+    async def _stop_then_start(self, lane: str, reason: str) -> None:
+        status = self.statuses[lane]
         try:
-            await self.systemd.stop_unit(unit)
+            await self.systemd.stop_unit(unit_name(lane, self.config.lanes[lane]))
         finally:
             self._stopping.discard(lane)
         if status.desired is Desired.ACTIVE and status.state is LaneState.RESTARTING:
@@ -498,7 +505,7 @@ class Supervisor:
 
     def _degrade(self, lane: str, reason: str) -> None:
         self._transition(lane, LaneState.DEGRADED, reason)
-        self._spawn(self._restart(lane, reason))
+        self._restart(lane, reason)
 
     async def _start_timeout(self, lane: str) -> None:
         spec = self.config.lanes[lane]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,6 +54,16 @@ async def stop(sup: Supervisor) -> None:
     await sup.probe.close()
 
 
+@contextlib.asynccontextmanager
+async def supervising(harness: Harness, config: Config) -> AsyncIterator[Supervisor]:
+    """A started supervisor, closed afterwards (the lanes are left to the units fixture)."""
+    sup = await supervise(harness, config)
+    try:
+        yield sup
+    finally:
+        await stop(sup)
+
+
 def served_model(port: int) -> str | None:
     try:
         return str(
@@ -86,8 +97,7 @@ def test_activate_swap_both_ways_and_idempotent(
     unit_a = f"{units.name('a')}.service"
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             future = sup.activate("a")
             # While it starts, the phase follows the engine's own log lines (journald).
             await until(lambda: sup.statuses["a"].phase == "loading weights", 10, "a loading phase")
@@ -113,8 +123,11 @@ def test_activate_swap_both_ways_and_idempotent(
                 started = order.index((new, LaneState.STARTING), len(order) - 6)
                 assert stopped < started, "the old lane must be gone before the new one starts"
             assert sup.statuses["b"].restarts == 0 and sup.statuses["a"].restarts == 0
-        finally:
-            await stop(sup)
+            invocation = harness.show(unit_a, "InvocationID")["InvocationID"]
+            assert (await sup.restart("a")).state is LaneState.READY
+            assert sup.statuses["a"].restarts == 1
+            assert harness.show(unit_a, "InvocationID")["InvocationID"] != invocation
+            assert ("restarting", "restart requested") in transitions(sup, "a")
 
     run(scenario())
 
@@ -143,8 +156,7 @@ def test_an_engine_exit_is_a_failure_restarted_and_counted(
     config = lane_config(harness, units, tmp_path, {"a": slow_health}, port)
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             await sup.activate("a")
             async with httpx.AsyncClient() as client:
                 await client.post(f"http://127.0.0.1:{port}/sim/fault", json=fault)
@@ -164,8 +176,6 @@ def test_an_engine_exit_is_a_failure_restarted_and_counted(
             )
             assert sup.statuses["a"].desired is Desired.ACTIVE
             assert any("engine exited with" in reason for _, reason in transitions(sup, "a"))
-        finally:
-            await stop(sup)
 
     run(scenario())
 
@@ -175,8 +185,7 @@ def test_health_failures_degrade_the_lane(harness: Harness, units: Units, tmp_pa
     config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             await sup.activate("a")
             async with httpx.AsyncClient() as client:
                 await client.post(
@@ -188,8 +197,6 @@ def test_health_failures_degrade_the_lane(harness: Harness, units: Units, tmp_pa
             assert ("degraded", "health: 3 consecutive probe failures") in transitions(sup, "a")
             await until(lambda: sup.statuses["a"].state is LaneState.READY, 30, "the restart")
             assert sup.statuses["a"].restarts == 1
-        finally:
-            await stop(sup)
 
     run(scenario())
 
@@ -205,8 +212,7 @@ def test_a_crash_loop_ends_in_failed_without_further_restarts(
     unit = f"{units.name('a')}.service"
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             with pytest.raises(ActivationFailed, match="crash-loop"):
                 await sup.activate("a")
             status = sup.statuses["a"]
@@ -216,16 +222,15 @@ def test_a_crash_loop_ends_in_failed_without_further_restarts(
             )
             assert "a" not in sup._timers, "no restart may be pending after a crash loop"
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
-        finally:
-            await stop(sup)
         # A new laned leaves the failed lane alone until it is activated again.
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             assert sup.statuses["a"].state is LaneState.FAILED
             assert sup._ops == {} and sup._timers == {}
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
-        finally:
-            await stop(sup)
+            # Deactivating acknowledges the failure.
+            await sup.deactivate("a")
+            assert sup.statuses["a"].state is LaneState.INACTIVE
+            assert sup.statuses["a"].desired is Desired.INACTIVE
 
     run(scenario())
 
@@ -245,8 +250,7 @@ def test_a_stalled_engine_is_degraded_then_restarted(
                        json={"messages": [{"role": "user", "content": "hi"}]}, timeout=20)  # fmt: skip
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             await sup.activate("a")
             async with httpx.AsyncClient() as client:
                 await client.post(f"http://127.0.0.1:{port}/sim/fault", json={"kind": "stall"})
@@ -261,8 +265,6 @@ def test_a_stalled_engine_is_degraded_then_restarted(
             assert sup.statuses["a"].last_exit is not None
             assert sup.statuses["a"].last_exit.verdict is Verdict.REQUESTED  # laned's own stop
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 30)
-        finally:
-            await stop(sup)
 
     run(scenario())
 
@@ -277,8 +279,7 @@ def test_memory_guard_stops_the_lane_when_memavailable_stays_low(
     unit = f"{units.name('a')}.service"
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             await sup.activate("a")
             await until(lambda: sup.statuses["a"].state is LaneState.FAILED, 10, "the memory guard")
             assert sup.statuses["a"].reason.startswith("memory-guard: MemAvailable")
@@ -286,8 +287,6 @@ def test_memory_guard_stops_the_lane_when_memavailable_stays_low(
             assert sup.statuses["a"].last_exit is not None
             assert sup.statuses["a"].last_exit.verdict is Verdict.REQUESTED
             assert "a" not in sup._timers
-        finally:
-            await stop(sup)
 
     run(scenario())
 
@@ -303,14 +302,11 @@ def test_start_timeout_fails_the_lane_and_stops_the_unit(
     unit = f"{units.name('a')}.service"
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             with pytest.raises(ActivationFailed, match="start-timeout"):
                 await sup.activate("a")
             assert sup.statuses["a"].state is LaneState.FAILED
             assert harness.show(unit, "ActiveState")["ActiveState"] in ("inactive", "failed")
-        finally:
-            await stop(sup)
 
     run(scenario())
 
@@ -323,8 +319,7 @@ def test_changes_behind_laneds_back_are_seen(
     unit_b = f"{units.name('b')}.service"
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             await sup.activate("a")
             await asyncio.to_thread(harness.systemctl, "start", "--no-block", unit_b)
             started = time.monotonic()
@@ -344,8 +339,6 @@ def test_changes_behind_laneds_back_are_seen(
             )
             assert sup.statuses["b"].desired is Desired.INACTIVE
             assert sup.statuses["b"].restarts == 0
-        finally:
-            await stop(sup)
 
     run(scenario())
 
@@ -364,8 +357,7 @@ def test_newest_request_wins_and_storms_leave_one_lane(
     )
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             first = sup.activate("a")
             await until(lambda: sup.statuses["a"].state is LaneState.STARTING, 5, "a starting")
             second = sup.activate("b")
@@ -389,8 +381,6 @@ def test_newest_request_wins_and_storms_leave_one_lane(
                        in ("active", "activating", "deactivating")]  # fmt: skip
             assert running == ["c"]
             assert served_model(port) == "c"
-        finally:
-            await stop(sup)
 
     run(scenario())
 
@@ -410,14 +400,11 @@ def test_a_new_laned_adopts_a_healthy_lane_without_restarting_it(
         await sup.activate("a")
         invocation = harness.show(unit_a, "InvocationID")["InvocationID"]
         await stop(sup)
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             await until(lambda: sup.statuses["a"].state is LaneState.READY, 10, "a adopted")
             assert harness.show(unit_a, "InvocationID")["InvocationID"] == invocation
             assert ("starting", "adopted: already running") in transitions(sup, "a")
             assert sup.statuses["b"].state is LaneState.INACTIVE
-        finally:
-            await stop(sup)
 
     run(scenario())
 
@@ -493,8 +480,7 @@ def test_bus_reconnect_keeps_watching(harness: Harness, units: Units, tmp_path: 
     unit = f"{units.name('a')}.service"
 
     async def scenario() -> None:
-        sup = await supervise(harness, config)
-        try:
+        async with supervising(harness, config) as sup:
             await sup.activate("a")
             assert sup.systemd.bus is not None
             sup.systemd.bus.disconnect()  # the connection drops under laned's feet
@@ -514,7 +500,5 @@ def test_bus_reconnect_keeps_watching(harness: Harness, units: Units, tmp_path: 
                 30,
                 "a start seen after a re-exec",
             )
-        finally:
-            await stop(sup)
 
     run(scenario())

@@ -51,6 +51,25 @@ def _parser() -> argparse.ArgumentParser:
         description="Render the lanes, reload systemd, adopt what runs, start the desired lane "
         "(or daemon.default_lane) and supervise until SIGTERM. The lanes keep running when laned stops.",
     )
+
+    def api_command(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text, description=description)
+        command.add_argument("--url", help="laned's API (default: http:// + daemon.listen)")
+        command.add_argument(
+            "--token-file", help="file with the API token (default: daemon.token_file)"
+        )
+        return command
+
+    status = api_command("status", "show every lane", "Show every lane's state from laned's API.")
+    status.add_argument("--json", action="store_true", help="print the API's JSON")
+    for name, verb in (("activate", "make LANE the running lane of its group"),
+                       ("deactivate", "stop LANE"), ("restart", "stop and start LANE again")):  # fmt: skip
+        command = api_command(name, verb, f"{verb[0].upper()}{verb[1:]} through laned's API.")
+        command.add_argument("lane", metavar="LANE")
+        command.add_argument(
+            "--wait", action="store_true", help="follow it until it is done, with a progress line"
+        )
+        command.add_argument("--timeout", type=float, help="seconds to wait at most (with --wait)")
     sim = sub.add_parser(
         "sim",
         help="run the simulated vLLM engine",
@@ -133,6 +152,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(config))
 
 
+def _client(args: argparse.Namespace) -> object:
+    from laned.client import Client
+    from laned.config import load_config
+    from laned.daemon import read_token
+
+    url, token_file = args.url, args.token_file
+    if url is None or token_file is None:
+        try:
+            config = load_config(_config_path(args))
+            url = url or f"http://{config.daemon.listen}"
+            token_file = token_file or config.daemon.token_file
+        except LanedError:
+            url = url or "http://127.0.0.1:9000"
+    return Client(url, read_token(token_file) if token_file else None)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`laned status`."""
+    import json
+
+    from laned.client import Client, table
+
+    client = _client(args)
+    assert isinstance(client, Client)
+    body = client.call("GET", "/lanes")
+    print(json.dumps(body, indent=2) if args.json else table(body["lanes"]))
+    return EXIT_OK
+
+
+def cmd_lane(args: argparse.Namespace) -> int:
+    """`laned activate|deactivate|restart LANE [--wait]`."""
+    from laned.client import Client, follow_start
+
+    client = _client(args)
+    assert isinstance(client, Client)
+    method = "POST"
+    view = client.call(method, f"/lanes/{args.lane}/{args.command}")
+    if args.wait and args.command in ("activate", "restart"):
+        view = follow_start(client, args.lane, args.timeout)
+    elif args.wait:
+        view = client.call(
+            method, f"/lanes/{args.lane}/deactivate", wait="true", timeout=args.timeout
+        )
+    print(
+        f"{view['name']}: {view['state']}" + (f" ({view['reason']})" if view.get("reason") else "")
+    )
+    if args.wait and args.command != "deactivate" and view["state"] != "ready":
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     """`laned sim ...`: hand over to the simulated engine's own command line."""
     from laned.sim.__main__ import main as sim_main
@@ -153,6 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "render": cmd_render,
         "sim": cmd_sim,
         "serve": cmd_serve,
+        "status": cmd_status,
+        "activate": cmd_lane,
+        "deactivate": cmd_lane,
+        "restart": cmd_lane,
     }
     if args.command == "version":
         print(f"laned {__version__}")

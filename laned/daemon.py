@@ -1,4 +1,4 @@
-"""`laned serve`: render the lanes, start the supervisor, run until SIGTERM.
+"""`laned serve`: render the lanes, start the supervisor, serve the control API until SIGTERM.
 
 The lanes are systemd units of their own: stopping laned never stops them, and a new
 laned adopts what runs.
@@ -7,16 +7,76 @@ laned adopts what runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import logging
+import os
 import signal
+import stat
+from collections.abc import Iterator
+
+import uvicorn
 
 from laned import render
+from laned.api import ApiSettings, create_app
+from laned.checks import parse_listen
 from laned.config import Config
+from laned.errors import LanedError
 from laned.probes import Probe
 from laned.supervisor import Supervisor
 from laned.systemd import Systemd
 
 log = logging.getLogger("laned")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen host only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: str | None) -> str | None:
+    """The API token from daemon.token_file; the file must be 0600 (or stricter)."""
+    if path is None:
+        return None
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read().strip()
+    except OSError as exc:
+        raise LanedError(
+            f"daemon.token_file {path}: {exc.strerror}", "create it with a random token, mode 0600"
+        ) from exc
+    if mode & 0o077:
+        raise LanedError(
+            f"daemon.token_file {path} is mode {mode:04o}: others can read the token",
+            f"chmod 600 {path}",
+        )
+    if not token:
+        raise LanedError(
+            f"daemon.token_file {path} is empty",
+            "put a random token in it, e.g. `openssl rand -hex 32`",
+        )
+    return token
+
+
+def api_settings(config: Config) -> ApiSettings:
+    """Check the listen address and token before anything starts (safe by default)."""
+    listen = parse_listen(config.daemon.listen)
+    assert listen is not None  # the config checks guarantee it
+    host, port = listen
+    token = read_token(config.daemon.token_file)
+    if not is_loopback(host) and token is None:
+        raise LanedError(
+            f"daemon.listen {config.daemon.listen} is reachable from other machines and no token is set",
+            "set daemon.token_file to a 0600 file holding a random token (`openssl rand -hex 32 > FILE`), "
+            'or listen on "127.0.0.1:9000"',
+        )
+    return ApiSettings(host, port, token)
 
 
 async def start_supervisor(config: Config, systemd: Systemd | None = None) -> Supervisor:
@@ -33,16 +93,32 @@ async def start_supervisor(config: Config, systemd: Systemd | None = None) -> Su
     return supervisor
 
 
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: laned stops it itself, then the supervisor."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def serve(config: Config) -> int:
     """Run laned until SIGTERM or SIGINT."""
-    stop = asyncio.Event()
+    settings = api_settings(config)
+    supervisor = await start_supervisor(config)
+    app = create_app(supervisor, settings)
+    server = _Server(
+        uvicorn.Config(
+            app, host=settings.listen_host, port=settings.listen_port, log_level="warning"
+        )
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    supervisor = await start_supervisor(config)
-    log.info("laned is supervising %d lane(s)", len(config.lanes))
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    log.info(
+        "laned is supervising %d lane(s); API on http://%s", len(config.lanes), config.daemon.listen
+    )
     try:
-        await stop.wait()
+        await server.serve()
     finally:
         await supervisor.close()
         await supervisor.probe.close()

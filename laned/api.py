@@ -1,0 +1,253 @@
+"""The control API (FastAPI), served by `laned serve` on daemon.listen.
+
+Every error is one envelope, `{"error": {"code", "message", "hint"}}`. Mutating endpoints
+answer GET too (so `curl :9000/lanes/dsv41/activate` works as people type it), which is
+why every request must name laned by a Host it expects (DNS rebinding) and why browser
+cross-site requests to mutating endpoints are refused (Origin / Sec-Fetch-Site). With a
+token, mutating endpoints need `Authorization: Bearer <token>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from laned import __version__
+from laned.errors import ActivationFailed, LaneError, Superseded, UnknownLane
+from laned.lanes import LaneStatus
+from laned.names import unit_name
+from laned.supervisor import Supervisor
+
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """What the API needs besides the supervisor."""
+
+    listen_host: str
+    listen_port: int
+    token: str | None = None
+
+
+def envelope(status: int, code: str, message: str, hint: str = "") -> JSONResponse:
+    """The one error shape."""
+    return JSONResponse(
+        {"error": {"code": code, "message": message, "hint": hint}}, status_code=status
+    )
+
+
+class ApiError(Exception):
+    """An error answered with the envelope."""
+
+    def __init__(self, status: int, code: str, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.hint = status, code, message, hint
+
+
+def _host_of(value: str) -> str:
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def create_app(supervisor: Supervisor, settings: ApiSettings) -> FastAPI:
+    """The FastAPI application over one supervisor."""
+    app = FastAPI(
+        title="laned",
+        version=__version__,
+        description="Control API of laned, the inference lane daemon.",
+    )
+    allowed_hosts = LOCAL_NAMES | {
+        settings.listen_host.lower(),
+        f"[{settings.listen_host.lower()}]",
+    }
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return envelope(exc.status, exc.code, exc.message, exc.hint)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path"))
+        return envelope(
+            400,
+            "bad-request",
+            f"{where}: {first.get('msg', 'invalid')}",
+            "see /docs for the parameters",
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        return envelope(exc.status_code, code, str(exc.detail), "see /docs for the endpoints")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return envelope(
+            500,
+            "internal",
+            f"laned failed: {type(exc).__name__}",
+            "see laned's log (journalctl --user -u laned)",
+        )
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next: Any) -> Response:
+        host = _host_of(request.headers.get("host", ""))
+        if host not in allowed_hosts:
+            return envelope(
+                403,
+                "forbidden-host",
+                f"Host {request.headers.get('host', '')!r} is not laned's",
+                f"use http://127.0.0.1:{settings.listen_port} or the configured listen address",
+            )
+        mutating = request.method == "POST" or request.url.path.endswith(
+            ("/activate", "/deactivate", "/restart")
+        )
+        if mutating:
+            site = request.headers.get("sec-fetch-site")
+            origin = request.headers.get("origin")
+            origin_host = _host_of(urlsplit(origin).netloc) if origin else None
+            if (site is not None and site not in ("same-origin", "none")) or (
+                origin_host is not None and origin_host not in allowed_hosts
+            ):
+                return envelope(
+                    403,
+                    "cross-site",
+                    "cross-site requests may not change lanes",
+                    "use curl or the laned CLI",
+                )
+            if settings.token is not None:
+                given = request.headers.get("authorization", "")
+                if not given:
+                    return envelope(
+                        401,
+                        "unauthorized",
+                        "this endpoint needs a bearer token",
+                        "send Authorization: Bearer <token from daemon.token_file>",
+                    )
+                if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
+                    return envelope(
+                        403,
+                        "forbidden",
+                        "the bearer token is wrong",
+                        "use the token in daemon.token_file",
+                    )
+        response: Response = await call_next(request)
+        return response
+
+    def view(status: LaneStatus, request: Request) -> dict[str, Any]:
+        spec = supervisor.config.lanes[status.name]
+        host = request.url.hostname or "127.0.0.1"
+        shown = f"[{host}]" if ":" in host else host
+        return {
+            **status.to_json(),
+            "unit": unit_name(status.name, spec),
+            "group": spec.group,
+            "port": spec.port,
+            "served_model_name": spec.served_model_name,
+            "base_url": f"http://{shown}:{spec.port}/v1",
+        }
+
+    def lane_status(lane: str) -> LaneStatus:
+        try:
+            supervisor.spec(lane)
+        except UnknownLane as exc:
+            raise ApiError(404, exc.code, exc.message, exc.hint) from None
+        return supervisor.statuses[lane]
+
+    async def answer(
+        lane: str,
+        future: asyncio.Future[LaneStatus],
+        wait: bool,
+        timeout: float | None,
+        request: Request,
+    ) -> JSONResponse:
+        if not wait:
+            return JSONResponse(view(supervisor.statuses[lane], request), status_code=202)
+        try:
+            status = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(
+                504,
+                "timeout",
+                f"lane {lane} is not done after {timeout:g}s",
+                f"it goes on; see GET /lanes/{lane}",
+            ) from None
+        except Superseded as exc:
+            raise ApiError(409, exc.code, exc.message, exc.hint) from None
+        except (ActivationFailed, LaneError) as exc:
+            raise ApiError(502, exc.code, exc.message, exc.hint) from None
+        return JSONResponse(view(status, request), status_code=200)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """laned itself is up."""
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/lanes")
+    async def lanes(request: Request) -> dict[str, Any]:
+        """Every lane with its state."""
+        return {
+            "lanes": [view(supervisor.statuses[n], request) for n in sorted(supervisor.statuses)]
+        }
+
+    @app.get("/lanes/{lane}")
+    async def lane(lane: str, request: Request) -> dict[str, Any]:
+        """One lane: state, desired, reason, phase, restarts, last exit, where to reach it."""
+        return view(lane_status(lane), request)
+
+    @app.api_route("/lanes/{lane}/activate", methods=["GET", "POST"], status_code=202)
+    async def activate(
+        lane: str,
+        request: Request,
+        wait: bool = Query(False, description="answer when the lane is ready (or failed)"),
+        timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait at most"),
+    ) -> JSONResponse:
+        """Make the lane the running lane of its group (stopping the others). Idempotent."""
+        lane_status(lane)
+        return await answer(lane, supervisor.activate(lane), wait, timeout, request)
+
+    @app.api_route("/lanes/{lane}/deactivate", methods=["GET", "POST"], status_code=202)
+    async def deactivate(
+        lane: str,
+        request: Request,
+        wait: bool = Query(False, description="answer when the lane has stopped"),
+        timeout: float | None = Query(None, gt=0, le=86400),
+    ) -> JSONResponse:
+        """Stop the lane; never counted as a failure."""
+        lane_status(lane)
+        return await answer(lane, supervisor.deactivate(lane), wait, timeout, request)
+
+    @app.post("/lanes/{lane}/restart", status_code=202)
+    async def restart(
+        lane: str,
+        request: Request,
+        wait: bool = Query(False),
+        timeout: float | None = Query(None, gt=0, le=86400),
+    ) -> JSONResponse:
+        """Stop and start the lane again."""
+        lane_status(lane)
+        return await answer(lane, supervisor.restart(lane), wait, timeout, request)
+
+    @app.get("/events")
+    async def events(
+        limit: int = Query(100, ge=1, le=500), lane: str | None = None
+    ) -> dict[str, Any]:
+        """Recent transitions, oldest first."""
+        if lane is not None:
+            lane_status(lane)
+        chosen = [e for e in supervisor.events if lane is None or e.lane == lane]
+        return {"events": [e.to_json() for e in chosen[-limit:]]}
+
+    return app

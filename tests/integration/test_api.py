@@ -1,0 +1,179 @@
+"""The control API on a real uvicorn server over the real supervisor, and the CLI over it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from laned.api import ApiSettings, create_app
+from laned.config import parse_config
+from laned.daemon import _Server, api_settings
+from laned.errors import LanedError
+from laned.probes import Probe
+from laned.supervisor import Supervisor
+from laned.systemd import Systemd
+from tests.helpers import free_port
+from tests.integration.conftest import Harness, Units
+from tests.integration.lanes import FAST, lane_config
+
+
+def envelope(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"] and "hint" in error
+    return error  # type: ignore[no-any-return]
+
+
+def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
+    port, api_port = free_port(), free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST, "b": FAST}, port)
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    token_file.chmod(0o600)
+
+    async def scenario() -> None:
+        sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+        await sup.start()
+        app = create_app(sup, ApiSettings("127.0.0.1", api_port, "s3cret-token"))
+        server = _Server(uvicorn.Config(app, host="127.0.0.1", port=api_port, log_level="warning"))
+        task = asyncio.get_running_loop().create_task(server.serve())
+        base = f"http://127.0.0.1:{api_port}"
+        auth = {"Authorization": "Bearer s3cret-token"}
+        try:
+            while not server.started:
+                await asyncio.sleep(0.02)
+            async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+                assert (await client.get("/healthz")).json()["status"] == "ok"
+                lanes = (await client.get("/lanes")).json()["lanes"]
+                assert [lane["name"] for lane in lanes] == ["a", "b"]
+                assert lanes[0]["base_url"] == f"http://127.0.0.1:{port}/v1"
+                envelope(await client.get("/lanes/nope"), 404, "unknown-lane")
+                envelope(
+                    await client.get("/lanes/nope/activate", headers=auth), 404, "unknown-lane"
+                )
+                envelope(
+                    await client.get("/lanes/a/activate?timeout=-1", headers=auth),
+                    400,
+                    "bad-request",
+                )
+                envelope(
+                    await client.get("/lanes/a/activate?wait=maybe", headers=auth),
+                    400,
+                    "bad-request",
+                )
+                envelope(
+                    await client.get("/lanes/a/restart", headers=auth), 405, "method-not-allowed"
+                )
+                envelope(await client.get("/nowhere"), 404, "not-found")
+                # Safe by default: token, rebinding and cross-site refusals; reads stay open.
+                envelope(await client.get("/lanes/a/activate"), 401, "unauthorized")
+                envelope(
+                    await client.get("/lanes/a/activate", headers={"Authorization": "Bearer nope"}),
+                    403,
+                    "forbidden",
+                )
+                envelope(
+                    await client.get("/lanes", headers={"Host": "evil.example:9000"}),
+                    403,
+                    "forbidden-host",
+                )
+                envelope(
+                    await client.post(
+                        "/lanes/a/activate", headers={**auth, "Origin": "http://evil.example"}
+                    ),
+                    403,
+                    "cross-site",
+                )
+                envelope(
+                    await client.get(
+                        "/lanes/a/activate", headers={**auth, "Sec-Fetch-Site": "cross-site"}
+                    ),
+                    403,
+                    "cross-site",
+                )
+                assert sup.statuses["a"].desired.value == "inactive", (
+                    "refused requests must change nothing"
+                )
+                accepted = await client.get("/lanes/a/activate", headers=auth)
+                assert accepted.status_code == 202 and accepted.json()["name"] == "a"
+                ready = await client.post("/lanes/a/activate?wait=true&timeout=60", headers=auth)
+                assert ready.status_code == 200 and ready.json()["state"] == "ready"
+                # The line people type, with the token.
+                curl = await asyncio.to_thread(
+                    subprocess.run,
+                    ["curl", "-s", "-H", "Authorization: Bearer s3cret-token", f"{base}/lanes/b/activate?wait=true"],
+                    capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+                assert '"state":"ready"' in curl.stdout and '"name":"b"' in curl.stdout
+                assert sup.statuses["a"].state.value == "inactive"
+                # The CLI over the API.
+                env = {**os.environ, "LANED_CONFIG": str(tmp_path / "laned.toml")}
+                cli = [sys.executable, "-m", "laned"]
+                status = await asyncio.to_thread(
+                    subprocess.run,
+                    [*cli, "status", "--url", base],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
+                assert (
+                    status.returncode == 0 and "ready" in status.stdout and "LANE" in status.stdout
+                )
+                activated = await asyncio.to_thread(
+                    subprocess.run,
+                    [*cli, "activate", "a", "--wait", "--url", base, "--token-file", str(token_file)],
+                    capture_output=True, text=True, env=env, timeout=60,
+                )  # fmt: skip
+                assert activated.returncode == 0 and activated.stdout.startswith("a: ready"), (
+                    activated.stderr
+                )
+                refused = await asyncio.to_thread(
+                    subprocess.run,
+                    [*cli, "deactivate", "a", "--url", base],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
+                assert refused.returncode == 1 and "bearer token" in refused.stderr
+                events = (await client.get("/events?lane=b")).json()["events"]
+                assert events[-1]["to"] == "inactive" and any(e["to"] == "ready" for e in events)
+                stopped = await client.post("/lanes/a/deactivate?wait=true", headers=auth)
+                assert stopped.status_code == 200 and stopped.json()["state"] == "inactive"
+        finally:
+            server.should_exit = True
+            await task
+            await sup.close()
+            await sup.probe.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_serve_is_safe_by_default(tmp_path: Path) -> None:
+    base = (
+        '[lanes.a]\nport = 8001\nserved_model_name = "m"\n[lanes.a.exec]\ncommand = ["/bin/true"]\n'
+    )
+    env = {"HOME": str(tmp_path)}
+    open_listen = parse_config('[daemon]\nlisten = "0.0.0.0:9000"\n' + base, "t", env)
+    with pytest.raises(LanedError, match="reachable from other machines") as info:
+        api_settings(open_listen)
+    assert "token_file" in info.value.hint
+    token = tmp_path / "token"
+    token.write_text("t0k\n")
+    token.chmod(0o644)
+    loose = parse_config(
+        f'[daemon]\nlisten = "0.0.0.0:9000"\ntoken_file = "{token}"\n' + base, "t", env
+    )
+    with pytest.raises(LanedError, match="others can read the token"):
+        api_settings(loose)
+    token.chmod(0o600)
+    settings = api_settings(loose)
+    assert settings.token == "t0k" and settings.listen_host == "0.0.0.0"
+    assert api_settings(parse_config(base, "t", env)).token is None  # loopback: no token needed

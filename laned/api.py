@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from laned import __version__
 from laned.errors import ActivationFailed, LaneError, Superseded, UnknownLane
-from laned.lanes import LaneStatus
+from laned.lanes import RUNNING_STATES, LaneStatus
+from laned.metrics import LanedMetrics
 from laned.names import unit_name
 from laned.supervisor import Supervisor
 
@@ -60,8 +61,13 @@ def _host_of(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-def create_app(supervisor: Supervisor, settings: ApiSettings) -> FastAPI:
+def create_app(
+    supervisor: Supervisor, settings: ApiSettings, metrics: LanedMetrics | None = None
+) -> FastAPI:
     """The FastAPI application over one supervisor."""
+    if metrics is None:
+        metrics = LanedMetrics()
+        metrics.attach(supervisor)
     app = FastAPI(
         title="laned",
         version=__version__,
@@ -157,6 +163,7 @@ def create_app(supervisor: Supervisor, settings: ApiSettings) -> FastAPI:
             "port": spec.port,
             "served_model_name": spec.served_model_name,
             "base_url": f"http://{shown}:{spec.port}/v1",
+            "engine": supervisor.engine_summary(status.name),
         }
 
     def lane_status(lane: str) -> LaneStatus:
@@ -239,6 +246,25 @@ def create_app(supervisor: Supervisor, settings: ApiSettings) -> FastAPI:
         """Stop and start the lane again."""
         lane_status(lane)
         return await answer(lane, supervisor.restart(lane), wait, timeout, request)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """laned's own metrics (Prometheus text format); no token needed."""
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/sd")
+    async def service_discovery(request: Request) -> list[dict[str, Any]]:
+        """Prometheus HTTP service discovery: the running lanes' engine /metrics endpoints."""
+        host = request.url.hostname or "127.0.0.1"
+        shown = f"[{host}]" if ":" in host else host
+        targets = []
+        for name, status in sorted(supervisor.statuses.items()):
+            if status.state not in RUNNING_STATES:
+                continue
+            spec = supervisor.config.lanes[name]
+            labels = {"lane": name, "model": spec.served_model_name, "unit": unit_name(name, spec)}
+            targets.append({"targets": [f"{shown}:{spec.port}"], "labels": labels})
+        return targets
 
     @app.get("/events")
     async def events(

@@ -22,6 +22,7 @@ from laned.api import ApiSettings, create_app
 from laned.checks import parse_listen
 from laned.config import Config
 from laned.errors import LanedError
+from laned.metrics import LanedMetrics
 from laned.probes import Probe
 from laned.supervisor import Supervisor
 from laned.systemd import Systemd
@@ -79,7 +80,9 @@ def api_settings(config: Config) -> ApiSettings:
     return ApiSettings(host, port, token)
 
 
-async def start_supervisor(config: Config, systemd: Systemd | None = None) -> Supervisor:
+async def start_supervisor(
+    config: Config, systemd: Systemd | None = None, recorder: LanedMetrics | None = None
+) -> Supervisor:
     """Render and daemon-reload the lanes, then start a supervisor on them."""
     systemd = systemd or Systemd()
     await systemd.connect()
@@ -89,6 +92,9 @@ async def start_supervisor(config: Config, systemd: Systemd | None = None) -> Su
         await systemd.reload()
     systemd.disconnect()
     supervisor = Supervisor(config, Systemd(systemd.address), Probe(), systemd_version=version)
+    if recorder is not None:
+        supervisor.recorder = recorder
+        recorder.attach(supervisor)
     await supervisor.start()
     return supervisor
 
@@ -104,8 +110,9 @@ class _Server(uvicorn.Server):
 async def serve(config: Config) -> int:
     """Run laned until SIGTERM or SIGINT."""
     settings = api_settings(config)
-    supervisor = await start_supervisor(config)
-    app = create_app(supervisor, settings)
+    metrics = LanedMetrics()
+    supervisor = await start_supervisor(config, recorder=metrics)
+    app = create_app(supervisor, settings, metrics)
     server = _Server(
         uvicorn.Config(
             app, host=settings.listen_host, port=settings.listen_port, log_level="warning"

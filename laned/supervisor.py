@@ -29,6 +29,7 @@ from laned.errors import ActivationFailed, LanedError, Superseded, SystemdError,
 from laned.lanes import (
     RUNNING_STATES,
     Desired,
+    EngineSample,
     Event,
     LaneState,
     LaneStatus,
@@ -42,6 +43,7 @@ from laned.lanes import (
     parse_phase,
     recent,
 )
+from laned.metrics import Recorder
 from laned.names import exit_record_path, unit_name
 from laned.probes import Probe, read_api_key
 from laned.render import DEFAULT_SYSTEMD_VERSION
@@ -63,6 +65,8 @@ class Operation:
     generation: int
     future: asyncio.Future[LaneStatus]
     task: asyncio.Task[None] | None = None
+    from_lane: str = "none"
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -110,6 +114,7 @@ class Supervisor:
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=state.EVENTS_KEPT))
     listeners: list[Callable[[Event], None]] = field(default_factory=list)
     snapshots: dict[str, UnitSnapshot] = field(default_factory=dict)
+    recorder: Recorder = field(default_factory=Recorder)
 
     def __post_init__(self) -> None:
         self.units = {unit_name(n, spec): n for n, spec in self.config.lanes.items()}
@@ -124,6 +129,7 @@ class Supervisor:
         self._started_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._pokes: dict[str, asyncio.Event] = {}
+        self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
         self._closing = False
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -195,10 +201,22 @@ class Supervisor:
 
     async def _resync(self, why: str) -> None:
         log.info("%s: re-reading every lane unit", why)
-        with contextlib.suppress(SystemdError):
-            await self.systemd.subscribe()
+        # Right after a re-exec the manager may not have its bus name back yet; until the
+        # subscription is renewed it sends no signals, so keep trying (bounded).
+        delay, deadline = 0.02, time.monotonic() + 30
+        while True:
+            try:
+                await self.systemd.subscribe()
+                break
+            except SystemdError as exc:
+                if time.monotonic() > deadline:
+                    log.error("cannot subscribe to the user manager again: %s", exc)
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
         for unit, lane in self.units.items():
             try:
+                await self.systemd.ref_unit(unit)  # a re-exec forgets clients' references
                 snap = await self.systemd.snapshot(unit)
             except SystemdError:
                 continue
@@ -242,12 +260,12 @@ class Supervisor:
         spec = self.spec(lane)
         status = self.statuses[lane]
         current = self._ops.get(spec.group)
+        if current is not None and current.lane == lane and current.kind == "activate":
+            return current.future  # already on its way: join it
         if status.desired is Desired.ACTIVE and status.state in (
             *RUNNING_STATES,
             LaneState.RESTARTING,
         ):
-            if current is not None and current.lane == lane and current.kind == "activate":
-                return current.future
             return self._wait_ready(lane)  # idempotent: nothing is restarted
         if current is not None:
             self._supersede(current, f"superseded by activate {lane}")
@@ -256,6 +274,12 @@ class Supervisor:
         self._set_desired(lane, Desired.ACTIVE)
         status.failures.clear()
         op = self._new_op(lane, "activate", spec.group)
+        running = [
+            p
+            for p in self._group(lane)
+            if self.statuses[p].state in (*RUNNING_STATES, LaneState.RESTARTING)
+        ]
+        op.from_lane = running[0] if running else "none"
         op.task = self._spawn(self._run_activation(op, reason))
         return op.future
 
@@ -300,11 +324,26 @@ class Supervisor:
     def _supersede(self, op: Operation, why: str) -> None:
         if op.task is not None:
             op.task.cancel()
+        error = Superseded(why, "the newest request for a group wins")
+        self._record_swap(op, error)
         if not op.future.done():
-            op.future.set_exception(Superseded(why, "the newest request for a group wins"))
+            op.future.set_exception(error)
         self._ops.pop(self.config.lanes[op.lane].group, None)
 
+    def _record_swap(self, op: Operation, error: BaseException | None) -> None:
+        if op.kind != "activate" or op.future.done():
+            return
+        result = (
+            "ready"
+            if error is None
+            else "superseded"
+            if isinstance(error, Superseded)
+            else "failed"
+        )
+        self.recorder.swap(op.from_lane, op.lane, result, time.monotonic() - op.started)
+
     def _finish(self, op: Operation, error: LanedError | None = None) -> None:
+        self._record_swap(op, error)
         if not op.future.done():
             if error is None:
                 op.future.set_result(self.statuses[op.lane])
@@ -388,13 +427,14 @@ class Supervisor:
         if result not in ("done", "skipped"):
             log.warning("start job of %s ended %s", unit, result)
 
-    def _restart(self, lane: str, reason: str) -> None:
+    def _restart(self, lane: str, reason: str, kind: str = "requested") -> None:
         """Restart a desired lane: `restarting` now (so waiters made after this wait for the
         new run), then stop and start it in a task."""
         status = self.statuses[lane]
         if status.desired is not Desired.ACTIVE:
             return
         status.restarts += 1
+        self.recorder.restart(lane, kind)
         self._cancel_restart(lane)
         self._stop_follow(lane)
         self._stopping.add(lane)
@@ -448,6 +488,7 @@ class Supervisor:
         if status.state is not LaneState.STARTING:
             return
         status.last_cold_start = round(self.clock() - self._started_at.get(lane, self.clock()), 3)
+        self.recorder.cold_start(lane, status.last_cold_start)
         status.phase, status.progress = None, None
         status.failures.clear()
         self._transition(
@@ -480,17 +521,25 @@ class Supervisor:
                 return
             if not await self.probe.health(spec.port, spec.health_path):
                 failures += 1
+                self.recorder.probe_failure(lane)
                 if failures >= probe.failures:
-                    self._degrade(lane, f"health: {failures} consecutive probe failures")
+                    self._degrade(lane, f"health: {failures} consecutive probe failures", "health")
                     return
                 continue
             failures = 0
             sample = await self.probe.sample(spec.port)
+            if sample is not None:
+                window = self._samples.setdefault(lane, deque())
+                window.append((time.monotonic(), sample))
+                while window and window[0][0] < time.monotonic() - 60:
+                    window.popleft()
             if sample is not None and detector.observe(sample, time.monotonic()):
+                self.recorder.stall(lane)
                 self._degrade(
                     lane,
                     f"stalled: {sample.running:g} running, {sample.waiting:g} waiting and no token "
                     f"for {probe.stall_after:g}s",
+                    "stalled",
                 )
                 return
             if probe.memory_floor_gib > 0:
@@ -503,9 +552,9 @@ class Supervisor:
                 else:
                     low_since = None
 
-    def _degrade(self, lane: str, reason: str) -> None:
+    def _degrade(self, lane: str, reason: str, kind: str) -> None:
         self._transition(lane, LaneState.DEGRADED, reason)
-        self._restart(lane, reason)
+        self._restart(lane, reason, kind)
 
     async def _start_timeout(self, lane: str) -> None:
         spec = self.config.lanes[lane]
@@ -578,6 +627,7 @@ class Supervisor:
             code, signal, by_systemd = snap.exec_main_status, None, snap.result == "success"
         verdict = judge_exit(lane in self._stopping, by_systemd)
         status.last_exit = LastExit(code, signal, now, verdict)
+        self.recorder.exit(lane, code, signal, verdict.value)
         what = f"signal {signal}" if signal is not None else f"status {code}"
         self._stop_follow(lane)
         if verdict is Verdict.REQUESTED:
@@ -596,6 +646,7 @@ class Supervisor:
             return
         if self.systemd_restarts and snap.sub_state == "auto-restart":
             status.restarts = max(status.restarts + 1, snap.n_restarts)
+            self.recorder.restart(lane, "failure")
             self._transition(lane, LaneState.RESTARTING, f"{reason}; systemd restarts it")
             self._start_follow_after_restart(lane)
             return
@@ -625,12 +676,27 @@ class Supervisor:
         if status.desired is not Desired.ACTIVE or status.state is not LaneState.RESTARTING:
             return
         status.restarts += 1
+        self.recorder.restart(lane, "failure")
         await self._start_unit(lane, f"restart #{status.restarts} after a failure")
 
     def _cancel_restart(self, lane: str) -> None:
         timer = self._timers.pop(lane, None)
         if timer is not None:
             timer.cancel()
+
+    def engine_summary(self, lane: str) -> dict[str, float] | None:
+        """The engine's load from its /metrics (running lanes only), with tokens/s over a minute."""
+        window = self._samples.get(lane)
+        if not window or self.statuses[lane].state not in RUNNING_STATES:
+            return None
+        (t0, first), (t1, last) = window[0], window[-1]
+        rate = (last.generation_tokens - first.generation_tokens) / (t1 - t0) if t1 > t0 else 0.0
+        return {
+            "requests_running": last.running,
+            "requests_waiting": last.waiting,
+            "kv_cache_usage": last.kv_cache_usage,
+            "generation_tokens_per_second": round(max(rate, 0.0), 3),
+        }
 
     # --- state, events, waiters --------------------------------------------------------------
 

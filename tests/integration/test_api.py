@@ -17,6 +17,7 @@ from laned.api import ApiSettings, create_app
 from laned.config import parse_config
 from laned.daemon import _Server, api_settings
 from laned.errors import LanedError
+from laned.metrics import LanedMetrics
 from laned.probes import Probe
 from laned.supervisor import Supervisor
 from laned.systemd import Systemd
@@ -41,8 +42,11 @@ def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
 
     async def scenario() -> None:
         sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+        metrics = LanedMetrics()
+        sup.recorder = metrics
+        metrics.attach(sup)
         await sup.start()
-        app = create_app(sup, ApiSettings("127.0.0.1", api_port, "s3cret-token"))
+        app = create_app(sup, ApiSettings("127.0.0.1", api_port, "s3cret-token"), metrics)
         server = _Server(uvicorn.Config(app, host="127.0.0.1", port=api_port, log_level="warning"))
         task = asyncio.get_running_loop().create_task(server.serve())
         base = f"http://127.0.0.1:{api_port}"
@@ -145,6 +149,35 @@ def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
                 assert refused.returncode == 1 and "bearer token" in refused.stderr
                 events = (await client.get("/events?lane=b")).json()["events"]
                 assert events[-1]["to"] == "inactive" and any(e["to"] == "ready" for e in events)
+                # Metrics and service discovery, readable without the token.
+                await client.get("/lanes/b/activate?wait=true", headers=auth)
+                sd = (await client.get("/sd")).json()
+                assert sd == [
+                    {
+                        "targets": [f"127.0.0.1:{port}"],
+                        "labels": {"lane": "b", "model": "b", "unit": f"{units.name('b')}.service"},
+                    }
+                ]
+                exposition = (await client.get("/metrics")).text
+                assert 'laned_lane_state{lane="b",state="ready"} 1.0' in exposition
+                assert 'laned_lane_ready{lane="a"} 0.0' in exposition
+                assert 'laned_swaps_total{from_lane="a",result="ready",to_lane="b"}' in exposition
+                assert "superseded" not in exposition  # a second activate joins the first
+                assert (
+                    'laned_engine_exits_total{code="0",lane="a",verdict="requested"}' in exposition
+                )
+                assert (
+                    "laned_cold_start_duration_seconds_bucket" in exposition
+                    and "laned_build_info" in exposition
+                )
+                promtool = await asyncio.to_thread(
+                    subprocess.run,
+                    ["promtool", "check", "metrics"],
+                    input=exposition,
+                    capture_output=True,
+                    text=True,
+                )
+                assert promtool.returncode == 0, promtool.stdout + promtool.stderr
                 stopped = await client.post("/lanes/a/deactivate?wait=true", headers=auth)
                 assert stopped.status_code == 200 and stopped.json()["state"] == "inactive"
         finally:
@@ -177,3 +210,72 @@ def test_serve_is_safe_by_default(tmp_path: Path) -> None:
     settings = api_settings(loose)
     assert settings.token == "t0k" and settings.listen_host == "0.0.0.0"
     assert api_settings(parse_config(base, "t", env)).token is None  # loopback: no token needed
+
+
+def test_prometheus_scrapes_laned_and_discovers_the_engine(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    import shutil
+
+    prometheus = shutil.which("prometheus")
+    assert prometheus, "prometheus is missing (apt-get install prometheus)"
+    port, api_port, prom_port = free_port(), free_port(), free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: laned\n    static_configs: [{{targets: ['127.0.0.1:{api_port}']}}]\n"
+        f"  - job_name: engines\n    http_sd_configs: [{{url: 'http://127.0.0.1:{api_port}/sd', refresh_interval: 1s}}]\n"
+    )
+
+    async def query(client: httpx.AsyncClient, expr: str) -> list[dict[str, Any]]:
+        try:
+            body = (
+                await client.get(
+                    f"http://127.0.0.1:{prom_port}/api/v1/query", params={"query": expr}
+                )
+            ).json()
+        except (httpx.HTTPError, ValueError):
+            return []
+        return list(body.get("data", {}).get("result", []))
+
+    async def scenario() -> None:
+        sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+        metrics = LanedMetrics()
+        sup.recorder = metrics
+        metrics.attach(sup)
+        await sup.start()
+        server = _Server(uvicorn.Config(create_app(sup, ApiSettings("127.0.0.1", api_port), metrics),
+                                        host="127.0.0.1", port=api_port, log_level="warning"))  # fmt: skip
+        task = asyncio.get_running_loop().create_task(server.serve())
+        with (tmp_path / "prometheus.log").open("w") as log:
+            prom = subprocess.Popen(
+                [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{prom_port}"],
+                stdout=log, stderr=log,
+            )  # fmt: skip
+        try:
+            await sup.activate("a")
+            async with httpx.AsyncClient(timeout=5) as client:
+                deadline = asyncio.get_running_loop().time() + 60
+                while True:
+                    ready = await query(client, 'laned_lane_ready{lane="a"}')
+                    engine = await query(client, 'vllm:num_requests_running{job="engines"}')
+                    if ready and engine:
+                        break
+                    assert asyncio.get_running_loop().time() < deadline, (
+                        tmp_path / "prometheus.log"
+                    ).read_text()[-2000:]
+                    await asyncio.sleep(0.5)
+                assert ready[0]["value"][1] == "1"
+                assert engine[0]["metric"]["lane"] == "a" and engine[0]["metric"]["model"] == "a"
+                assert engine[0]["metric"]["unit"] == f"{units.name('a')}.service"
+        finally:
+            prom.terminate()
+            prom.wait(20)
+            server.should_exit = True
+            await task
+            await sup.close()
+            await sup.probe.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -1,0 +1,176 @@
+"""laned's own Prometheus metrics (prometheus_client, its own registry).
+
+Gauges that describe the present (lane state, desired, ready, the engine summary) are read
+from the supervisor at scrape time; counters and histograms of things that happened are fed
+by the supervisor through the `Recorder` methods. Labels are bounded: lane names come from
+the config, states and verdicts from fixed sets, exit codes are at most 0-255 and signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from laned import __version__
+from laned.lanes import Desired, LaneState
+
+if TYPE_CHECKING:
+    from laned.supervisor import Supervisor
+
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
+
+
+class Recorder:
+    """What the supervisor reports as it happens (a no-op base; LanedMetrics records)."""
+
+    def exit(self, lane: str, code: int | None, signal: int | None, verdict: str) -> None:
+        """An engine exited."""
+
+    def restart(self, lane: str, reason: str) -> None:
+        """laned restarts a lane; `reason` is failure, health, stalled or requested."""
+
+    def probe_failure(self, lane: str) -> None:
+        """A health probe of a ready lane failed."""
+
+    def stall(self, lane: str) -> None:
+        """A ready lane was found stalled."""
+
+    def swap(self, from_lane: str, to_lane: str, result: str, seconds: float) -> None:
+        """An activation ended: ready, failed or superseded."""
+
+    def cold_start(self, lane: str, seconds: float) -> None:
+        """A start became ready after `seconds`."""
+
+    def reload(self, result: str) -> None:
+        """A config reload was applied or refused."""
+
+
+class LanedMetrics(Recorder):
+    """The registry served at /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.exits = Counter(
+            "laned_engine_exits",
+            "Engine exits by exit code (or signal) and verdict.",
+            ["lane", "code", "verdict"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "laned_lane_restarts", "Lane restarts by reason.", ["lane", "reason"], registry=r
+        )
+        self.probe_failures = Counter(
+            "laned_health_probe_failures",
+            "Failed health probes of ready lanes.",
+            ["lane"],
+            registry=r,
+        )
+        self.stalls = Counter(
+            "laned_lane_stalls",
+            "Ready lanes found stalled (busy, no token moving).",
+            ["lane"],
+            registry=r,
+        )
+        self.swaps = Counter(
+            "laned_swaps",
+            "Activations by the lane they replaced and their result.",
+            ["from_lane", "to_lane", "result"],
+            registry=r,
+        )
+        self.swap_seconds = Histogram(
+            "laned_swap_duration_seconds",
+            "Time from activate to ready.",
+            ["to_lane"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.cold_start_seconds = Histogram(
+            "laned_cold_start_duration_seconds",
+            "Time from unit start to ready.",
+            ["lane"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.reloads = Counter(
+            "laned_config_reloads", "Config reloads by result.", ["result"], registry=r
+        )
+
+    def attach(self, supervisor: Supervisor) -> None:
+        """Export the supervisor's present state at every scrape."""
+        self.registry.register(_StateCollector(supervisor))
+
+    def render(self) -> bytes:
+        """The exposition for one scrape."""
+        return generate_latest(self.registry)
+
+    def exit(self, lane: str, code: int | None, signal: int | None, verdict: str) -> None:
+        label = f"signal-{signal}" if signal is not None else str(code)
+        self.exits.labels(lane, label, verdict).inc()
+
+    def restart(self, lane: str, reason: str) -> None:
+        self.restarts.labels(lane, reason).inc()
+
+    def probe_failure(self, lane: str) -> None:
+        self.probe_failures.labels(lane).inc()
+
+    def stall(self, lane: str) -> None:
+        self.stalls.labels(lane).inc()
+
+    def swap(self, from_lane: str, to_lane: str, result: str, seconds: float) -> None:
+        self.swaps.labels(from_lane, to_lane, result).inc()
+        if result == "ready":
+            self.swap_seconds.labels(to_lane).observe(seconds)
+
+    def cold_start(self, lane: str, seconds: float) -> None:
+        self.cold_start_seconds.labels(lane).observe(seconds)
+
+    def reload(self, result: str) -> None:
+        self.reloads.labels(result).inc()
+
+
+class _StateCollector(Collector):
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
+        info = InfoMetricFamily("laned_build", "laned's version.")
+        info.add_metric([], {"version": __version__})
+        yield info
+        state = GaugeMetricFamily(
+            "laned_lane_state", "1 for the lane's current state.", labels=["lane", "state"]
+        )
+        desired = GaugeMetricFamily(
+            "laned_lane_desired_active", "1 when the lane should run.", labels=["lane"]
+        )
+        ready = GaugeMetricFamily("laned_lane_ready", "1 when the lane is ready.", labels=["lane"])
+        running = GaugeMetricFamily(
+            "laned_engine_requests_running", "Engine requests running.", labels=["lane"]
+        )
+        waiting = GaugeMetricFamily(
+            "laned_engine_requests_waiting", "Engine requests waiting.", labels=["lane"]
+        )
+        kv = GaugeMetricFamily(
+            "laned_engine_kv_cache_usage_ratio", "Engine KV-cache usage (0-1).", labels=["lane"]
+        )
+        tps = GaugeMetricFamily(
+            "laned_engine_generation_tokens_per_second",
+            "Generated tokens per second over the last minute.",
+            labels=["lane"],
+        )
+        for name, status in sorted(self.supervisor.statuses.items()):
+            for each in LaneState:
+                state.add_metric([name, each.value], 1.0 if status.state is each else 0.0)
+            desired.add_metric([name], 1.0 if status.desired is Desired.ACTIVE else 0.0)
+            ready.add_metric([name], 1.0 if status.state is LaneState.READY else 0.0)
+            summary = self.supervisor.engine_summary(name)
+            if summary is not None:
+                running.add_metric([name], summary["requests_running"])
+                waiting.add_metric([name], summary["requests_waiting"])
+                kv.add_metric([name], summary["kv_cache_usage"])
+                tps.add_metric([name], summary["generation_tokens_per_second"])
+        yield from (state, desired, ready, running, waiting, kv, tps)

@@ -11,18 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from laned import __version__
-from laned.errors import ActivationFailed, LaneError, Superseded, UnknownLane
-from laned.lanes import RUNNING_STATES, LaneStatus
+from laned import __version__, journal
+from laned.config import load_config
+from laned.errors import (
+    ActivationFailed,
+    ConfigError,
+    ConfigRefused,
+    LaneError,
+    Superseded,
+    UnknownLane,
+)
+from laned.lanes import RUNNING_STATES, Event, LaneStatus
 from laned.metrics import LanedMetrics
 from laned.names import unit_name
 from laned.supervisor import Supervisor
@@ -214,7 +224,8 @@ def create_app(
         """One lane: state, desired, reason, phase, restarts, last exit, where to reach it."""
         return view(lane_status(lane), request)
 
-    @app.api_route("/lanes/{lane}/activate", methods=["GET", "POST"], status_code=202)
+    @app.get("/lanes/{lane}/activate", status_code=202, operation_id="activate_get")
+    @app.post("/lanes/{lane}/activate", status_code=202, operation_id="activate_post")
     async def activate(
         lane: str,
         request: Request,
@@ -225,7 +236,8 @@ def create_app(
         lane_status(lane)
         return await answer(lane, supervisor.activate(lane), wait, timeout, request)
 
-    @app.api_route("/lanes/{lane}/deactivate", methods=["GET", "POST"], status_code=202)
+    @app.get("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_get")
+    @app.post("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_post")
     async def deactivate(
         lane: str,
         request: Request,
@@ -247,6 +259,26 @@ def create_app(
         lane_status(lane)
         return await answer(lane, supervisor.restart(lane), wait, timeout, request)
 
+    @app.post("/reload")
+    async def reload() -> dict[str, Any]:
+        """Re-read the config, validate, re-render, daemon-reload; a bad config changes nothing."""
+        try:
+            new = await asyncio.to_thread(load_config, supervisor.config.source)
+            result = await supervisor.reload(new)
+        except ConfigError as exc:
+            metrics.reload("invalid")
+            raise ApiError(
+                400,
+                "bad-config",
+                str(exc),
+                "fix the file and POST /reload again; the running config stays in force",
+            ) from None
+        except ConfigRefused as exc:
+            metrics.reload("refused")
+            raise ApiError(409, exc.code, exc.message, exc.hint) from None
+        metrics.reload("applied")
+        return result
+
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         """laned's own metrics (Prometheus text format); no token needed."""
@@ -266,14 +298,48 @@ def create_app(
             targets.append({"targets": [f"{shown}:{spec.port}"], "labels": labels})
         return targets
 
-    @app.get("/events")
+    @app.get("/events", response_model=None)
     async def events(
-        limit: int = Query(100, ge=1, le=500), lane: str | None = None
-    ) -> dict[str, Any]:
-        """Recent transitions, oldest first."""
+        request: Request,
+        limit: int = Query(100, ge=1, le=500),
+        lane: str | None = None,
+        follow: bool = Query(False, description="stream new transitions as Server-Sent Events"),
+    ) -> dict[str, Any] | StreamingResponse:
+        """Recent transitions, oldest first; with follow=true, then every new one as it happens."""
         if lane is not None:
             lane_status(lane)
-        chosen = [e for e in supervisor.events if lane is None or e.lane == lane]
-        return {"events": [e.to_json() for e in chosen[-limit:]]}
+        chosen = [e for e in supervisor.events if lane is None or e.lane == lane][-limit:]
+        if not follow:
+            return {"events": [e.to_json() for e in chosen]}
+        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=1000)
+
+        def listener(event: Event) -> None:
+            if (lane is None or event.lane == lane) and not queue.full():
+                queue.put_nowait(event)
+
+        async def stream() -> AsyncIterator[bytes]:
+            supervisor.listeners.append(listener)
+            try:
+                for event in chosen:
+                    yield b"data: " + json.dumps(event.to_json()).encode() + b"\n\n"
+                while not await request.is_disconnected():
+                    try:
+                        event = await asyncio.wait_for(queue.get(), 15)
+                    except asyncio.TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield b"data: " + json.dumps(event.to_json()).encode() + b"\n\n"
+            finally:
+                supervisor.listeners.remove(listener)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    @app.get("/lanes/{lane}/logs")
+    async def logs(lane: str, lines: int = Query(100, ge=1, le=10000)) -> dict[str, Any]:
+        """The engine's last log lines, from journald."""
+        spec = supervisor.config.lanes[lane_status(lane).name]
+        return {"lane": lane, "lines": await journal.tail(unit_name(lane, spec), lines)}
 
     return app

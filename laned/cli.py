@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from laned import __version__
 from laned.errors import ConfigError, LanedError, Severity
@@ -52,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         "(or daemon.default_lane) and supervise until SIGTERM. The lanes keep running when laned stops.",
     )
 
+    sub.add_parser(
+        "install",
+        help="install laned.service (enabled, started)",
+        description="Write laned's own unit to unit_dir, reload systemd, enable it (default.target) and "
+        "(re)start it, so laned comes up at boot and restores the lane that should run.",
+    )
+
     def api_command(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text, description=description)
         command.add_argument("--url", help="laned's API (default: http:// + daemon.listen)")
@@ -70,6 +78,19 @@ def _parser() -> argparse.ArgumentParser:
             "--wait", action="store_true", help="follow it until it is done, with a progress line"
         )
         command.add_argument("--timeout", type=float, help="seconds to wait at most (with --wait)")
+    logs = api_command(
+        "logs", "show a lane's engine log", "Show the engine's log of LANE (journald)."
+    )
+    logs.add_argument("lane", metavar="LANE")
+    logs.add_argument("-n", "--lines", type=int, default=100, help="how many lines (default 100)")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep following (journalctl --follow)"
+    )
+    events = api_command("events", "show lane transitions", "Show recent lane transitions.")
+    events.add_argument(
+        "-f", "--follow", action="store_true", help="keep following (Server-Sent Events)"
+    )
+    events.add_argument("--lane", help="only this lane")
     sim = sub.add_parser(
         "sim",
         help="run the simulated vLLM engine",
@@ -203,6 +224,70 @@ def cmd_lane(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    """`laned logs LANE [-n N] [-f]`."""
+    import os
+
+    from laned.client import Client
+
+    client = _client(args)
+    assert isinstance(client, Client)
+    view = client.call("GET", f"/lanes/{args.lane}")
+    for line in client.call("GET", f"/lanes/{args.lane}/logs", lines=args.lines)["lines"]:
+        print(line, flush=True)
+    if args.follow:
+        # The API serves a snapshot; following reads the journal itself, on this host.
+        unit = view["unit"]
+        match = [f"_SYSTEMD_USER_UNIT={unit}", "+", f"_SYSTEMD_UNIT={unit}"]
+        os.execvp(
+            "journalctl", ["journalctl", "--follow", "--lines=0", "--output=short-iso", *match]
+        )
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """`laned events [-f] [--lane LANE]`."""
+    import json
+    import time
+
+    from laned.client import Client
+
+    client = _client(args)
+    assert isinstance(client, Client)
+
+    def show(event: dict[str, Any]) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at"])))
+        print(
+            f"{stamp}  {event['lane']}: {event['from']} -> {event['to']}  ({event['reason']})",
+            flush=True,
+        )
+
+    if not args.follow:
+        for event in client.call("GET", "/events", lane=args.lane)["events"]:
+            show(event)
+        return EXIT_OK
+    params = {"follow": "true", **({"lane": args.lane} if args.lane else {})}
+    with client.http.stream("GET", "/events", params=params, timeout=None) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                show(json.loads(line[6:]))
+    return EXIT_OK
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    """`laned install`."""
+    import asyncio
+
+    from laned.config import load_config
+    from laned.install import install
+
+    path = _config_path(args)
+    config = load_config(path)
+    for line in asyncio.run(install(config, path)):
+        print(line)
+    return EXIT_OK
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     """`laned sim ...`: hand over to the simulated engine's own command line."""
     from laned.sim.__main__ import main as sim_main
@@ -227,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "activate": cmd_lane,
         "deactivate": cmd_lane,
         "restart": cmd_lane,
+        "logs": cmd_logs,
+        "install": cmd_install,
+        "events": cmd_events,
     }
     if args.command == "version":
         print(f"laned {__version__}")

@@ -23,6 +23,7 @@ from laned.checks import parse_listen
 from laned.config import Config
 from laned.errors import LanedError
 from laned.metrics import LanedMetrics
+from laned.notify import keep_watchdog, notify
 from laned.probes import Probe
 from laned.supervisor import Supervisor
 from laned.systemd import Systemd
@@ -124,9 +125,18 @@ async def serve(config: Config) -> int:
     log.info(
         "laned is supervising %d lane(s); API on http://%s", len(config.lanes), config.daemon.listen
     )
+    serving = loop.create_task(server.serve())
+    watchdog = loop.create_task(keep_watchdog())
     try:
-        await server.serve()
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            # READY once the API listens and the first reconcile is done (Type=notify).
+            notify(f"READY=1\nSTATUS=supervising {len(config.lanes)} lane(s)")
+        await serving
     finally:
+        notify("STOPPING=1")
+        watchdog.cancel()
         await supervisor.close()
         await supervisor.probe.close()
     return 0

@@ -2,6 +2,7 @@
 
     LanedError                      root: what went wrong, and a hint for what to do
     ├── ConfigError                 the config file is unreadable or invalid (carries every Problem)
+    ├── ConfigRefused               a valid new config cannot be applied while laned runs
     ├── RenderError                 generated files could not be written or differ on disk
     ├── EngineError                 the simulated engine was started with bad arguments
     ├── SystemdError                a call to the systemd user manager failed (D-Bus)
@@ -76,6 +77,12 @@ class ConfigError(LanedError):
         lines = [self.message]
         lines += ["  " + p.render(self.source).replace("\n", "\n  ") for p in self.problems]
         return "\n".join(lines)
+
+
+class ConfigRefused(LanedError):
+    """A valid new config that cannot be applied while laned runs (the old one stays in force)."""
+
+    code = "reload-refused"
 
 
 class RenderError(LanedError):

@@ -22,10 +22,18 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
-from laned import journal, state
+from laned import journal, render, state
 from laned.config import Config, LaneConfig
-from laned.errors import ActivationFailed, LanedError, Superseded, SystemdError, UnknownLane
+from laned.errors import (
+    ActivationFailed,
+    ConfigRefused,
+    LanedError,
+    Superseded,
+    SystemdError,
+    UnknownLane,
+)
 from laned.lanes import (
     RUNNING_STATES,
     Desired,
@@ -46,7 +54,6 @@ from laned.lanes import (
 from laned.metrics import Recorder
 from laned.names import exit_record_path, unit_name
 from laned.probes import Probe, read_api_key
-from laned.render import DEFAULT_SYSTEMD_VERSION
 from laned.systemd import CLD_DUMPED, CLD_KILLED, Systemd, UnitSnapshot
 from laned.units import RESTART_STEPS_SINCE
 
@@ -107,7 +114,7 @@ class Supervisor:
     config: Config
     systemd: Systemd
     probe: Probe
-    systemd_version: int = DEFAULT_SYSTEMD_VERSION
+    systemd_version: int = render.DEFAULT_SYSTEMD_VERSION
     pre_start: PreStart | None = None
     clock: Callable[[], float] = time.time
     statuses: dict[str, LaneStatus] = field(default_factory=dict)
@@ -129,6 +136,7 @@ class Supervisor:
         self._started_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._pokes: dict[str, asyncio.Event] = {}
+        self._log_task: asyncio.Task[None] | None = None
         self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
         self._closing = False
 
@@ -148,7 +156,7 @@ class Supervisor:
                 status.state, status.reason = LaneState.FAILED, saved.failed[name]
         self.events.extend(e for e in saved.events if e.lane in self.statuses)
         await self._connect()
-        self._spawn(self._follow_logs())
+        self._log_task = self._spawn(self._follow_logs())
         await self.reconcile(first=not saved.desired)
         self._spawn(self._keep_bus())
 
@@ -247,6 +255,62 @@ class Supervisor:
             self._spawn_activation(self.config.daemon.default_lane, "default lane")
 
     # --- requests -------------------------------------------------------------------------
+
+    async def reload(self, new: Config) -> dict[str, Any]:
+        """Apply a new, already validated config; nothing running is disturbed.
+
+        Refused (ConfigRefused, the running config stays in force): removing or renaming
+        the unit of a lane that runs, or changing daemon settings only a restart applies.
+        """
+        problems = []
+        for key in ("listen", "token_file", "state_dir"):
+            if getattr(new.daemon, key) != getattr(self.config.daemon, key):
+                problems.append(f"daemon.{key} changed: restart laned to apply it")
+        for lane, status in self.statuses.items():
+            busy = status.state is not LaneState.INACTIVE and status.state is not LaneState.FAILED
+            if not busy:
+                continue
+            if lane not in new.lanes:
+                problems.append(
+                    f"lanes.{lane} is {status.state.value}: deactivate it before removing it"
+                )
+            elif unit_name(lane, new.lanes[lane]) != unit_name(lane, self.config.lanes[lane]):
+                problems.append(
+                    f"lanes.{lane}.unit changed while it is {status.state.value}: deactivate it first"
+                )
+        if problems:
+            raise ConfigRefused(
+                "the new config cannot be applied while laned runs", "; ".join(problems)
+            )
+        changes = render.apply(new, self.systemd_version)
+        await self.systemd.reload()
+        restart_needed = sorted(
+            lane
+            for lane, status in self.statuses.items()
+            if lane in new.lanes
+            and status.state in (*RUNNING_STATES, LaneState.RESTARTING)
+            and new.lanes[lane] != self.config.lanes[lane]
+        )
+        self.config = new
+        self.units = {unit_name(n, spec): n for n, spec in new.lanes.items()}
+        for lane in list(self.statuses):
+            if lane not in new.lanes:
+                del self.statuses[lane]
+        for lane in new.lanes:
+            if lane not in self.statuses:
+                self.statuses[lane] = LaneStatus(lane, since=self.clock())
+        for unit in self.units:
+            with contextlib.suppress(SystemdError):
+                await self.systemd.ref_unit(unit)
+        if self._log_task is not None:
+            self._log_task.cancel()
+        self._log_task = self._spawn(self._follow_logs())
+        self._save()
+        return {
+            "applied": True,
+            "changed": [path for action, path in changes if action is not render.Action.UNCHANGED],
+            "restart_needed": restart_needed,
+        }
 
     def spec(self, lane: str) -> LaneConfig:
         """The lane's config; UnknownLane with the known names otherwise."""
@@ -580,7 +644,7 @@ class Supervisor:
 
     def _on_unit_change(self, unit: str, props: dict[str, object]) -> None:
         lane = self.units.get(unit)
-        if lane is None:
+        if lane is None or self._closing:
             return
         previous = self.snapshots.get(lane, UnitSnapshot(unit))
         self._apply(lane, previous.update(props))
@@ -634,9 +698,7 @@ class Supervisor:
             if lane in self._stopping or status.state in (LaneState.STOPPING, LaneState.RESTARTING):
                 self._save()
                 return  # laned's own stop: the operation makes the transition
-            self._set_desired(lane, Desired.INACTIVE)
-            self._transition(lane, LaneState.INACTIVE, f"stopped outside laned ({what})")
-            self._fail_waiters(lane, "stopped outside laned")
+            self._spawn(self._stopped_outside(lane, what))
             return
         status.failures.append(now)
         status.failures[:] = recent(status.failures, now, spec.start_limit_interval)
@@ -665,6 +727,24 @@ class Supervisor:
         self._timers[lane] = loop.call_later(
             delay, lambda: self._spawn(self._restart_after_failure(lane))
         )
+
+    async def _stopped_outside(self, lane: str, what: str) -> None:
+        """A stop laned did not ask for: an operator's, unless the whole manager is going down."""
+        try:
+            stopping = await self.systemd.system_state() == "stopping"
+        except LanedError:
+            stopping = True  # the manager is unreachable: most likely on its way down
+        status = self.statuses.get(lane)
+        snap = self.snapshots.get(lane)
+        if status is None or self._closing or (snap is not None and snap.running):
+            return  # gone from the config, laned is stopping, or it was started again meanwhile
+        if stopping:
+            # Logout, reboot or `systemctl --user exit`: the lane should come back with laned.
+            self._transition(lane, LaneState.INACTIVE, f"stopped with the user manager ({what})")
+            return
+        self._set_desired(lane, Desired.INACTIVE)
+        self._transition(lane, LaneState.INACTIVE, f"stopped outside laned ({what})")
+        self._fail_waiters(lane, "stopped outside laned")
 
     def _start_follow_after_restart(self, lane: str) -> None:
         self._started_at[lane] = self.clock()

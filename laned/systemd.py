@@ -200,6 +200,11 @@ class Systemd:
         match = re.match(r"(\d+)", str(body[0].value))
         return int(match.group(1)) if match else None
 
+    async def system_state(self) -> str:
+        """The manager's SystemState: running, degraded, stopping, ..."""
+        body = await self._call("Get", "ss", [MANAGER, "SystemState"], PATH, PROPERTIES)
+        return str(body[0].value)
+
     async def load_unit(self, name: str) -> str:
         """LoadUnit(): the unit's object path (loads it if needed)."""
         return str((await self._call("LoadUnit", "s", [name], unit=name))[0])
@@ -220,6 +225,10 @@ class Systemd:
     async def restart_unit(self, name: str, mode: JobMode = JobMode.REPLACE) -> str:
         """RestartUnit() and wait for the job."""
         return await self._job("RestartUnit", name, mode)
+
+    async def enable_unit_files(self, paths: list[str]) -> None:
+        """EnableUnitFiles(): what `systemctl --user enable` does (persistent, replacing links)."""
+        await self._call("EnableUnitFiles", "asbb", [paths, False, True])
 
     async def reset_failed_unit(self, name: str) -> None:
         """ResetFailedUnit(): clear the failed state (and the start-limit counter)."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +282,167 @@ def test_prometheus_scrapes_laned_and_discovers_the_engine(
             await sup.probe.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+@contextlib.asynccontextmanager
+async def api_server(harness: Harness, config: Any, api_port: int) -> AsyncIterator[Supervisor]:
+    """A started supervisor with its API on 127.0.0.1:api_port (no token)."""
+    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+    metrics = LanedMetrics()
+    sup.recorder = metrics
+    metrics.attach(sup)
+    await sup.start()
+    app = create_app(sup, ApiSettings("127.0.0.1", api_port), metrics)
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=api_port, log_level="warning"))
+    task = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        yield sup
+    finally:
+        server.should_exit = True
+        await task
+        await sup.close()
+        await sup.probe.close()
+
+
+def test_events_follow_logs_and_the_cli(harness: Harness, units: Units, tmp_path: Path) -> None:
+    port, api_port = free_port(), free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
+    base = f"http://127.0.0.1:{api_port}"
+
+    async def scenario() -> None:
+        async with (
+            api_server(harness, config, api_port),
+            httpx.AsyncClient(base_url=base, timeout=60) as client,
+        ):
+            seen: list[dict[str, Any]] = []
+
+            async def follow() -> None:
+                async with client.stream(
+                    "GET", "/events", params={"follow": "true", "lane": "a"}
+                ) as response:
+                    assert response.headers["content-type"].startswith("text/event-stream")
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: "):
+                            seen.append(json.loads(line[6:]))
+                            if seen[-1]["to"] == "ready":
+                                return
+
+            follower = asyncio.get_running_loop().create_task(follow())
+            await asyncio.sleep(0.2)
+            await client.get("/lanes/a/activate?wait=true")
+            await asyncio.wait_for(follower, 30)
+            assert [e["to"] for e in seen] == ["starting", "ready"]
+            lines = (await client.get("/lanes/a/logs?lines=50")).json()["lines"]
+            assert any("Application startup complete." in line for line in lines)
+            env = {**os.environ, "LANED_CONFIG": str(tmp_path / "laned.toml")}
+            shown = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "laned", "events", "--url", base],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert shown.returncode == 0 and "a: starting -> ready" in shown.stdout
+            logs = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "laned", "logs", "a", "-n", "5", "--url", base],
+                capture_output=True, text=True, env=env,
+            )  # fmt: skip
+            assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 5
+            unknown = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "laned", "logs", "zz", "--url", base],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert unknown.returncode == 1 and "no lane named 'zz'" in unknown.stderr
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_reload_applies_good_configs_and_refuses_bad_ones(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port, api_port = free_port(), free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
+    path = tmp_path / "laned.toml"
+    good = path.read_text()
+    base = f"http://127.0.0.1:{api_port}"
+    units.track(f"{units.name('b')}.service")
+
+    async def scenario() -> None:
+        async with (
+            api_server(harness, config, api_port) as sup,
+            httpx.AsyncClient(base_url=base, timeout=60) as client,
+        ):
+            await client.get("/lanes/a/activate?wait=true")
+            path.write_text(good.replace("served_model_name", "served_modle_name", 1))
+            bad = await client.post("/reload")
+            error = envelope(bad, 400, "bad-config")
+            assert "lanes.a.served_modle_name: unknown key" in error["message"]
+            path.write_text(good.split("[lanes.a]")[0])
+            refused = envelope(await client.post("/reload"), 409, "reload-refused")
+            assert "deactivate it before removing it" in refused["hint"]
+            assert sup.statuses["a"].state.value == "ready", "a refused reload must disturb nothing"
+            b = (
+                good.split("[lanes.a]")[1]
+                .replace("[lanes.a.", "[lanes.b.")
+                .replace(units.name("a"), units.name("b"))
+                .replace('"a"', '"b"')
+                .replace("/models/a", "/models/b")
+            )
+            changed = (
+                good.replace('stop_timeout = "20s"', 'stop_timeout = "25s"', 1) + "[lanes.b]" + b
+            )
+            path.write_text(changed)
+            applied = await client.post("/reload")
+            assert applied.status_code == 200, applied.text
+            assert applied.json()["restart_needed"] == ["a"]
+            assert [lane["name"] for lane in (await client.get("/lanes")).json()["lanes"]] == [
+                "a",
+                "b",
+            ]
+            assert (harness.unit_dir / f"{units.name('b')}.service").exists()
+            ready_b = await client.get("/lanes/b/activate?wait=true")
+            assert ready_b.json()["state"] == "ready"
+            assert (
+                'laned_config_reloads_total{result="applied"} 1.0'
+                in (await client.get("/metrics")).text
+            )
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_schemathesis_finds_no_server_error(harness: Harness, units: Units, tmp_path: Path) -> None:
+    import shutil
+    import threading
+
+    schemathesis = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
+    port, api_port = free_port(), free_port()
+    # A lane that fails at once (crash loop after one failure): fuzzed activations end fast.
+    config = lane_config(harness, units, tmp_path, {"x": 'start_limit_burst = 1\nstart_timeout = "5s"\n'}, port,
+                         env={"x": {"LANED_SIM_FAIL_AT_START": "3"}})  # fmt: skip
+    ready = threading.Event()
+    stop = threading.Event()
+
+    async def serve() -> None:
+        async with api_server(harness, config, api_port):
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(30), "the API did not come up"
+        result = subprocess.run(
+            [schemathesis, "run", f"http://127.0.0.1:{api_port}/openapi.json", "--checks", "not_a_server_error",
+             "--max-examples", "15", "--exclude-path", "/events", "--request-timeout", "30", "--no-color"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    finally:
+        stop.set()
+        thread.join(60)

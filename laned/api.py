@@ -47,6 +47,7 @@ class ApiSettings:
     listen_host: str
     listen_port: int
     token: str | None = None
+    token_for_reads: bool = False  # also /lanes, /metrics, /sd, /events ... (not /healthz)
 
 
 def envelope(status: int, code: str, message: str, hint: str = "") -> JSONResponse:
@@ -143,22 +144,24 @@ def create_app(
                     "cross-site requests may not change lanes",
                     "use curl or the laned CLI",
                 )
-            if settings.token is not None:
-                given = request.headers.get("authorization", "")
-                if not given:
-                    return envelope(
-                        401,
-                        "unauthorized",
-                        "this endpoint needs a bearer token",
-                        "send Authorization: Bearer <token from daemon.token_file>",
-                    )
-                if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
-                    return envelope(
-                        403,
-                        "forbidden",
-                        "the bearer token is wrong",
-                        "use the token in daemon.token_file",
-                    )
+        if settings.token is not None and (
+            mutating or (settings.token_for_reads and request.url.path != "/healthz")
+        ):
+            given = request.headers.get("authorization", "")
+            if not given:
+                return envelope(
+                    401,
+                    "unauthorized",
+                    "this endpoint needs a bearer token",
+                    "send Authorization: Bearer <token from daemon.token_file>",
+                )
+            if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
+                return envelope(
+                    403,
+                    "forbidden",
+                    "the bearer token is wrong",
+                    "use the token in daemon.token_file",
+                )
         response: Response = await call_next(request)
         return response
 

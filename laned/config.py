@@ -76,6 +76,7 @@ class DaemonConfig(_Model):
     state_dir: str = ""
     podman: str = "podman"
     token_file: str | None = None
+    token_for_reads: bool = False
     default_lane: str | None = None
 
     @field_validator("unit_dir", "bin_dir", "state_dir", "token_file")

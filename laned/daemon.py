@@ -78,7 +78,11 @@ def api_settings(config: Config) -> ApiSettings:
             "set daemon.token_file to a 0600 file holding a random token (`openssl rand -hex 32 > FILE`), "
             'or listen on "127.0.0.1:9000"',
         )
-    return ApiSettings(host, port, token)
+    if config.daemon.token_for_reads and token is None:
+        raise LanedError(
+            "daemon.token_for_reads is set but daemon.token_file is not", "set daemon.token_file"
+        )
+    return ApiSettings(host, port, token, config.daemon.token_for_reads)
 
 
 async def start_supervisor(

@@ -137,7 +137,9 @@ class Systemd:
         self.bus: MessageBus | None = None
         self.on_unit_change: UnitCallback | None = None
         self.on_manager_restart: Callable[[], None] | None = None
-        self._waiting: dict[str, asyncio.Future[str]] = {}
+        # Several callers may wait on one job: systemd returns the same job path when it
+        # merges a request into a job already queued for the unit.
+        self._waiting: dict[str, list[asyncio.Future[str]]] = {}
         self._finished: OrderedDict[str, str] = OrderedDict()
 
     async def connect(self) -> None:
@@ -177,11 +179,11 @@ class Systemd:
         """Close the connection."""
         if self.bus is not None:
             self.bus.disconnect()
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(
-                    BusUnavailable("the user bus connection was lost", "laned reconnects by itself")
-                )
+        lost = BusUnavailable("the user bus connection was lost", "laned reconnects by itself")
+        for futures in self._waiting.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(lost)
         self._waiting.clear()
 
     # --- one method per systemd call ---------------------------------------------------
@@ -252,13 +254,17 @@ class Systemd:
     async def _job(self, method: str, name: str, mode: JobMode) -> str:
         path = str((await self._call(method, "ss", [name, mode.value], unit=name))[0])
         if path in self._finished:  # JobRemoved came before the reply
-            return self._finished.pop(path)
+            return self._finished[path]
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._waiting[path] = future
+        self._waiting.setdefault(path, []).append(future)
         try:
             return await future
         finally:
-            self._waiting.pop(path, None)
+            waiters = self._waiting.get(path, [])
+            if future in waiters:
+                waiters.remove(future)
+            if not waiters:
+                self._waiting.pop(path, None)
 
     async def _call(
         self,
@@ -304,13 +310,14 @@ class Systemd:
             return
         if message.member == "JobRemoved" and message.interface == MANAGER:
             _job_id, path, _unit, result = message.body
-            future = self._waiting.get(path)
-            if future is not None and not future.done():
-                future.set_result(result)
-            else:
-                self._finished[path] = result
-                while len(self._finished) > 256:
-                    self._finished.popitem(last=False)
+            for future in self._waiting.pop(path, []):
+                if not future.done():
+                    future.set_result(result)
+            # Kept for a caller whose reply has not been read yet (systemd numbers jobs
+            # upwards, so a path is not reused soon).
+            self._finished[path] = result
+            while len(self._finished) > 256:
+                self._finished.popitem(last=False)
         elif message.member == "PropertiesChanged" and (message.path or "").startswith(UNIT_PREFIX):
             interface, changed, _invalidated = message.body
             if interface in (UNIT, SERVICE) and self.on_unit_change is not None:

@@ -285,14 +285,20 @@ def test_prometheus_scrapes_laned_and_discovers_the_engine(
 
 
 @contextlib.asynccontextmanager
-async def api_server(harness: Harness, config: Any, api_port: int) -> AsyncIterator[Supervisor]:
-    """A started supervisor with its API on 127.0.0.1:api_port (no token)."""
+async def api_server(
+    harness: Harness,
+    config: Any,
+    api_port: int,
+    token: str | None = None,
+    token_for_reads: bool = False,
+) -> AsyncIterator[Supervisor]:
+    """A started supervisor with its API on 127.0.0.1:api_port."""
     sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
     metrics = LanedMetrics()
     sup.recorder = metrics
     metrics.attach(sup)
     await sup.start()
-    app = create_app(sup, ApiSettings("127.0.0.1", api_port), metrics)
+    app = create_app(sup, ApiSettings("127.0.0.1", api_port, token, token_for_reads), metrics)
     server = _Server(uvicorn.Config(app, host="127.0.0.1", port=api_port, log_level="warning"))
     task = asyncio.get_running_loop().create_task(server.serve())
     try:
@@ -446,3 +452,46 @@ def test_schemathesis_finds_no_server_error(harness: Harness, units: Units, tmp_
     finally:
         stop.set()
         thread.join(60)
+
+
+def test_restart_failures_timeouts_and_reads_behind_the_token(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port, api_port = free_port(), free_port()
+    lanes = {"a": FAST, "f": FAST + "start_limit_burst = 1\n"}
+    config = lane_config(
+        harness, units, tmp_path, lanes, port, env={"f": {"LANED_SIM_FAIL_AT_START": "3"}}
+    )
+    base = f"http://127.0.0.1:{api_port}"
+    auth = {"Authorization": "Bearer tok"}
+
+    async def scenario() -> None:
+        async with (
+            api_server(harness, config, api_port, token="tok", token_for_reads=True),
+            httpx.AsyncClient(base_url=base, timeout=60) as client,
+        ):
+            envelope(await client.get("/lanes"), 401, "unauthorized")
+            envelope(await client.get("/metrics"), 401, "unauthorized")
+            assert (await client.get("/healthz")).status_code == 200
+            assert (await client.get("/lanes/a/activate?wait=true", headers=auth)).json()[
+                "state"
+            ] == "ready"
+            restarted = await client.post("/lanes/a/restart?wait=true", headers=auth)
+            assert restarted.status_code == 200 and restarted.json()["restarts"] == 1
+            failed = envelope(
+                await client.post("/lanes/f/activate?wait=true", headers=auth),
+                502,
+                "activation-failed",
+            )
+            assert "crash-loop" in failed["message"]
+            late = envelope(
+                await client.post("/lanes/a/activate?wait=true&timeout=0.05", headers=auth),
+                504,
+                "timeout",
+            )
+            assert "it goes on" in late["hint"]
+            assert (await client.post("/lanes/a/activate?wait=true", headers=auth)).json()[
+                "state"
+            ] == "ready"
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -36,6 +36,34 @@ def envelope(response: httpx.Response, status: int, code: str) -> dict[str, Any]
     return error  # type: ignore[no-any-return]
 
 
+@contextlib.asynccontextmanager
+async def api_server(
+    harness: Harness,
+    config: Any,
+    api_port: int,
+    token: str | None = None,
+    token_for_reads: bool = False,
+) -> AsyncIterator[Supervisor]:
+    """A started supervisor with its API on 127.0.0.1:api_port."""
+    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+    metrics = LanedMetrics()
+    sup.recorder = metrics
+    metrics.attach(sup)
+    await sup.start()
+    app = create_app(sup, ApiSettings("127.0.0.1", api_port, token, token_for_reads), metrics)
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=api_port, log_level="warning"))
+    task = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        yield sup
+    finally:
+        server.should_exit = True
+        await task
+        await sup.close()
+        await sup.probe.close()
+
+
 def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
     port, api_port = free_port(), free_port()
     config = lane_config(harness, units, tmp_path, {"a": FAST, "b": FAST}, port)
@@ -44,150 +72,129 @@ def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
     token_file.chmod(0o600)
 
     async def scenario() -> None:
-        sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
-        metrics = LanedMetrics()
-        sup.recorder = metrics
-        metrics.attach(sup)
-        await sup.start()
-        app = create_app(sup, ApiSettings("127.0.0.1", api_port, "s3cret-token"), metrics)
-        server = _Server(uvicorn.Config(app, host="127.0.0.1", port=api_port, log_level="warning"))
-        task = asyncio.get_running_loop().create_task(server.serve())
         base = f"http://127.0.0.1:{api_port}"
         auth = {"Authorization": "Bearer s3cret-token"}
-        try:
-            while not server.started:
-                await asyncio.sleep(0.02)
-            async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-                assert (await client.get("/healthz")).json()["status"] == "ok"
-                lanes = (await client.get("/lanes")).json()["lanes"]
-                assert [lane["name"] for lane in lanes] == ["a", "b"]
-                assert lanes[0]["base_url"] == f"http://127.0.0.1:{port}/v1"
-                envelope(await client.get("/lanes/nope"), 404, "unknown-lane")
-                envelope(
-                    await client.get("/lanes/nope/activate", headers=auth), 404, "unknown-lane"
-                )
-                envelope(
-                    await client.get("/lanes/a/activate?timeout=-1", headers=auth),
-                    400,
-                    "bad-request",
-                )
-                envelope(
-                    await client.get("/lanes/a/activate?wait=maybe", headers=auth),
-                    400,
-                    "bad-request",
-                )
-                envelope(
-                    await client.get("/lanes/a/restart", headers=auth), 405, "method-not-allowed"
-                )
-                envelope(await client.get("/nowhere"), 404, "not-found")
-                # Safe by default: token, rebinding and cross-site refusals; reads stay open.
-                envelope(await client.get("/lanes/a/activate"), 401, "unauthorized")
-                envelope(
-                    await client.get("/lanes/a/activate", headers={"Authorization": "Bearer nope"}),
-                    403,
-                    "forbidden",
-                )
-                envelope(
-                    await client.get("/lanes", headers={"Host": "evil.example:9000"}),
-                    403,
-                    "forbidden-host",
-                )
-                envelope(
-                    await client.post(
-                        "/lanes/a/activate", headers={**auth, "Origin": "http://evil.example"}
-                    ),
-                    403,
-                    "cross-site",
-                )
-                envelope(
-                    await client.get(
-                        "/lanes/a/activate", headers={**auth, "Sec-Fetch-Site": "cross-site"}
-                    ),
-                    403,
-                    "cross-site",
-                )
-                assert sup.statuses["a"].desired.value == "inactive", (
-                    "refused requests must change nothing"
-                )
-                accepted = await client.get("/lanes/a/activate", headers=auth)
-                assert accepted.status_code == 202 and accepted.json()["name"] == "a"
-                ready = await client.post("/lanes/a/activate?wait=true&timeout=60", headers=auth)
-                assert ready.status_code == 200 and ready.json()["state"] == "ready"
-                # The line people type, with the token.
-                curl = await asyncio.to_thread(
-                    subprocess.run,
-                    ["curl", "-s", "-H", "Authorization: Bearer s3cret-token", f"{base}/lanes/b/activate?wait=true"],
-                    capture_output=True, text=True, timeout=60,
-                )  # fmt: skip
-                assert '"state":"ready"' in curl.stdout and '"name":"b"' in curl.stdout
-                assert sup.statuses["a"].state.value == "inactive"
-                # The CLI over the API.
-                env = {**os.environ, "LANED_CONFIG": str(tmp_path / "laned.toml")}
-                cli = [sys.executable, "-m", "laned"]
-                status = await asyncio.to_thread(
-                    subprocess.run,
-                    [*cli, "status", "--url", base],
-                    capture_output=True,
-                    text=True,
-                    env=env,
-                )
-                assert (
-                    status.returncode == 0 and "ready" in status.stdout and "LANE" in status.stdout
-                )
-                activated = await asyncio.to_thread(
-                    subprocess.run,
-                    [*cli, "activate", "a", "--wait", "--url", base, "--token-file", str(token_file)],
-                    capture_output=True, text=True, env=env, timeout=60,
-                )  # fmt: skip
-                assert activated.returncode == 0 and activated.stdout.startswith("a: ready"), (
-                    activated.stderr
-                )
-                refused = await asyncio.to_thread(
-                    subprocess.run,
-                    [*cli, "deactivate", "a", "--url", base],
-                    capture_output=True,
-                    text=True,
-                    env=env,
-                )
-                assert refused.returncode == 1 and "bearer token" in refused.stderr
-                events = (await client.get("/events?lane=b")).json()["events"]
-                assert events[-1]["to"] == "inactive" and any(e["to"] == "ready" for e in events)
-                # Metrics and service discovery, readable without the token.
-                await client.get("/lanes/b/activate?wait=true", headers=auth)
-                sd = (await client.get("/sd")).json()
-                assert sd == [
-                    {
-                        "targets": [f"127.0.0.1:{port}"],
-                        "labels": {"lane": "b", "model": "b", "unit": f"{units.name('b')}.service"},
-                    }
-                ]
-                exposition = (await client.get("/metrics")).text
-                assert 'laned_lane_state{lane="b",state="ready"} 1.0' in exposition
-                assert 'laned_lane_ready{lane="a"} 0.0' in exposition
-                assert 'laned_swaps_total{from_lane="a",result="ready",to_lane="b"}' in exposition
-                assert "superseded" not in exposition  # a second activate joins the first
-                assert (
-                    'laned_engine_exits_total{code="0",lane="a",verdict="requested"}' in exposition
-                )
-                assert (
-                    "laned_cold_start_duration_seconds_bucket" in exposition
-                    and "laned_build_info" in exposition
-                )
-                promtool = await asyncio.to_thread(
-                    subprocess.run,
-                    ["promtool", "check", "metrics"],
-                    input=exposition,
-                    capture_output=True,
-                    text=True,
-                )
-                assert promtool.returncode == 0, promtool.stdout + promtool.stderr
-                stopped = await client.post("/lanes/a/deactivate?wait=true", headers=auth)
-                assert stopped.status_code == 200 and stopped.json()["state"] == "inactive"
-        finally:
-            server.should_exit = True
-            await task
-            await sup.close()
-            await sup.probe.close()
+        async with (
+            api_server(harness, config, api_port, token="s3cret-token") as sup,
+            httpx.AsyncClient(base_url=base, timeout=60) as client,
+        ):
+            assert (await client.get("/healthz")).json()["status"] == "ok"
+            lanes = (await client.get("/lanes")).json()["lanes"]
+            assert [lane["name"] for lane in lanes] == ["a", "b"]
+            assert lanes[0]["base_url"] == f"http://127.0.0.1:{port}/v1"
+            envelope(await client.get("/lanes/nope"), 404, "unknown-lane")
+            envelope(await client.get("/lanes/nope/activate", headers=auth), 404, "unknown-lane")
+            envelope(
+                await client.get("/lanes/a/activate?timeout=-1", headers=auth),
+                400,
+                "bad-request",
+            )
+            envelope(
+                await client.get("/lanes/a/activate?wait=maybe", headers=auth),
+                400,
+                "bad-request",
+            )
+            envelope(await client.get("/lanes/a/restart", headers=auth), 405, "method-not-allowed")
+            envelope(await client.get("/nowhere"), 404, "not-found")
+            # Safe by default: token, rebinding and cross-site refusals; reads stay open.
+            envelope(await client.get("/lanes/a/activate"), 401, "unauthorized")
+            envelope(
+                await client.get("/lanes/a/activate", headers={"Authorization": "Bearer nope"}),
+                403,
+                "forbidden",
+            )
+            envelope(
+                await client.get("/lanes", headers={"Host": "evil.example:9000"}),
+                403,
+                "forbidden-host",
+            )
+            envelope(
+                await client.post(
+                    "/lanes/a/activate", headers={**auth, "Origin": "http://evil.example"}
+                ),
+                403,
+                "cross-site",
+            )
+            envelope(
+                await client.get(
+                    "/lanes/a/activate", headers={**auth, "Sec-Fetch-Site": "cross-site"}
+                ),
+                403,
+                "cross-site",
+            )
+            assert sup.statuses["a"].desired.value == "inactive", (
+                "refused requests must change nothing"
+            )
+            accepted = await client.get("/lanes/a/activate", headers=auth)
+            assert accepted.status_code == 202 and accepted.json()["name"] == "a"
+            ready = await client.post("/lanes/a/activate?wait=true&timeout=60", headers=auth)
+            assert ready.status_code == 200 and ready.json()["state"] == "ready"
+            # The line people type, with the token.
+            curl = await asyncio.to_thread(
+                subprocess.run,
+                ["curl", "-s", "-H", "Authorization: Bearer s3cret-token", f"{base}/lanes/b/activate?wait=true"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert '"state":"ready"' in curl.stdout and '"name":"b"' in curl.stdout
+            assert sup.statuses["a"].state.value == "inactive"
+            # The CLI over the API.
+            env = {**os.environ, "LANED_CONFIG": str(tmp_path / "laned.toml")}
+            cli = [sys.executable, "-m", "laned"]
+            status = await asyncio.to_thread(
+                subprocess.run,
+                [*cli, "status", "--url", base],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert status.returncode == 0 and "ready" in status.stdout and "LANE" in status.stdout
+            activated = await asyncio.to_thread(
+                subprocess.run,
+                [*cli, "activate", "a", "--wait", "--url", base, "--token-file", str(token_file)],
+                capture_output=True, text=True, env=env, timeout=60,
+            )  # fmt: skip
+            assert activated.returncode == 0 and activated.stdout.startswith("a: ready"), (
+                activated.stderr
+            )
+            refused = await asyncio.to_thread(
+                subprocess.run,
+                [*cli, "deactivate", "a", "--url", base],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert refused.returncode == 1 and "bearer token" in refused.stderr
+            events = (await client.get("/events?lane=b")).json()["events"]
+            assert events[-1]["to"] == "inactive" and any(e["to"] == "ready" for e in events)
+            # Metrics and service discovery, readable without the token.
+            await client.get("/lanes/b/activate?wait=true", headers=auth)
+            sd = (await client.get("/sd")).json()
+            assert sd == [
+                {
+                    "targets": [f"127.0.0.1:{port}"],
+                    "labels": {"lane": "b", "model": "b", "unit": f"{units.name('b')}.service"},
+                }
+            ]
+            exposition = (await client.get("/metrics")).text
+            assert 'laned_lane_state{lane="b",state="ready"} 1.0' in exposition
+            assert 'laned_lane_ready{lane="a"} 0.0' in exposition
+            assert 'laned_swaps_total{from_lane="a",result="ready",to_lane="b"}' in exposition
+            assert "superseded" not in exposition  # a second activate joins the first
+            assert 'laned_engine_exits_total{code="0",lane="a",verdict="requested"}' in exposition
+            assert (
+                "laned_cold_start_duration_seconds_bucket" in exposition
+                and "laned_build_info" in exposition
+            )
+            promtool = await asyncio.to_thread(
+                subprocess.run,
+                ["promtool", "check", "metrics"],
+                input=exposition,
+                capture_output=True,
+                text=True,
+            )
+            assert promtool.returncode == 0, promtool.stdout + promtool.stderr
+            stopped = await client.post("/lanes/a/deactivate?wait=true", headers=auth)
+            assert stopped.status_code == 200 and stopped.json()["state"] == "inactive"
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
@@ -243,14 +250,6 @@ def test_prometheus_scrapes_laned_and_discovers_the_engine(
         return list(body.get("data", {}).get("result", []))
 
     async def scenario() -> None:
-        sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
-        metrics = LanedMetrics()
-        sup.recorder = metrics
-        metrics.attach(sup)
-        await sup.start()
-        server = _Server(uvicorn.Config(create_app(sup, ApiSettings("127.0.0.1", api_port), metrics),
-                                        host="127.0.0.1", port=api_port, log_level="warning"))  # fmt: skip
-        task = asyncio.get_running_loop().create_task(server.serve())
         with (tmp_path / "prometheus.log").open("w") as log:
             prom = subprocess.Popen(
                 [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -258,8 +257,11 @@ def test_prometheus_scrapes_laned_and_discovers_the_engine(
                 stdout=log, stderr=log,
             )  # fmt: skip
         try:
-            await sup.activate("a")
-            async with httpx.AsyncClient(timeout=5) as client:
+            async with (
+                api_server(harness, config, api_port) as sup,
+                httpx.AsyncClient(timeout=5) as client,
+            ):
+                await sup.activate("a")
                 deadline = asyncio.get_running_loop().time() + 60
                 while True:
                     ready = await query(client, 'laned_lane_ready{lane="a"}')
@@ -276,40 +278,8 @@ def test_prometheus_scrapes_laned_and_discovers_the_engine(
         finally:
             prom.terminate()
             prom.wait(20)
-            server.should_exit = True
-            await task
-            await sup.close()
-            await sup.probe.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
-
-
-@contextlib.asynccontextmanager
-async def api_server(
-    harness: Harness,
-    config: Any,
-    api_port: int,
-    token: str | None = None,
-    token_for_reads: bool = False,
-) -> AsyncIterator[Supervisor]:
-    """A started supervisor with its API on 127.0.0.1:api_port."""
-    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
-    metrics = LanedMetrics()
-    sup.recorder = metrics
-    metrics.attach(sup)
-    await sup.start()
-    app = create_app(sup, ApiSettings("127.0.0.1", api_port, token, token_for_reads), metrics)
-    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=api_port, log_level="warning"))
-    task = asyncio.get_running_loop().create_task(server.serve())
-    try:
-        while not server.started:
-            await asyncio.sleep(0.02)
-        yield sup
-    finally:
-        server.should_exit = True
-        await task
-        await sup.close()
-        await sup.probe.close()
 
 
 def test_events_follow_logs_and_the_cli(harness: Harness, units: Units, tmp_path: Path) -> None:
@@ -447,6 +417,7 @@ def test_schemathesis_finds_no_server_error(harness: Harness, units: Units, tmp_
             [schemathesis, "run", f"http://127.0.0.1:{api_port}/openapi.json", "--checks", "not_a_server_error",
              "--max-examples", "15", "--exclude-path", "/events", "--request-timeout", "30", "--no-color"],
             capture_output=True, text=True, timeout=300,
+            cwd=tmp_path,  # its cache stays out of the checkout
         )  # fmt: skip
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     finally:

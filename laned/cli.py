@@ -10,10 +10,13 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laned import __version__
 from laned.errors import ConfigError, LanedError, Severity
+
+if TYPE_CHECKING:
+    from laned.client import Client
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -173,7 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(config))
 
 
-def _client(args: argparse.Namespace) -> object:
+def _client(args: argparse.Namespace) -> Client:
     from laned.client import Client
     from laned.config import load_config
     from laned.daemon import read_token
@@ -193,10 +196,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     """`laned status`."""
     import json
 
-    from laned.client import Client, table
+    from laned.client import table
 
     client = _client(args)
-    assert isinstance(client, Client)
     body = client.call("GET", "/lanes")
     print(json.dumps(body, indent=2) if args.json else table(body["lanes"]))
     return EXIT_OK
@@ -204,10 +206,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_lane(args: argparse.Namespace) -> int:
     """`laned activate|deactivate|restart LANE [--wait]`."""
-    from laned.client import Client, follow_start
+    from laned.client import follow_start
 
     client = _client(args)
-    assert isinstance(client, Client)
     method = "POST"
     view = client.call(method, f"/lanes/{args.lane}/{args.command}")
     if args.wait and args.command in ("activate", "restart"):
@@ -228,10 +229,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     """`laned logs LANE [-n N] [-f]`."""
     import os
 
-    from laned.client import Client
-
     client = _client(args)
-    assert isinstance(client, Client)
     view = client.call("GET", f"/lanes/{args.lane}")
     for line in client.call("GET", f"/lanes/{args.lane}/logs", lines=args.lines)["lines"]:
         print(line, flush=True)
@@ -250,10 +248,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from laned.client import Client
-
     client = _client(args)
-    assert isinstance(client, Client)
 
     def show(event: dict[str, Any]) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at"])))

@@ -95,8 +95,8 @@ async def start_supervisor(
     changes = render.apply(config, version)
     if any(action is not render.Action.UNCHANGED for action, _ in changes):
         await systemd.reload()
-    systemd.disconnect()
-    supervisor = Supervisor(config, Systemd(systemd.address), Probe(), systemd_version=version)
+    # The supervisor keeps this connection (one bus connection per laned).
+    supervisor = Supervisor(config, systemd, Probe(), systemd_version=version)
     if recorder is not None:
         supervisor.recorder = recorder
         recorder.attach(supervisor)

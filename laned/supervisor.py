@@ -181,7 +181,8 @@ class Supervisor:
     async def _connect(self) -> None:
         self.systemd.on_unit_change = self._on_unit_change
         self.systemd.on_manager_restart = self._on_manager_restart
-        await self.systemd.connect()
+        if self.systemd.bus is None or not self.systemd.bus.connected:
+            await self.systemd.connect()
         for unit in self.units:
             with contextlib.suppress(SystemdError):
                 await self.systemd.ref_unit(unit)
@@ -333,9 +334,7 @@ class Supervisor:
             return self._wait_ready(lane)  # idempotent: nothing is restarted
         if current is not None:
             self._supersede(current, f"superseded by activate {lane}")
-        for peer in self._group(lane):
-            self._set_desired(peer, Desired.INACTIVE)
-        self._set_desired(lane, Desired.ACTIVE)
+        self._desire_only(lane)
         status.failures.clear()
         op = self._new_op(lane, "activate", spec.group)
         running = [
@@ -540,7 +539,9 @@ class Supervisor:
                 if models is not None and spec.served_model_name in models:
                     break
             if time.monotonic() - started >= spec.start_timeout:
-                self._spawn(self._start_timeout(lane))
+                self._spawn(
+                    self._give_up(lane, f"start-timeout: not ready within {spec.start_timeout:g}s")
+                )
                 return
             # Probing backs off over a long cold start, but the engine's own "startup
             # complete" log line (see _follow_logs) wakes it at once.
@@ -611,7 +612,8 @@ class Supervisor:
                 if available is not None and available < probe.memory_floor_gib:
                     low_since = low_since if low_since is not None else time.monotonic()
                     if time.monotonic() - low_since >= probe.memory_floor_for:
-                        self._spawn(self._memory_guard(lane, available))
+                        reason = f"memory-guard: MemAvailable {available:.1f} GiB below the floor"
+                        self._spawn(self._give_up(lane, reason))
                         return
                 else:
                     low_since = None
@@ -620,25 +622,15 @@ class Supervisor:
         self._transition(lane, LaneState.DEGRADED, reason)
         self._restart(lane, reason, kind)
 
-    async def _start_timeout(self, lane: str) -> None:
-        spec = self.config.lanes[lane]
-        reason = f"start-timeout: not ready within {spec.start_timeout:g}s"
-        await self._stop_quietly(lane)
-        self._transition(lane, LaneState.FAILED, reason)
-        self._fail_waiters(lane, reason)
-
-    async def _memory_guard(self, lane: str, available: float) -> None:
-        reason = f"memory-guard: MemAvailable {available:.1f} GiB below the floor"
-        await self._stop_quietly(lane)
-        self._transition(lane, LaneState.FAILED, reason)
-        self._fail_waiters(lane, reason)
-
-    async def _stop_quietly(self, lane: str) -> None:
+    async def _give_up(self, lane: str, reason: str) -> None:
+        """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
         self._stopping.add(lane)
         try:
             await self.systemd.stop_unit(unit_name(lane, self.config.lanes[lane]))
         finally:
             self._stopping.discard(lane)
+        self._transition(lane, LaneState.FAILED, reason)
+        self._fail_waiters(lane, reason)
 
     # --- what systemd tells us --------------------------------------------------------------
 
@@ -663,11 +655,9 @@ class Supervisor:
             and status.state in (LaneState.INACTIVE, LaneState.FAILED)
         ) and not self._starting_by_laned(lane):
             # Started behind laned's back (systemctl --user start): follow it.
-            self._set_desired(lane, Desired.ACTIVE)
+            self._desire_only(lane)
             self._started_at[lane] = self.clock()
             self._transition(lane, LaneState.STARTING, "started outside laned")
-            for peer in self._group(lane):
-                self._set_desired(peer, Desired.INACTIVE)
             self._start_follow(lane)
 
     def _starting_by_laned(self, lane: str) -> bool:
@@ -787,6 +777,12 @@ class Supervisor:
     def _set_desired(self, lane: str, desired: Desired) -> None:
         self.statuses[lane].desired = desired
         self._save()
+
+    def _desire_only(self, lane: str) -> None:
+        """`lane` desired active and its group peers not, saved once."""
+        for peer in self._group(lane):
+            self.statuses[peer].desired = Desired.INACTIVE
+        self._set_desired(lane, Desired.ACTIVE)
 
     def _transition(self, lane: str, to: LaneState, reason: str) -> None:
         """The only place a lane's state changes: record the event, persist, notify."""

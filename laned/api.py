@@ -29,12 +29,16 @@ from laned.errors import (
     ConfigError,
     ConfigRefused,
     LaneError,
+    PodmanError,
+    PreflightFailed,
     Superseded,
     UnknownLane,
 )
+from laned.host import meminfo
 from laned.lanes import RUNNING_STATES, Event, LaneStatus
 from laned.metrics import LanedMetrics
-from laned.names import unit_name
+from laned.names import container_name, unit_name
+from laned.preflight import Finding, HostFacts, blocking, fit, refusal
 from laned.supervisor import Supervisor
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
@@ -50,19 +54,33 @@ class ApiSettings:
     token_for_reads: bool = False  # also /lanes, /metrics, /sd, /events ... (not /healthz)
 
 
-def envelope(status: int, code: str, message: str, hint: str = "") -> JSONResponse:
-    """The one error shape."""
-    return JSONResponse(
-        {"error": {"code": code, "message": message, "hint": hint}}, status_code=status
-    )
+def envelope(
+    status: int, code: str, message: str, hint: str = "", extra: dict[str, Any] | None = None
+) -> JSONResponse:
+    """The one error shape (`extra` adds detail, such as preflight's findings)."""
+    error = {"code": code, "message": message, "hint": hint, **(extra or {})}
+    return JSONResponse({"error": error}, status_code=status)
 
 
 class ApiError(Exception):
     """An error answered with the envelope."""
 
-    def __init__(self, status: int, code: str, message: str, hint: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        hint: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.hint = status, code, message, hint
+        self.extra = extra
+
+
+def findings_json(findings: list[Finding]) -> list[dict[str, str]]:
+    """Findings as served."""
+    return [f.to_json() for f in findings]
 
 
 def _host_of(value: str) -> str:
@@ -91,7 +109,7 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return envelope(exc.status, exc.code, exc.message, exc.hint)
+        return envelope(exc.status, exc.code, exc.message, exc.hint, exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -165,7 +183,19 @@ def create_app(
         response: Response = await call_next(request)
         return response
 
-    def view(status: LaneStatus, request: Request) -> dict[str, Any]:
+    async def container_view(lane: str) -> dict[str, Any] | None:
+        spec = supervisor.config.lanes[lane]
+        if spec.container is None or supervisor.host is None:
+            return None
+        name = container_name(lane, spec)
+        try:
+            state = await supervisor.host.podman.container(name)
+        except PodmanError as exc:
+            # Only the view suffers: the lane itself runs under systemd, not through the API.
+            return {"name": name, "status": "unknown", "error": exc.message, "hint": exc.hint}
+        return {"name": name, "status": "absent"} if state is None else state.to_json()
+
+    async def view(status: LaneStatus, request: Request) -> dict[str, Any]:
         spec = supervisor.config.lanes[status.name]
         host = request.url.hostname or "127.0.0.1"
         shown = f"[{host}]" if ":" in host else host
@@ -177,6 +207,8 @@ def create_app(
             "served_model_name": spec.served_model_name,
             "base_url": f"http://{shown}:{spec.port}/v1",
             "engine": supervisor.engine_summary(status.name),
+            "startup": status.startup(supervisor.clock()),
+            "container": await container_view(status.name),
         }
 
     def lane_status(lane: str) -> LaneStatus:
@@ -194,7 +226,7 @@ def create_app(
         request: Request,
     ) -> JSONResponse:
         if not wait:
-            return JSONResponse(view(supervisor.statuses[lane], request), status_code=202)
+            return JSONResponse(await view(supervisor.statuses[lane], request), status_code=202)
         try:
             status = await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
@@ -206,9 +238,13 @@ def create_app(
             ) from None
         except Superseded as exc:
             raise ApiError(409, exc.code, exc.message, exc.hint) from None
+        except PreflightFailed as exc:
+            raise ApiError(
+                409, exc.code, exc.message, exc.hint, {"findings": findings_json(exc.findings)}
+            ) from None
         except (ActivationFailed, LaneError) as exc:
             raise ApiError(502, exc.code, exc.message, exc.hint) from None
-        return JSONResponse(view(status, request), status_code=200)
+        return JSONResponse(await view(status, request), status_code=200)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -219,13 +255,41 @@ def create_app(
     async def lanes(request: Request) -> dict[str, Any]:
         """Every lane with its state."""
         return {
-            "lanes": [view(supervisor.statuses[n], request) for n in sorted(supervisor.statuses)]
+            "lanes": [
+                await view(supervisor.statuses[n], request) for n in sorted(supervisor.statuses)
+            ]
         }
 
     @app.get("/lanes/{lane}")
     async def lane(lane: str, request: Request) -> dict[str, Any]:
         """One lane: state, desired, reason, phase, restarts, last exit, where to reach it."""
-        return view(lane_status(lane), request)
+        return await view(lane_status(lane), request)
+
+    @app.get("/lanes/{lane}/preflight")
+    async def preflight(lane: str) -> dict[str, Any]:
+        """Would the lane start now? Every finding, errors first (run before each activation too)."""
+        lane_status(lane)
+        findings = await supervisor.preflight(lane)
+        return {"lane": lane, "ok": not blocking(findings), "findings": findings_json(findings)}
+
+    @app.get("/fit")
+    async def host_fit() -> dict[str, Any]:
+        """Which configured lanes this host can run at all (their `needs` against its GPUs,
+        memory and disks)."""
+        if supervisor.host is None:
+            memory = meminfo()
+            host = HostFacts(
+                None, "not read: laned runs without its host adapter", memory.get("MemTotal")
+            )
+        else:
+            host = await supervisor.host.facts()
+        lanes = []
+        for name in sorted(supervisor.config.lanes):
+            found = fit(name, supervisor.config.lanes[name], host)
+            lanes.append(
+                {"name": name, "fits": not blocking(found), "findings": findings_json(found)}
+            )
+        return {"host": host.to_json(), "lanes": lanes}
 
     @app.get("/lanes/{lane}/activate", status_code=202, operation_id="activate_get")
     @app.post("/lanes/{lane}/activate", status_code=202, operation_id="activate_post")
@@ -234,10 +298,21 @@ def create_app(
         request: Request,
         wait: bool = Query(False, description="answer when the lane is ready (or failed)"),
         timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait at most"),
+        force: bool = Query(False, description="start even when preflight finds errors"),
     ) -> JSONResponse:
-        """Make the lane the running lane of its group (stopping the others). Idempotent."""
-        lane_status(lane)
-        return await answer(lane, supervisor.activate(lane), wait, timeout, request)
+        """Make the lane the running lane of its group (stopping the others). Idempotent.
+        Preflight runs first; its errors refuse the activation before anything is stopped."""
+        status = lane_status(lane)
+        starting = status.desired.value == "active" and status.state in RUNNING_STATES
+        if not force and not starting:
+            # Refuse at once, so that `curl .../activate` without wait hears why too.
+            findings = await supervisor.preflight(lane)
+            if blocking(findings):
+                message, hint = refusal(lane, findings)
+                raise ApiError(
+                    409, PreflightFailed.code, message, hint, {"findings": findings_json(findings)}
+                )
+        return await answer(lane, supervisor.activate(lane, force=force), wait, timeout, request)
 
     @app.get("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_get")
     @app.post("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_post")
@@ -340,9 +415,23 @@ def create_app(
         )
 
     @app.get("/lanes/{lane}/logs")
-    async def logs(lane: str, lines: int = Query(100, ge=1, le=10000)) -> dict[str, Any]:
-        """The engine's last log lines, from journald."""
+    async def logs(
+        lane: str,
+        lines: int = Query(100, ge=1, le=10000),
+        source: str = Query("journal", pattern="^(journal|container)$"),
+    ) -> dict[str, Any]:
+        """The engine's last log lines, from journald (or the running container's own log)."""
         spec = supervisor.config.lanes[lane_status(lane).name]
-        return {"lane": lane, "lines": await journal.tail(unit_name(lane, spec), lines)}
+        if source == "journal":
+            return {"lane": lane, "lines": await journal.tail(unit_name(lane, spec), lines)}
+        if spec.container is None or supervisor.host is None:
+            raise ApiError(
+                400, "not-a-container", f"lane {lane} is not a container lane", "use source=journal"
+            )
+        try:
+            tail = await supervisor.host.podman.logs(container_name(lane, spec), lines)
+        except PodmanError as exc:
+            raise ApiError(503, "podman-unavailable", exc.message, exc.hint) from None
+        return {"lane": lane, "lines": tail}
 
     return app

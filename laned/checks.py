@@ -57,7 +57,7 @@ def _check_daemon(config: Config) -> Iterator[Problem]:
             f"{daemon.listen!r} is not HOST:PORT",
             'write it like "127.0.0.1:9000" or "[::1]:9000"',
         )
-    for key in ("unit_dir", "bin_dir", "state_dir", "token_file"):
+    for key in ("unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket"):
         value = getattr(daemon, key)
         if value is not None:
             yield from _check_path(f"daemon.{key}", value)
@@ -142,8 +142,29 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
         yield Problem(
             f"{base}.health_path", f"{lane.health_path!r} is not a URL path", 'e.g. "/health"'
         )
-    if lane.api_key_file is not None:
-        yield from _check_path(f"{base}.api_key_file", lane.api_key_file)
+    for key in ("api_key_file", "model_dir"):
+        if getattr(lane, key) is not None:
+            yield from _check_path(f"{base}.{key}", getattr(lane, key))
+    if lane.gpus is not None:
+        if any(index < 0 for index in lane.gpus) or len(set(lane.gpus)) != len(lane.gpus):
+            yield Problem(
+                f"{base}.gpus",
+                f"{list(lane.gpus)} is not a list of distinct GPU indices",
+                "list NVML indices as nvidia-smi shows them, e.g. [0, 1]",
+            )
+        elif lane.needs.gpus and len(lane.gpus) != lane.needs.gpus:
+            yield Problem(
+                f"{base}.needs.gpus",
+                f"is {lane.needs.gpus} but {base}.gpus lists {len(lane.gpus)}",
+                "make them agree (or drop needs.gpus: the list says it)",
+            )
+    if lane.gpu_gate.timeout <= 0 or lane.gpu_gate.interval <= 0:
+        yield Problem(
+            f"{base}.gpu_gate", "timeout and interval must be longer than zero", "e.g. 2m and 250ms"
+        )
+    for i, step in enumerate(lane.prepare):
+        if step.timeout <= 0:
+            yield Problem(f"{base}.prepare[{i}].timeout", "must be longer than zero", "e.g. 30m")
     for key in ("start_timeout", "stop_timeout", "start_limit_interval"):
         if getattr(lane, key) <= 0:
             yield Problem(f"{base}.{key}", "must be longer than zero", "e.g. 90s, 15m or 1h")
@@ -194,6 +215,9 @@ def _argv_sources(base: str, lane: LaneConfig) -> Iterator[tuple[str, str]]:
     if lane.exec is not None:
         for i, part in enumerate(lane.exec.command):
             yield f"{base}.exec.command[{i}]", part
+    for i, step in enumerate(lane.prepare):
+        for j, part in enumerate(step.command):
+            yield f"{base}.prepare[{i}].command[{j}]", part
     if lane.container is not None:
         spec = lane.container
         for key in ("command", "podman_args", "devices", "security_opt", "volumes"):
@@ -304,6 +328,19 @@ def _check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem
                 f"host path {src!r} is not absolute",
                 "named volumes belong in podman_args; a bind mount starts with /, ~ or $XDG_*",
             )
+    for key, path in spec.cache_env.items():
+        if not ENV_NAME.match(key):
+            yield Problem(
+                f"{where}.cache_env.{key}",
+                f"{key!r} is not a valid environment variable name",
+                "use A-Z, 0-9 and _",
+            )
+        elif not path.startswith("/") or CONTROL.search(path):
+            yield Problem(
+                f"{where}.cache_env.{key}",
+                f"{path!r} is not an absolute path inside the container",
+                "e.g. /laned/cache/b12x (the lane's cache directory is mounted at /laned/cache)",
+            )
     flags = _podman_flags(spec.podman_args)
     names = {flag for flag, _ in flags}
     pargs = f"{where}.podman_args"
@@ -349,7 +386,9 @@ def _check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem
             yield Problem(
                 pargs,
                 f"{flag} is set by laned",
-                f"use {where}.name instead" if flag == "--name" else "remove it",
+                f"use {where}.name instead"
+                if flag == "--name"
+                else "remove it: laned removes the container itself, after reading how it ended",
             )
     if spec.network == "host" and ("-p" in names or "--publish" in names):
         yield Problem(

@@ -17,6 +17,7 @@ from laned.errors import ConfigError, LanedError, Severity
 
 if TYPE_CHECKING:
     from laned.client import Client
+    from laned.config import Config
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -73,6 +74,20 @@ def _parser() -> argparse.ArgumentParser:
 
     status = api_command("status", "show every lane", "Show every lane's state from laned's API.")
     status.add_argument("--json", action="store_true", help="print the API's JSON")
+    status.add_argument(
+        "--fit",
+        action="store_true",
+        help="which configured lanes this host can run at all (their needs against its GPUs, memory, disk)",
+    )
+    preflight = api_command(
+        "preflight",
+        "check that LANE would start",
+        "Run LANE's preflight checks (image, model and mount paths, API key file, port, needs, "
+        "engine timeouts, sampling, compile cache, image drift) through laned's API, or here "
+        "when laned is not running. Exit 1 when a check fails.",
+    )
+    preflight.add_argument("lane", metavar="LANE")
+    preflight.add_argument("--json", action="store_true", help="print the findings as JSON")
     for name, verb in (("activate", "make LANE the running lane of its group"),
                        ("deactivate", "stop LANE"), ("restart", "stop and start LANE again")):  # fmt: skip
         command = api_command(name, verb, f"{verb[0].upper()}{verb[1:]} through laned's API.")
@@ -81,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
             "--wait", action="store_true", help="follow it until it is done, with a progress line"
         )
         command.add_argument("--timeout", type=float, help="seconds to wait at most (with --wait)")
+        if name == "activate":
+            command.add_argument(
+                "--force", action="store_true", help="start even when preflight finds errors"
+            )
     logs = api_command(
         "logs", "show a lane's engine log", "Show the engine's log of LANE (journald)."
     )
@@ -193,15 +212,103 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """`laned status`."""
+    """`laned status [--fit]`."""
     import json
 
-    from laned.client import table
+    from laned.client import ApiUnavailable, fit_table, table
 
+    if args.fit:
+        try:
+            body = _client(args).call("GET", "/fit")
+        except ApiUnavailable:
+            body = _local(args, "fit")
+        print(json.dumps(body, indent=2) if args.json else fit_table(body))
+        return EXIT_OK
     client = _client(args)
     body = client.call("GET", "/lanes")
     print(json.dumps(body, indent=2) if args.json else table(body["lanes"]))
     return EXIT_OK
+
+
+def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
+    """Preflight or fit computed here, for when laned's API does not answer."""
+    import asyncio
+
+    from laned.config import load_config
+    from laned.host import Host
+    from laned.names import podman_socket
+    from laned.podman import Podman
+    from laned.preflight import blocking, fit
+
+    config = load_config(_config_path(args))
+    host = Host(Podman(podman_socket(config, os.environ)))
+    print("laned does not answer: checking here, from the config", file=sys.stderr)
+    try:
+        if what == "fit":
+            facts = asyncio.run(host.facts())
+            lanes = []
+            for name in sorted(config.lanes):
+                found = fit(name, config.lanes[name], facts)
+                lanes.append(
+                    {
+                        "name": name,
+                        "fits": not blocking(found),
+                        "findings": [f.to_json() for f in found],
+                    }
+                )
+            return {"host": facts.to_json(), "lanes": lanes}
+        if args.lane not in config.lanes:
+            raise LanedError(
+                f"no lane named {args.lane!r}",
+                f"configured lanes: {', '.join(sorted(config.lanes))}",
+            )
+        peer = asyncio.run(_running_on_port(config, args.lane))
+        findings = asyncio.run(host.preflight(config, args.lane, peer, None))
+        return {
+            "lane": args.lane,
+            "ok": not blocking(findings),
+            "findings": [f.to_json() for f in findings],
+        }
+    finally:
+        host.close()
+
+
+async def _running_on_port(config: Config, lane: str) -> str | None:
+    """The lane (itself or a group peer on its port) whose unit runs, asked of systemd."""
+    from laned.names import unit_name
+    from laned.systemd import Systemd
+
+    spec = config.lanes[lane]
+    candidates = [lane] + [
+        n
+        for n, other in sorted(config.lanes.items())
+        if n != lane and other.group == spec.group and other.port == spec.port
+    ]
+    systemd = Systemd()
+    try:
+        await systemd.connect()
+        for name in candidates:
+            if (await systemd.snapshot(unit_name(name, config.lanes[name]))).running:
+                return name
+    except LanedError:
+        return None  # no user manager to ask: a held port then counts as a stranger's
+    finally:
+        systemd.disconnect()
+    return None
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """`laned preflight LANE [--json]`."""
+    import json
+
+    from laned.client import ApiUnavailable, findings_text
+
+    try:
+        body = _client(args).call("GET", f"/lanes/{args.lane}/preflight")
+    except ApiUnavailable:
+        body = _local(args, "preflight")
+    print(json.dumps(body, indent=2) if args.json else findings_text(body))
+    return EXIT_OK if body["ok"] else EXIT_FAILED
 
 
 def cmd_lane(args: argparse.Namespace) -> int:
@@ -210,7 +317,8 @@ def cmd_lane(args: argparse.Namespace) -> int:
 
     client = _client(args)
     method = "POST"
-    view = client.call(method, f"/lanes/{args.lane}/{args.command}")
+    force = "true" if getattr(args, "force", False) else None
+    view = client.call(method, f"/lanes/{args.lane}/{args.command}", force=force)
     if args.wait and args.command in ("activate", "restart"):
         view = follow_start(client, args.lane, args.timeout)
     elif args.wait:
@@ -304,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sim": cmd_sim,
         "serve": cmd_serve,
         "status": cmd_status,
+        "preflight": cmd_preflight,
         "activate": cmd_lane,
         "deactivate": cmd_lane,
         "restart": cmd_lane,
@@ -321,6 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except LanedError as exc:
         print(f"laned: {exc}", file=sys.stderr)
+        for finding in getattr(exc, "findings", []):
+            print(f"  {finding['severity']}: {finding['message']}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

@@ -18,9 +18,12 @@ class ApiUnavailable(LanedError):
 class ApiRefused(LanedError):
     """laned answered with an error envelope."""
 
-    def __init__(self, status: int, code: str, message: str, hint: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, hint: str, findings: list[Any] | None = None
+    ) -> None:
         super().__init__(message, hint)
         self.status, self.code = status, code
+        self.findings = findings or []
 
 
 class Client:
@@ -59,6 +62,7 @@ class Client:
                 error.get("code", "?"),
                 error.get("message", ""),
                 error.get("hint", ""),
+                error.get("findings"),
             )
         return body
 
@@ -83,6 +87,39 @@ def table(lanes: list[dict[str, Any]]) -> str:
     )
 
 
+def findings_text(body: dict[str, Any]) -> str:
+    """`laned preflight` output: one line a finding with its hint, and the verdict."""
+    lines = []
+    for f in body["findings"]:
+        lines.append(f"{f['severity']:7}  {f['check']:13}  {f['message']}")
+        if f.get("hint"):
+            lines.append(f"{'':7}  {'':13}  hint: {f['hint']}")
+    errors = sum(1 for f in body["findings"] if f["severity"] == "error")
+    verdict = "ok: it would start" if body["ok"] else f"refused: {errors} error(s) block activation"
+    lines.append(f"{body['lane']}: {verdict}")
+    return "\n".join(lines)
+
+
+def fit_table(body: dict[str, Any]) -> str:
+    """`laned status --fit`: the host, then each lane with whether it fits and why not."""
+    host = body["host"]
+    if host["gpus"] is None:
+        gpus = f"GPUs unknown ({host['gpu_note']})"
+    else:
+        gpus = f"{len(host['gpus'])} GPU(s), " + ", ".join(
+            f"{g['index']}: {g['name']} {g['total_gib']:.0f} GiB" for g in host["gpus"]
+        )
+    memory = host.get("mem_total_gib")
+    lines = [f"host: {gpus}; RAM {memory:.0f} GiB" if memory else f"host: {gpus}"]
+    for lane in body["lanes"]:
+        problems = [f["message"] for f in lane["findings"] if f["severity"] != "note"]
+        notes = [f["message"] for f in lane["findings"] if f["severity"] == "note"]
+        verdict = "fits" if lane["fits"] else "does not fit"
+        detail = "; ".join(problems or notes)
+        lines.append(f"  {lane['name']:16} {verdict}" + (f"  ({detail})" if detail else ""))
+    return "\n".join(lines)
+
+
 def follow_start(client: Client, lane: str, timeout: float | None) -> dict[str, Any]:
     """Poll the lane while it starts, showing a live progress line; return its final view."""
     started = time.monotonic()
@@ -100,8 +137,11 @@ def follow_start(client: Client, lane: str, timeout: float | None) -> dict[str, 
             return view
         phase = view.get("phase") or view["state"]
         percent = f" {view['progress']:.0f}%" if view.get("progress") is not None else ""
+        startup = view.get("startup") or {}
         expected = (
-            f" (last cold start {view['last_cold_start']:.0f}s)"
+            f" (~{startup['remaining']:.0f}s left by the last cold start, {startup['expected']:.0f}s)"
+            if startup.get("remaining") is not None
+            else f" (last cold start {view['last_cold_start']:.0f}s)"
             if view.get("last_cold_start")
             else ""
         )

@@ -74,12 +74,14 @@ class DaemonConfig(_Model):
     unit_dir: str = ""
     bin_dir: str = ""
     state_dir: str = ""
+    cache_dir: str = ""
     podman: str = "podman"
+    podman_socket: str | None = None
     token_file: str | None = None
     token_for_reads: bool = False
     default_lane: str | None = None
 
-    @field_validator("unit_dir", "bin_dir", "state_dir", "token_file")
+    @field_validator("unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket")
     @classmethod
     def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
         return _expand_path(value, info)
@@ -95,6 +97,7 @@ class DaemonConfig(_Model):
         data.setdefault("unit_dir", paths.default_unit_dir(env))
         data.setdefault("bin_dir", paths.default_bin_dir(env))
         data.setdefault("state_dir", paths.default_state_dir(env))
+        data.setdefault("cache_dir", paths.default_cache_dir(env))
         return data
 
 
@@ -160,6 +163,8 @@ class ContainerSpec(_Model):
     security_opt: tuple[str, ...] = ()
     volumes: tuple[str, ...] = ()
     podman_args: tuple[ArgText, ...] = ()
+    compile_cache: bool = True
+    cache_env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("volumes")
     @classmethod
@@ -191,6 +196,46 @@ class ProbeConfig(_Model):
     memory_floor_for: Duration = 30.0
 
 
+class Needs(_Model):
+    """`[lanes.X.needs]`: what the lane needs of the host (seed 001's NEEDS line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    gpus: int = Field(default=0, ge=0)
+    gpu_memory_gib: float = Field(default=0.0, ge=0)  # in all, across the lane's GPUs
+    host_memory_gib: float = Field(default=0.0, ge=0)
+    disk_gib: float = Field(default=0.0, ge=0)
+
+
+class GpuGate(_Model):
+    """`[lanes.X.gpu_gate]`: before a start, wait until the lane's GPUs are free enough."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    enabled: bool = True
+    max_used_gib: float = Field(default=1.0, ge=0)  # per GPU, by compute processes
+    timeout: Duration = 120.0
+    interval: Duration = 0.25
+
+
+class PrepareStep(_Model):
+    """One command of `prepare`: argv (never a shell), with the reason and a time limit."""
+
+    command: tuple[ArgText, ...] = Field(min_length=1)
+    why: str | None = None
+    timeout: Duration = 1800.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_argv(cls, data: Any) -> Any:
+        # `prepare = [["kernels/build.sh", "--jobs", "8"], "/path/to/script"]`
+        if isinstance(data, str):
+            return {"command": (data,)}
+        if isinstance(data, (list, tuple)):
+            return {"command": tuple(data)}
+        return data
+
+
 class LaneConfig(_Model):
     """`[lanes.X]`: one engine with its exact flags, environment, mounts and API key."""
 
@@ -211,10 +256,15 @@ class LaneConfig(_Model):
     env: dict[str, EnvVar] = Field(default_factory=dict)
     args: tuple[Arg, ...] = ()
     probe: ProbeConfig = Field(default_factory=ProbeConfig)
+    model_dir: str | None = None
+    gpus: tuple[int, ...] | None = None
+    needs: Needs = Field(default_factory=Needs)
+    gpu_gate: GpuGate = Field(default_factory=GpuGate)
+    prepare: tuple[PrepareStep, ...] = ()
     container: ContainerSpec | None = None
     exec: ExecSpec | None = None
 
-    @field_validator("api_key_file")
+    @field_validator("api_key_file", "model_dir")
     @classmethod
     def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
         return _expand_path(value, info)

@@ -22,8 +22,11 @@ from laned.api import ApiSettings, create_app
 from laned.checks import parse_listen
 from laned.config import Config
 from laned.errors import LanedError
+from laned.host import Host
 from laned.metrics import LanedMetrics
+from laned.names import podman_socket
 from laned.notify import keep_watchdog, notify
+from laned.podman import Podman
 from laned.probes import Probe
 from laned.supervisor import Supervisor
 from laned.systemd import Systemd
@@ -96,7 +99,8 @@ async def start_supervisor(
     if any(action is not render.Action.UNCHANGED for action, _ in changes):
         await systemd.reload()
     # The supervisor keeps this connection (one bus connection per laned).
-    supervisor = Supervisor(config, systemd, Probe(), systemd_version=version)
+    host = Host(Podman(podman_socket(config, os.environ)))
+    supervisor = Supervisor(config, systemd, Probe(), systemd_version=version, host=host)
     if recorder is not None:
         supervisor.recorder = recorder
         recorder.attach(supervisor)
@@ -117,6 +121,8 @@ async def serve(config: Config) -> int:
     settings = api_settings(config)
     metrics = LanedMetrics()
     supervisor = await start_supervisor(config, recorder=metrics)
+    host = supervisor.host
+    assert host is not None
     app = create_app(supervisor, settings, metrics)
     server = _Server(
         uvicorn.Config(
@@ -143,4 +149,5 @@ async def serve(config: Config) -> int:
         watchdog.cancel()
         await supervisor.close()
         await supervisor.probe.close()
+        host.close()
     return 0

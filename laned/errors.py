@@ -7,9 +7,12 @@
     ├── EngineError                 the simulated engine was started with bad arguments
     ├── SystemdError                a call to the systemd user manager failed (D-Bus)
     │   └── BusUnavailable          the user bus cannot be reached at all
+    ├── PodmanError                 a call to the podman API service failed
+    │   └── PodmanUnavailable       the podman API socket does not answer
     └── LaneError                   a lane operation could not be done
         ├── UnknownLane             no lane of that name in the config
         ├── Superseded              a newer request for the same group replaced this one
+        ├── PreflightFailed         preflight found errors: nothing was stopped or started
         └── ActivationFailed        the lane failed, timed out or crash-looped while starting
 
 Errors of foreign libraries (pydantic, tomllib, OSError) are translated at the
@@ -19,8 +22,13 @@ LanedError into an exit code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from laned.preflight import Finding
 
 
 class Severity(str, Enum):
@@ -28,6 +36,7 @@ class Severity(str, Enum):
 
     ERROR = "error"
     WARNING = "warning"
+    NOTE = "note"  # for the record (a check that was skipped, and why)
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ class Problem:
         """Format as one or two lines: `file: key.path: message` and an indented hint."""
         where = f"{source}: " if source else ""
         key = f"{self.path}: " if self.path else ""
-        tag = "" if self.severity is Severity.ERROR else "warning: "
+        tag = "" if self.severity is Severity.ERROR else f"{self.severity.value}: "
         text = f"{where}{tag}{key}{self.message}"
         if self.hint:
             text += f"\n    hint: {self.hint}"
@@ -105,6 +114,14 @@ class BusUnavailable(SystemdError):
     """The user bus cannot be reached (no user manager, or DBUS_SESSION_BUS_ADDRESS is wrong)."""
 
 
+class PodmanError(LanedError):
+    """A call to the podman API service failed."""
+
+
+class PodmanUnavailable(PodmanError):
+    """The podman API socket does not answer (the service is not running or the path is wrong)."""
+
+
 class LaneError(LanedError):
     """A lane operation could not be done."""
 
@@ -121,6 +138,16 @@ class Superseded(LaneError):
     """A newer activate or deactivate of the same group replaced this request."""
 
     code = "superseded"
+
+
+class PreflightFailed(LaneError):
+    """Preflight found errors, so the activation was refused: nothing was stopped or started."""
+
+    code = "preflight-failed"
+
+    def __init__(self, message: str, hint: str, findings: Sequence[Finding]) -> None:
+        super().__init__(message, hint)
+        self.findings = list(findings)
 
 
 class ActivationFailed(LaneError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from collections.abc import AsyncIterator, Iterable
 
 
@@ -16,10 +17,15 @@ def _match(unit: str) -> list[str]:
     return [f"_SYSTEMD_USER_UNIT={unit}", "+", f"_SYSTEMD_UNIT={unit}"]
 
 
-async def follow(units: Iterable[str]) -> AsyncIterator[tuple[str, str]]:
-    """Yield (unit, message) for new log lines of any of `units`, until cancelled.
+async def follow(
+    units: Iterable[str], since: float | None = None
+) -> AsyncIterator[tuple[str, str]]:
+    """Yield (unit, message) for log lines of any of `units` from `since` (epoch seconds;
+    default: from now), until cancelled.
 
-    One journalctl process serves every lane for the supervisor's whole life.
+    One journalctl process serves every lane for the supervisor's whole life. Starting
+    from a time, not from "the end", keeps the lines an engine writes while journalctl is
+    still starting: a start laned makes right away would otherwise lose its first phases.
     """
     journalctl = shutil.which("journalctl")
     names = list(units)
@@ -29,7 +35,8 @@ async def follow(units: Iterable[str]) -> AsyncIterator[tuple[str, str]]:
     for unit in names:
         matches += [*(["+"] if matches else []), *_match(unit)]
     process = await asyncio.create_subprocess_exec(
-        journalctl, "--follow", "--lines=0", "--output=json", "--no-pager", *matches,
+        journalctl, "--follow", f"--since=@{time.time() if since is None else since:.6f}",
+        "--output=json", "--no-pager", *matches,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         limit=1024 * 1024,
     )  # fmt: skip

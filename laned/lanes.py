@@ -51,6 +51,7 @@ class LastExit:
     signal: int | None
     at: float
     verdict: Verdict
+    oom_killed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """As stored and served."""
@@ -62,25 +63,41 @@ class LastExit:
     def from_json(cls, data: dict[str, Any]) -> LastExit:
         """From what to_json stored."""
         return cls(
-            data.get("code"), data.get("signal"), float(data["at"]), Verdict(data["verdict"])
+            data.get("code"),
+            data.get("signal"),
+            float(data["at"]),
+            Verdict(data["verdict"]),
+            bool(data.get("oom_killed", False)),
         )
+
+
+class EventKind(str, Enum):
+    """A transition, or something worth knowing that changes no state (a note)."""
+
+    TRANSITION = "transition"
+    PREFLIGHT = "preflight"
+    GATE = "gate"
+    PREPARE = "prepare"
+    CHECK = "check"
 
 
 @dataclass(frozen=True)
 class Event:
-    """One transition of one lane."""
+    """One transition of one lane (or, for other kinds, a note with from == to)."""
 
     at: float
     lane: str
     from_state: LaneState
     to_state: LaneState
     reason: str
+    kind: EventKind = EventKind.TRANSITION
 
     def to_json(self) -> dict[str, Any]:
         """As stored and served."""
         return {
             "at": self.at,
             "lane": self.lane,
+            "kind": self.kind.value,
             "from": self.from_state.value,
             "to": self.to_state.value,
             "reason": self.reason,
@@ -95,6 +112,7 @@ class Event:
             LaneState(data["from"]),
             LaneState(data["to"]),
             str(data["reason"]),
+            EventKind(data.get("kind", "transition")),
         )
 
 
@@ -113,6 +131,10 @@ class LaneStatus:
     last_exit: LastExit | None = None
     failures: list[float] = field(default_factory=list)  # times of recent failures
     last_cold_start: float | None = None  # seconds, of the last start that became ready
+    started_at: float | None = None  # when the current start began (clock time)
+    phases: list[tuple[str, float]] = field(default_factory=list)  # this start: (phase, since)
+    last_phases: dict[str, float] = field(default_factory=dict)  # last good start: phase -> s
+    image_id: str | None = None  # container lanes: the image of the last good start
 
     def to_json(self) -> dict[str, Any]:
         """As served by the API and stored in state_dir."""
@@ -127,7 +149,35 @@ class LaneStatus:
             "restarts": self.restarts,
             "last_exit": self.last_exit.to_json() if self.last_exit else None,
             "last_cold_start": self.last_cold_start,
+            "last_phases": self.last_phases,
+            "image_id": self.image_id,
         }
+
+    def startup(self, now: float) -> dict[str, Any] | None:
+        """While starting: elapsed time, each phase so far, and what the last cold start predicts."""
+        if self.state is not LaneState.STARTING or self.started_at is None:
+            return None
+        elapsed = max(now - self.started_at, 0.0)
+        expected = self.last_cold_start
+        return {
+            "elapsed": round(elapsed, 1),
+            "expected": expected,
+            "remaining": None if expected is None else round(max(expected - elapsed, 0.0), 1),
+            "phases": [
+                {"phase": name, "seconds": seconds}
+                for name, seconds in phase_durations(self.phases, now)
+            ],
+        }
+
+
+def phase_durations(phases: Iterable[tuple[str, float]], end: float) -> list[tuple[str, float]]:
+    """(phase, seconds) from (phase, since) marks: each lasts until the next one (or `end`)."""
+    marks = list(phases)
+    out = []
+    for i, (name, since) in enumerate(marks):
+        until = marks[i + 1][1] if i + 1 < len(marks) else end
+        out.append((name, round(max(until - since, 0.0), 3)))
+    return out
 
 
 # --- exits ------------------------------------------------------------------------------
@@ -215,6 +265,9 @@ _PHASES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"Capturing CUDA graphs.*?(\d+)%\|.*?\| (\d+)/(\d+)"), "capturing CUDA graphs"),
     (re.compile(r"[Aa]utotun\w*.*?(\d+)/(\d+)"), "FlashInfer autotune"),
     (re.compile(r"[Aa]utotun"), "FlashInfer autotune"),
+    (re.compile(r"DeepG[Ee][Mm][Mm].*?(\d+)/(\d+)"), "DeepGEMM JIT"),
+    (re.compile(r"DeepG[Ee][Mm][Mm]|deep_gemm"), "DeepGEMM JIT"),
+    (re.compile(r"torch\.compile|Compiling a graph"), "torch.compile"),
     (re.compile(r"Available KV cache memory"), "profiling memory"),
     (re.compile(r"Starting vLLM API server"), "starting API server"),
     (re.compile(r"Application startup complete"), "serving"),

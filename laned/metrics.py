@@ -48,6 +48,12 @@ class Recorder:
     def reload(self, result: str) -> None:
         """A config reload was applied or refused."""
 
+    def preflight_refused(self, lane: str) -> None:
+        """Preflight found errors before an activation."""
+
+    def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
+        """The GPU-memory gate opened (or timed out) after `seconds`."""
+
 
 class LanedMetrics(Recorder):
     """The registry served at /metrics."""
@@ -99,6 +105,19 @@ class LanedMetrics(Recorder):
         self.reloads = Counter(
             "laned_config_reloads", "Config reloads by result.", ["result"], registry=r
         )
+        self.preflight_refusals = Counter(
+            "laned_preflight_refusals",
+            "Activations refused (or forced) because preflight found errors.",
+            ["lane"],
+            registry=r,
+        )
+        self.gate_seconds = Histogram(
+            "laned_gpu_gate_wait_seconds",
+            "Time the GPU-memory gate waited before a start, by result.",
+            ["lane", "result"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, float("inf")),
+            registry=r,
+        )
 
     def attach(self, supervisor: Supervisor) -> None:
         """Export the supervisor's present state at every scrape."""
@@ -132,6 +151,12 @@ class LanedMetrics(Recorder):
     def reload(self, result: str) -> None:
         self.reloads.labels(result).inc()
 
+    def preflight_refused(self, lane: str) -> None:
+        self.preflight_refusals.labels(lane).inc()
+
+    def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
+        self.gate_seconds.labels(lane, "released" if released else "timeout").observe(seconds)
+
 
 class _StateCollector(Collector):
     def __init__(self, supervisor: Supervisor) -> None:
@@ -162,10 +187,17 @@ class _StateCollector(Collector):
             "Generated tokens per second over the last minute.",
             labels=["lane"],
         )
+        phases = GaugeMetricFamily(
+            "laned_lane_startup_phase_seconds",
+            "Duration of each startup phase of the lane's last good cold start.",
+            labels=["lane", "phase"],
+        )
         for name, status in sorted(self.supervisor.statuses.items()):
             for each in LaneState:
                 state.add_metric([name, each.value], 1.0 if status.state is each else 0.0)
             desired.add_metric([name], 1.0 if status.desired is Desired.ACTIVE else 0.0)
+            for phase, seconds in sorted(status.last_phases.items()):
+                phases.add_metric([name, phase], seconds)
             ready.add_metric([name], 1.0 if status.state is LaneState.READY else 0.0)
             summary = self.supervisor.engine_summary(name)
             if summary is not None:
@@ -173,4 +205,4 @@ class _StateCollector(Collector):
                 waiting.add_metric([name], summary["requests_waiting"])
                 kv.add_metric([name], summary["kv_cache_usage"])
                 tps.add_metric([name], summary["generation_tokens_per_second"])
-        yield from (state, desired, ready, running, waiting, kv, tps)
+        yield from (state, desired, ready, running, waiting, kv, tps, phases)

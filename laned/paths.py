@@ -64,6 +64,11 @@ def default_bin_dir(env: Mapping[str, str]) -> str:
     return f"{home(env).rstrip('/')}/.local/bin"
 
 
+def default_cache_dir(env: Mapping[str, str]) -> str:
+    """laned's compile caches for the lanes: $XDG_CACHE_HOME/laned (safe to delete)."""
+    return f"{xdg('XDG_CACHE_HOME', env)}/laned"
+
+
 def default_state_dir(env: Mapping[str, str]) -> str:
     """`$XDG_STATE_HOME/laned`."""
     return f"{xdg('XDG_STATE_HOME', env)}/laned"

@@ -26,6 +26,8 @@ class Saved:
     last_exit: dict[str, LastExit] = field(default_factory=dict)
     last_cold_start: dict[str, float] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    last_phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    image_ids: dict[str, str] = field(default_factory=dict)  # of each lane's last good start
     events: list[Event] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -37,6 +39,8 @@ class Saved:
             "last_exit": {k: v.to_json() for k, v in sorted(self.last_exit.items())},
             "last_cold_start": dict(sorted(self.last_cold_start.items())),
             "failed": dict(sorted(self.failed.items())),
+            "last_phases": dict(sorted(self.last_phases.items())),
+            "image_ids": dict(sorted(self.image_ids.items())),
             "events": [e.to_json() for e in self.events[-EVENTS_KEPT:]],
         }
 
@@ -52,6 +56,11 @@ def load(state_dir: str) -> Saved:
             last_exit={k: LastExit.from_json(v) for k, v in data.get("last_exit", {}).items()},
             last_cold_start={k: float(v) for k, v in data.get("last_cold_start", {}).items()},
             failed={k: str(v) for k, v in data.get("failed", {}).items()},
+            last_phases={
+                k: {str(p): float(t) for p, t in v.items()}
+                for k, v in data.get("last_phases", {}).items()
+            },
+            image_ids={k: str(v) for k, v in data.get("image_ids", {}).items()},
             events=[Event.from_json(e) for e in data.get("events", [])],
         )
     except (OSError, ValueError, KeyError, TypeError):

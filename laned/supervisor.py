@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,15 +30,20 @@ from laned.errors import (
     ActivationFailed,
     ConfigRefused,
     LanedError,
+    PodmanError,
+    PreflightFailed,
+    Severity,
     Superseded,
     SystemdError,
     UnknownLane,
 )
+from laned.host import Host, meminfo, port_busy, run_prepare
 from laned.lanes import (
     RUNNING_STATES,
     Desired,
     EngineSample,
     Event,
+    EventKind,
     LaneState,
     LaneStatus,
     LastExit,
@@ -49,10 +54,12 @@ from laned.lanes import (
     is_crash_loop,
     judge_exit,
     parse_phase,
+    phase_durations,
     recent,
 )
 from laned.metrics import Recorder
-from laned.names import exit_record_path, unit_name
+from laned.names import container_name, exit_record_path, unit_name
+from laned.preflight import Finding, blocking, refusal
 from laned.probes import Probe, read_api_key
 from laned.systemd import CLD_DUMPED, CLD_KILLED, Systemd, UnitSnapshot
 from laned.units import RESTART_STEPS_SINCE
@@ -60,7 +67,6 @@ from laned.units import RESTART_STEPS_SINCE
 log = logging.getLogger("laned.supervisor")
 
 EXITED_SUBSTATES = {"dead", "failed", "auto-restart", "exited"}
-PreStart = Callable[[str], Awaitable[None]]
 
 
 @dataclass
@@ -74,6 +80,8 @@ class Operation:
     task: asyncio.Task[None] | None = None
     from_lane: str = "none"
     started: float = field(default_factory=time.monotonic)
+    force: bool = False  # start despite preflight errors
+    desired_before: dict[str, Desired] = field(default_factory=dict)  # restored if refused
 
 
 @dataclass
@@ -83,28 +91,22 @@ class ExitRecord:
     status: int
     requested: bool
     at: float
+    oom_killed: bool = False
 
 
 def read_exit_record(path: str) -> ExitRecord | None:
-    """Parse the wrapper's `status=N requested=0|1 at=EPOCH` line."""
+    """Parse the wrapper's `status=N requested=0|1 at=EPOCH [oom=0|1]` line."""
     try:
         with open(path, encoding="utf-8") as handle:
             fields = dict(part.split("=", 1) for part in handle.read().split() if "=" in part)
-        return ExitRecord(int(fields["status"]), fields["requested"] == "1", float(fields["at"]))
+        return ExitRecord(
+            int(fields["status"]),
+            fields["requested"] == "1",
+            float(fields["at"]),
+            fields.get("oom") == "1",
+        )
     except (OSError, KeyError, ValueError):
         return None
-
-
-def mem_available_gib() -> float | None:
-    """MemAvailable from /proc/meminfo, in GiB."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024**2
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 @dataclass
@@ -115,7 +117,7 @@ class Supervisor:
     systemd: Systemd
     probe: Probe
     systemd_version: int = render.DEFAULT_SYSTEMD_VERSION
-    pre_start: PreStart | None = None
+    host: Host | None = None  # podman and NVML: preflight, the GPU gate, containers
     clock: Callable[[], float] = time.time
     statuses: dict[str, LaneStatus] = field(default_factory=dict)
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=state.EVENTS_KEPT))
@@ -150,6 +152,8 @@ class Supervisor:
             status.restarts = saved.restarts.get(name, 0)
             status.last_exit = saved.last_exit.get(name)
             status.last_cold_start = saved.last_cold_start.get(name)
+            status.last_phases = saved.last_phases.get(name, {})
+            status.image_id = saved.image_ids.get(name)
             status.since = self.clock()
             if name in saved.failed:
                 # A lane that gave up (crash loop, start timeout) stays failed until activated.
@@ -242,7 +246,8 @@ class Supervisor:
         for lane in running:
             status = self.statuses[lane]
             status.desired = Desired.ACTIVE
-            self._started_at.setdefault(lane, self.clock())
+            if lane not in self._started_at:
+                self._begin_start(lane)
             self._transition(lane, LaneState.STARTING, "adopted: already running")
             self._start_follow(lane)
         for lane, status in self.statuses.items():
@@ -320,8 +325,13 @@ class Supervisor:
             raise UnknownLane(f"no lane named {lane!r}", f"configured lanes: {known}")
         return self.config.lanes[lane]
 
-    def activate(self, lane: str, reason: str = "activate") -> asyncio.Future[LaneStatus]:
-        """Make `lane` the running lane of its group; the future resolves when it is ready."""
+    def activate(
+        self, lane: str, reason: str = "activate", force: bool = False
+    ) -> asyncio.Future[LaneStatus]:
+        """Make `lane` the running lane of its group; the future resolves when it is ready.
+
+        Preflight runs first, before anything is stopped: an error refuses the activation
+        (unless `force`) and leaves the running lane and the desired lanes as they were."""
         spec = self.spec(lane)
         status = self.statuses[lane]
         current = self._ops.get(spec.group)
@@ -334,9 +344,11 @@ class Supervisor:
             return self._wait_ready(lane)  # idempotent: nothing is restarted
         if current is not None:
             self._supersede(current, f"superseded by activate {lane}")
+        before = {n: self.statuses[n].desired for n in (lane, *self._group(lane))}
         self._desire_only(lane)
         status.failures.clear()
         op = self._new_op(lane, "activate", spec.group)
+        op.force, op.desired_before = force, before
         running = [
             p
             for p in self._group(lane)
@@ -422,16 +434,21 @@ class Supervisor:
     async def _run_activation(self, op: Operation, reason: str) -> None:
         lane = op.lane
         try:
+            if not await self._preflight_passes(op):
+                return
             for peer in self._group(lane):
                 await self._stop_and_confirm(peer, f"swap to {lane}")
                 if not self._current(op):
                     self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
                     return
-            if self.pre_start is not None:
-                await self.pre_start(lane)
-                if not self._current(op):
-                    self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
-                    return
+            refused = await self._clear_for_start(lane)
+            if not self._current(op):
+                self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
+                return
+            if refused is not None:
+                self._fail_start(lane, refused)
+                self._finish(op, ActivationFailed(f"lane {lane}: {refused}", "see `laned events`"))
+                return
             waiter = self._wait_ready(lane)
             await self._start_unit(lane, reason)
             await waiter
@@ -443,6 +460,108 @@ class Supervisor:
                 op,
                 exc if isinstance(exc, ActivationFailed) else ActivationFailed(str(exc), exc.hint),
             )
+
+    async def preflight(self, lane: str) -> list[Finding]:
+        """The lane's preflight findings as of now ([] without a host adapter)."""
+        spec = self.spec(lane)
+        if self.host is None:
+            return []
+        peer = next(
+            (
+                p
+                for p in (lane, *self._group(lane))
+                if self.config.lanes[p].port == spec.port
+                and self.statuses[p].state in (*RUNNING_STATES, LaneState.RESTARTING)
+            ),
+            None,
+        )
+        return await self.host.preflight(self.config, lane, peer, self.statuses[lane].image_id)
+
+    async def _preflight_passes(self, op: Operation) -> bool:
+        """Run preflight; on errors (not forced) refuse the activation and undo its desire."""
+        lane = op.lane
+        findings = await self.preflight(lane)
+        if not self._current(op):
+            self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
+            return False
+        errors = blocking(findings)
+        warnings = [f for f in findings if f.severity is Severity.WARNING]
+        if findings:
+            summary = "; ".join(f.message for f in [*errors, *warnings]) or "notes only"
+            self._note(
+                lane,
+                EventKind.PREFLIGHT,
+                f"preflight: {len(errors)} error(s), {len(warnings)} warning(s): {summary}",
+            )
+        if not errors:
+            return True
+        self.recorder.preflight_refused(lane)
+        if op.force:
+            self._note(lane, EventKind.PREFLIGHT, "preflight errors overridden (force)")
+            return True
+        for name, desired in op.desired_before.items():
+            self.statuses[name].desired = desired
+        self._save()
+        self._finish(op, PreflightFailed(*refusal(lane, findings), findings))
+        return False
+
+    async def _clear_for_start(self, lane: str) -> str | None:
+        """Before a start: `prepare` after an image change, the GPU memory released, the port
+        free. The reason it cannot start, or None."""
+        spec = self.config.lanes[lane]
+        if self.host is not None and spec.container is not None:
+            try:
+                image = await self.host.image_id(spec)
+            except PodmanError:
+                image = None  # preflight already warned; podman itself will say at start
+            last = self.statuses[lane].image_id
+            if image and last and image != last and spec.prepare:
+                self._note(lane, EventKind.PREPARE, "image changed: running prepare")
+                try:
+                    await run_prepare(
+                        lane, spec, lambda line: self._note(lane, EventKind.PREPARE, line)
+                    )
+                except LanedError as exc:
+                    return f"prepare: {exc.message}"
+        if self.host is not None and spec.gpu_gate.enabled:
+            result, why = await self.host.gpu_gate(spec)
+            if result is None:
+                self._note(lane, EventKind.GATE, f"GPU-memory gate skipped: {why}")
+            else:
+                self.recorder.gpu_gate(lane, result.released, result.waited)
+                if not result.released:
+                    self._note(lane, EventKind.GATE, "GPU-memory gate timed out")
+                    return f"gpu-gate: still held after {result.waited:.1f}s: " + "; ".join(
+                        result.still_held
+                    )
+                self._note(
+                    lane,
+                    EventKind.GATE,
+                    f"GPU memory released after {result.waited:.3f}s ({result.polls} reading(s))",
+                )
+        deadline = time.monotonic() + 5
+        while await asyncio.to_thread(port_busy, spec.port):
+            # A stopped engine's listener is gone at once; give a slow exit a moment.
+            if time.monotonic() > deadline:
+                return (
+                    f"port {spec.port} is still in use after the group's other lanes stopped "
+                    f"(find it: ss -ltnp 'sport = :{spec.port}')"
+                )
+            await asyncio.sleep(0.1)
+        return None
+
+    def _fail_start(self, lane: str, reason: str) -> None:
+        self._transition(lane, LaneState.FAILED, reason)
+        self._fail_waiters(lane, reason)
+
+    def _note(self, lane: str, kind: EventKind, text: str) -> None:
+        """An event that changes no state (preflight, gate, prepare output, checks)."""
+        state_now = self.statuses[lane].state
+        event = Event(self.clock(), lane, state_now, state_now, text, kind)
+        self.events.append(event)
+        log.info("%s: %s: %s", lane, kind.value, text)
+        for listener in list(self.listeners):
+            listener(event)
 
     async def _run_deactivation(self, op: Operation) -> None:
         try:
@@ -475,14 +594,31 @@ class Supervisor:
                 raise ActivationFailed(
                     f"{unit} is still {snap.active_state} after its stop job", "see `laned logs`"
                 )
+            await self._confirm_container_gone(lane)
         finally:
             self._stopping.discard(lane)
         if self.statuses[lane].state is LaneState.STOPPING:
             self._transition(lane, LaneState.INACTIVE, reason)
 
+    async def _confirm_container_gone(self, lane: str) -> None:
+        """A stopped container lane's container must be gone before the next lane starts."""
+        spec = self.config.lanes[lane]
+        if self.host is None or spec.container is None:
+            return
+        try:
+            gone = await self.host.wait_container_gone(lane, spec, spec.stop_timeout)
+        except PodmanError as exc:
+            self._note(lane, EventKind.GATE, f"cannot confirm the container is gone: {exc.message}")
+            return
+        if not gone:
+            raise ActivationFailed(
+                f"lane {lane}: its container is still there {spec.stop_timeout:g}s after the stop",
+                "see `podman ps -a`; remove it with `podman rm -f` and activate again",
+            )
+
     async def _start_unit(self, lane: str, reason: str) -> None:
         unit = unit_name(lane, self.config.lanes[lane])
-        self._started_at[lane] = self.clock()
+        self._begin_start(lane)
         self._transition(lane, LaneState.STARTING, reason)
         self._start_follow(lane)
         await self.systemd.reset_failed_unit(unit)
@@ -511,6 +647,10 @@ class Supervisor:
         finally:
             self._stopping.discard(lane)
         if status.desired is Desired.ACTIVE and status.state is LaneState.RESTARTING:
+            refused = await self._clear_for_start(lane)
+            if refused is not None:
+                self._fail_start(lane, refused)
+                return
             await self._start_unit(lane, f"restart: {reason}")
 
     # --- readiness and liveness -------------------------------------------------------------
@@ -552,14 +692,35 @@ class Supervisor:
             interval = min(interval * 1.5, spec.probe.start_interval_max)
         if status.state is not LaneState.STARTING:
             return
-        status.last_cold_start = round(self.clock() - self._started_at.get(lane, self.clock()), 3)
+        now = self.clock()
+        status.last_cold_start = round(now - self._started_at.get(lane, now), 3)
         self.recorder.cold_start(lane, status.last_cold_start)
+        if status.phases:
+            status.last_phases = dict(phase_durations(status.phases, now))
+        await self._record_image(lane)
+        if status.state is not LaneState.STARTING:
+            return
         status.phase, status.progress = None, None
         status.failures.clear()
         self._transition(
             lane, LaneState.READY, "health 200 and /v1/models lists " + spec.served_model_name
         )
         await self._watch_liveness(lane)
+
+    async def _record_image(self, lane: str) -> None:
+        """Remember the image of a good start: a different one later is image drift."""
+        spec = self.config.lanes[lane]
+        if self.host is None or spec.container is None:
+            return
+        try:
+            # The image the container runs (it may have been rebuilt since it started).
+            running = await self.host.podman.container(container_name(lane, spec))
+            image = running.image_id if running else await self.host.image_id(spec)
+        except PodmanError as exc:
+            log.warning("%s: cannot record the image id: %s", lane, exc.message)
+            return
+        if image:
+            self.statuses[lane].image_id = image
 
     async def _follow_logs(self) -> None:
         """Startup phases of starting lanes, from their engines' log lines (one journalctl)."""
@@ -571,6 +732,8 @@ class Supervisor:
             found = parse_phase(line) if status.state is LaneState.STARTING else None
             if found is not None:
                 status.phase, status.progress = found
+                if not status.phases or status.phases[-1][0] != found[0]:
+                    status.phases.append((found[0], self.clock()))
                 if found[0] in ("starting API server", "serving"):
                     self._pokes.setdefault(lane, asyncio.Event()).set()
 
@@ -608,7 +771,7 @@ class Supervisor:
                 )
                 return
             if probe.memory_floor_gib > 0:
-                available = mem_available_gib()
+                available = meminfo().get("MemAvailable")
                 if available is not None and available < probe.memory_floor_gib:
                     low_since = low_since if low_since is not None else time.monotonic()
                     if time.monotonic() - low_since >= probe.memory_floor_for:
@@ -656,7 +819,7 @@ class Supervisor:
         ) and not self._starting_by_laned(lane):
             # Started behind laned's back (systemctl --user start): follow it.
             self._desire_only(lane)
-            self._started_at[lane] = self.clock()
+            self._begin_start(lane)
             self._transition(lane, LaneState.STARTING, "started outside laned")
             self._start_follow(lane)
 
@@ -672,17 +835,21 @@ class Supervisor:
         now = self.clock()
         record = read_exit_record(exit_record_path(self.config, lane))
         fresh = record is not None and record.at >= self._started_at.get(lane, 0) - 2
+        oom = False
         if record is not None and fresh:
             code, signal = decode_status(record.status)
             by_systemd = record.requested
+            oom = record.oom_killed
         elif snap.exec_main_code in (CLD_KILLED, CLD_DUMPED):
             code, signal, by_systemd = None, snap.exec_main_status, snap.result == "success"
         else:
             code, signal, by_systemd = snap.exec_main_status, None, snap.result == "success"
         verdict = judge_exit(lane in self._stopping, by_systemd)
-        status.last_exit = LastExit(code, signal, now, verdict)
+        status.last_exit = LastExit(code, signal, now, verdict, oom)
         self.recorder.exit(lane, code, signal, verdict.value)
         what = f"signal {signal}" if signal is not None else f"status {code}"
+        if oom:
+            what += ", OOM-killed (podman: OOMKilled)"
         self._stop_follow(lane)
         if verdict is Verdict.REQUESTED:
             if lane in self._stopping or status.state in (LaneState.STOPPING, LaneState.RESTARTING):
@@ -737,8 +904,15 @@ class Supervisor:
         self._fail_waiters(lane, "stopped outside laned")
 
     def _start_follow_after_restart(self, lane: str) -> None:
-        self._started_at[lane] = self.clock()
+        self._begin_start(lane)
         self._start_follow(lane)
+
+    def _begin_start(self, lane: str) -> None:
+        """A new start of the lane: its clock and its phase timeline begin again."""
+        now = self.clock()
+        self._started_at[lane] = now
+        self.statuses[lane].started_at = now
+        self.statuses[lane].phases = []
 
     async def _restart_after_failure(self, lane: str) -> None:
         self._timers.pop(lane, None)
@@ -747,6 +921,10 @@ class Supervisor:
             return
         status.restarts += 1
         self.recorder.restart(lane, "failure")
+        refused = await self._clear_for_start(lane)
+        if refused is not None:
+            self._fail_start(lane, refused)
+            return
         await self._start_unit(lane, f"restart #{status.restarts} after a failure")
 
     def _cancel_restart(self, lane: str) -> None:
@@ -831,6 +1009,8 @@ class Supervisor:
             last_cold_start={
                 n: s.last_cold_start for n, s in self.statuses.items() if s.last_cold_start
             },
+            last_phases={n: s.last_phases for n, s in self.statuses.items() if s.last_phases},
+            image_ids={n: s.image_id for n, s in self.statuses.items() if s.image_id},
             failed={n: s.reason for n, s in self.statuses.items() if s.state is LaneState.FAILED},
             events=list(self.events),
         )

@@ -16,7 +16,10 @@ from collections.abc import Iterable
 
 from laned.config import Config, LaneConfig
 from laned.names import (
+    CACHE_MOUNT,
+    DEFAULT_CACHE_ENV,
     GENERATION_CONFIG_MOUNT,
+    cache_dir,
     container_name,
     exit_record_path,
     generation_config_dir,
@@ -53,9 +56,8 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
     lines: list[Line] = []
     if spec.container is not None:
         c = spec.container
-        lines.append(
-            (None, [config.daemon.podman, "run", "--rm", "--name", container_name(lane, spec)])
-        )
+        # No --rm: the wrapper reads how the container ended (OOMKilled) before removing it.
+        lines.append((None, [config.daemon.podman, "run", "--name", container_name(lane, spec)]))
         lines += [(None, ["--device", d]) for d in c.devices]
         if c.network:
             lines.append((None, ["--network", c.network]))
@@ -64,6 +66,7 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         lines += [(None, ["--security-opt", s]) for s in c.security_opt]
         lines += [(None, ["-v", v]) for v in c.volumes]
         lines += [(var.why, ["-e", f"{key}={var.value}"]) for key, var in spec.env.items()]
+        lines += _cache_lines(config, lane)
         if spec.sampling is not None:
             lines.append(
                 (
@@ -108,6 +111,30 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
     return lines
 
 
+def cache_env(spec: LaneConfig) -> dict[str, str]:
+    """The compile-cache variables a container lane gets (its own `env` wins over them)."""
+    if spec.container is None or not spec.container.compile_cache:
+        return {}
+    merged = {**DEFAULT_CACHE_ENV, **spec.container.cache_env}
+    return {k: v for k, v in sorted(merged.items()) if k not in spec.env}
+
+
+def _cache_lines(config: Config, lane: str) -> list[Line]:
+    spec = config.lanes[lane]
+    variables = cache_env(spec)
+    if not variables:
+        return []
+    lines: list[Line] = [
+        (
+            "persistent compile caches (FlashInfer autotune, DeepGEMM and Triton JIT, "
+            "torch.compile): a second cold start reuses the first one's work",
+            ["-v", f"{cache_dir(config, lane)}:{CACHE_MOUNT}"],
+        )
+    ]
+    lines += [(None, ["-e", f"{key}={value}"]) for key, value in variables.items()]
+    return lines
+
+
 def engine_argv(config: Config, lane: str) -> list[str]:
     """The engine's argv exactly as the wrapper runs it."""
     return [word for _, words in engine_lines(config, lane) for word in words]
@@ -147,10 +174,25 @@ def render_wrapper(config: Config, lane: str) -> str:
             if var.why:
                 out += comment(var.why)
             out.append(f"export {key}={shlex.quote(var.value)}")
+    if spec.container is not None and spec.container.compile_cache:
+        out += [
+            "# The lane's compile cache outlives its containers (laned-owned, under state_dir).",
+            f"mkdir -p {shlex.quote(cache_dir(config, lane))}",
+        ]
     out += ["", "engine=("]
     out += _lines_for(engine_lines(config, lane))
     out += [")", ""]
-    out += _supervise(exit_record_path(config, lane))
+    ended: list[str] = []
+    if spec.container is not None:
+        podman, name = shlex.quote(config.daemon.podman), shlex.quote(container_name(lane, spec))
+        ended = [
+            "# How the container ended (podman's word for an OOM kill), then remove it.",
+            f"if [[ $({podman} inspect --format '{{{{.State.OOMKilled}}}}' {name} 2>/dev/null) == true ]]; then",
+            "  oom=1",
+            "fi",
+            f"{podman} rm --force --ignore {name} >/dev/null 2>&1 || true",
+        ]
+    out += _supervise(exit_record_path(config, lane), ended)
     return "\n".join(out) + "\n"
 
 
@@ -159,7 +201,7 @@ def _braced(text: str) -> str:
     return "".join("\\" + ch if ch in '\\$`"}' else ch for ch in text)
 
 
-def _supervise(record: str) -> list[str]:
+def _supervise(record: str, ended: list[str]) -> list[str]:
     return [
         "# Run the engine as a child so that its exit can be judged: a stop systemd asked for",
         "# (SIGTERM) ends cleanly; any other exit, status 0 included, is a failure.",
@@ -179,11 +221,13 @@ def _supervise(record: str) -> list[str]:
         "  # wait returns early when a signal arrives; the engine may still be shutting down.",
         '  kill -0 "$child" 2>/dev/null || break',
         "done",
+        "oom=0",
+        *ended,
         "",
         "# The engine's own status, before any mapping, for laned to report.",
         f"record={shlex.quote(record)}",
         'mkdir -p "${record%/*}" 2>/dev/null || true',
-        'printf \'status=%s requested=%s at=%s\\n\' "$status" "$requested" "$(date +%s)" \\',
+        'printf \'status=%s requested=%s at=%s oom=%s\\n\' "$status" "$requested" "$(date +%s)" "$oom" \\',
         '  >"$record.tmp" 2>/dev/null && mv -f "$record.tmp" "$record" 2>/dev/null || true',
         "",
         "if (( requested )); then",

@@ -4,7 +4,9 @@ Startup is paced like vLLM's: the port stays closed while the engine "loads", an
 log shows vLLM's own phase lines with progress. Tuning comes from the environment so
 that units and containers can set it: LANED_SIM_STARTUP (seconds, default 3),
 LANED_SIM_DECODE_TPS (50), LANED_SIM_PREFILL_TPS (5000), LANED_SIM_FAIL_AT_START
-(an exit code to die with during startup).
+(an exit code to die with during startup), LANED_SIM_JIT (seconds of FlashInfer autotune
+and DeepGEMM JIT at a cold start, default 0; skipped when VLLM_CACHE_ROOT already holds
+the results of an earlier start, as a persistent compile cache makes it).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from laned.errors import EngineError
@@ -130,6 +132,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.startup = _float(env, "LANED_SIM_STARTUP", 3.0)
     settings.decode_tps = _float(env, "LANED_SIM_DECODE_TPS", 50.0)
     settings.prefill_tps = _float(env, "LANED_SIM_PREFILL_TPS", 5000.0)
+    settings.jit = _float(env, "LANED_SIM_JIT", 0.0)
+    settings.cache_root = env.get("VLLM_CACHE_ROOT") or None
     fail = env.get("LANED_SIM_FAIL_AT_START")
     if fail:
         settings.fail_at_start = _int(fail, "LANED_SIM_FAIL_AT_START")
@@ -155,6 +159,35 @@ def _generation_config(directory: str) -> dict[str, Any]:
 def _bar(done: int, total: int) -> str:
     filled = done * 10 // max(total, 1)
     return "█" * filled + " " * (10 - filled)
+
+
+async def _compile_kernels(s: Settings, pause: Callable[[float], Awaitable[bool]]) -> bool:
+    """FlashInfer autotune and DeepGEMM JIT, or their results from the cache of an earlier start."""
+    if s.jit <= 0:
+        return True
+    marker = os.path.join(s.cache_root, "laned-sim-kernels.json") if s.cache_root else None
+    if marker and os.path.exists(marker):
+        log(
+            "INFO",
+            "autotuner.py:1",
+            f"FlashInfer autotune: loaded cached results from {s.cache_root}",
+        )
+        log("INFO", "deep_gemm.py:1", "DeepGEMM JIT: all kernels found in the cache")
+        return True
+    steps = 8
+    for i in range(steps + 1):
+        log("INFO", "autotuner.py:1", f"FlashInfer autotune: tuning kernels {i}/{steps}")
+        if i < steps and not await pause(s.jit * 0.6 / steps):
+            return False
+    for i in range(5):
+        log("INFO", "deep_gemm.py:1", f"DeepGEMM JIT: compiling kernels {i}/4")
+        if i < 4 and not await pause(s.jit * 0.1):
+            return False
+    if marker:
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "w", encoding="utf-8") as handle:
+            json.dump({"model": s.model, "tuned": steps}, handle)
+    return True
 
 
 async def _startup(s: Settings, stop: asyncio.Event) -> bool:
@@ -195,6 +228,8 @@ async def _startup(s: Settings, stop: asyncio.Event) -> bool:
         f"Model loading took 42.17 GiB and {weights_time:.2f} seconds",
     )
     if not await pause(s.startup * 0.2):
+        return False
+    if not await _compile_kernels(s, pause):
         return False
     kv_gib = s.kv_capacity * 2 / 1024**2
     log("INFO", "gpu_worker.py:276", f"Available KV cache memory: {kv_gib:.2f} GiB")

@@ -56,6 +56,8 @@ class Settings:
     decode_tps: float = 50.0
     prefill_tps: float = 5000.0
     fail_at_start: int | None = None
+    jit: float = 0.0  # seconds of kernel autotune/JIT at a cold start without a cache
+    cache_root: str | None = None  # VLLM_CACHE_ROOT: where the "compiled kernels" are kept
     unknown: list[str] = field(default_factory=list)
 
     @property
@@ -89,6 +91,12 @@ class Job:
 
 class EngineDead(Exception):
     """The engine core died: every request fails from now on."""
+
+
+def _hog_memory() -> None:
+    held = []
+    while True:
+        held.append(b"\x01" * (64 << 20))  # written, so the pages are really taken
 
 
 def _error(message: str, status: int, kind: str = "BadRequestError") -> Response:
@@ -201,7 +209,7 @@ class Engine:
             body = request.json()
             kind = body["kind"]
         except (ValueError, KeyError, TypeError):
-            return _error('expected {"kind": "exit"|"engine-dead"|"stall"|"crash", ...}', 400)
+            return _error('expected {"kind": "exit"|"engine-dead"|"stall"|"crash"|"oom", ...}', 400)
         log("WARNING", "sim.py:1", f"fault injected: {json.dumps(body)}")
         if kind == "exit":
             code = int(body.get("code", 1))
@@ -210,6 +218,11 @@ class Engine:
             sig = int(body.get("signal", signal.SIGKILL))
 
             def crash() -> None:
+                if os.getpid() == 1:
+                    # PID 1 of a container cannot be killed by a signal it sends itself; exit
+                    # as podman reports a killed container: 128 + the signal.
+                    sys.stderr.flush()
+                    os._exit(128 + sig)
                 if sig not in (signal.SIGKILL, signal.SIGSTOP):
                     signal.signal(sig, signal.SIG_DFL)  # die of it, even from SIGTERM
                 os.kill(os.getpid(), sig)
@@ -222,6 +235,9 @@ class Engine:
         if kind == "stall":
             self.stalled = True
             return Response.json({"fault": "stall"})
+        if kind == "oom":
+            # Take host memory until the kernel's OOM killer (or a container's limit) ends it.
+            return Response(200, b'{"fault":"oom"}', after=_hog_memory)
         return _error(f"unknown fault kind {kind!r}", 400)
 
     def _log_engine_death(self) -> None:

@@ -38,7 +38,9 @@ def lane_config(
         if "restart_sec" not in extra:
             text += 'restart_sec = "1s"\n'
         if f"[lanes.{name}.container]" not in extra:
-            text += f'[lanes.{name}.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "serve", "/models/{name}"]\n'
+            # A real model directory: preflight checks that it exists.
+            (tmp / "models" / name).mkdir(parents=True, exist_ok=True)
+            text += f'[lanes.{name}.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "serve", "{tmp}/models/{name}"]\n'
             lane_env = {"LANED_SIM_STARTUP": "0.3", **(env or {}).get(name, {})}
             text += f"[lanes.{name}.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in lane_env.items())
         units.track(f"{units.name(name)}.service")

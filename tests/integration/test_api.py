@@ -20,7 +20,9 @@ from laned.api import ApiSettings, create_app
 from laned.config import parse_config
 from laned.daemon import _Server, api_settings
 from laned.errors import LanedError
+from laned.host import Host
 from laned.metrics import LanedMetrics
+from laned.podman import Podman
 from laned.probes import Probe
 from laned.supervisor import Supervisor
 from laned.systemd import Systemd
@@ -43,9 +45,11 @@ async def api_server(
     api_port: int,
     token: str | None = None,
     token_for_reads: bool = False,
+    host: Host | None = None,
 ) -> AsyncIterator[Supervisor]:
-    """A started supervisor with its API on 127.0.0.1:api_port."""
-    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+    """A started supervisor with its API on 127.0.0.1:api_port (with `host`: preflight, GPU
+    gate, podman)."""
+    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252, host=host)
     metrics = LanedMetrics()
     sup.recorder = metrics
     metrics.attach(sup)
@@ -404,10 +408,12 @@ def test_schemathesis_finds_no_server_error(harness: Harness, units: Units, tmp_
     stop = threading.Event()
 
     async def serve() -> None:
-        async with api_server(harness, config, api_port):
+        host = Host(Podman(harness.env["LANED_PODMAN_SOCKET"]))
+        async with api_server(harness, config, api_port, host=host):
             ready.set()
             while not stop.is_set():
                 await asyncio.sleep(0.05)
+        host.close()
 
     thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
     thread.start()
@@ -466,3 +472,72 @@ def test_restart_failures_timeouts_and_reads_behind_the_token(
             ] == "ready"
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_preflight_fit_and_refusals_through_the_api_and_the_cli(
+    harness: Harness, units: Units, sim_image: str, tmp_path: Path
+) -> None:
+    port, api_port = free_port(), free_port()
+    ctr = units.name("ctr-b")
+    units.containers.append(ctr)
+    lanes = {
+        "a": FAST + "needs = { host_memory_gib = 1 }\n",
+        "b": FAST
+        + "needs = { host_memory_gib = 100000 }\n"
+        + f'[lanes.b.container]\nimage = "localhost/laned-never-built:1"\nname = "{ctr}"\n'
+        + 'command = ["serve", "/models/b"]\nnetwork = "host"\n',
+    }
+    config = lane_config(harness, units, tmp_path, lanes, port)
+    base = f"http://127.0.0.1:{api_port}"
+    cli = [sys.executable, "-m", "laned", "--config", str(tmp_path / "laned.toml")]
+    host = Host(Podman(harness.env["LANED_PODMAN_SOCKET"]))
+
+    def laned(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], capture_output=True, text=True, timeout=60, env=harness.env
+        )
+
+    async def scenario() -> None:
+        async with (
+            api_server(harness, config, api_port, host=host) as sup,
+            httpx.AsyncClient(base_url=base, timeout=60) as client,
+        ):
+            assert (
+                await client.get("/lanes/a/activate", params={"wait": "true"})
+            ).status_code == 200
+            shown = (await client.get("/lanes/a")).json()
+            assert shown["last_phases"] and shown["container"] is None
+            body = (await client.get("/lanes/b/preflight")).json()
+            assert body["ok"] is False
+            errors = {f["check"] for f in body["findings"] if f["severity"] == "error"}
+            assert errors == {"image", "needs"}, body
+            # An activation preflight refuses answers 409 with the findings, and a keeps running.
+            refused = await client.post("/lanes/b/activate", params={"wait": "true"})
+            assert refused.status_code == 409
+            error = refused.json()["error"]
+            assert error["code"] == "preflight-failed" and "not present locally" in error["message"]
+            assert any(f["check"] == "image" for f in error["findings"])
+            assert sup.statuses["a"].state.value == "ready"
+            fit = (await client.get("/fit")).json()
+            assert fit["host"]["gpus"] is None and "NVML" in fit["host"]["gpu_note"]
+            verdicts = {lane["name"]: lane["fits"] for lane in fit["lanes"]}
+            assert verdicts == {"a": True, "b": False}
+            view = (await client.get("/lanes/b")).json()
+            assert view["container"] == {"name": ctr, "status": "absent"}
+            # The CLI over the same API.
+            url = ["--url", base]
+            out = await asyncio.to_thread(laned, "preflight", "b", *url)
+            assert out.returncode == 1 and "refused: 2 error(s)" in out.stdout, out
+            assert "podman build" in out.stdout
+            out = await asyncio.to_thread(laned, "status", "--fit", *url)
+            assert out.returncode == 0 and "does not fit" in out.stdout, out
+            out = await asyncio.to_thread(laned, "activate", "b", *url, "--wait")
+            assert out.returncode == 1 and "preflight" in out.stderr, out
+        # laned is gone: preflight still answers, computed here.
+        out = await asyncio.to_thread(laned, "preflight", "a", "--url", "http://127.0.0.1:1")
+        assert out.returncode == 0 and "checking here" in out.stderr and "ok" in out.stdout, out
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 120))
+    finally:
+        host.close()

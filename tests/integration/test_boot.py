@@ -34,10 +34,12 @@ def test_install_then_reboot_brings_back_laned_and_the_desired_lane(tmp_path: Pa
         )
         user = {**os.environ, **exports}
         config = Path(exports["HOME"]) / "laned.toml"
+        for n in ("a", "b"):
+            (tmp_path / "m" / n).mkdir(parents=True)  # preflight checks the model directory
         lanes = "".join(
             f'[lanes.{n}]\nunit = "boot-{n}.service"\nport = {port}\nserved_model_name = "{n}"\n'
             f'restart_sec = "1s"\nprobe = {{ start_interval_max = "300ms" }}\n'
-            f'[lanes.{n}.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "serve", "/m/{n}"]\n'
+            f'[lanes.{n}.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "serve", "{tmp_path}/m/{n}"]\n'
             f'[lanes.{n}.env]\nLANED_SIM_STARTUP = "0.3"\n'
             for n in ("a", "b")
         )

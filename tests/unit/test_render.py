@@ -14,6 +14,7 @@ import pytest
 from laned import render
 from laned.cli import main
 from laned.config import load_config, parse_config
+from laned.names import DEFAULT_CACHE_ENV
 from laned.units import daemon_unit
 from laned.wrapper import engine_argv
 from tests.helpers import ROOT
@@ -55,12 +56,18 @@ podman run --rm --name dsv41-flash-exl3 \
   --speculative-config '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic"}' \
   --served-model-name deepseek-v4.1-flash
 """
-# What laned adds, on purpose: the key by name, and the sampling defaults (seed section 1)
-# from a laned-owned directory instead of a file written into the read-only model dir.
+# What laned adds, on purpose: the key by name, the sampling defaults (seed section 1)
+# from a laned-owned directory instead of a file written into the read-only model dir, and
+# the persistent compile cache (seed 001: nothing is cached across --rm containers).
 LANED_ADDITIONS_PODMAN = [
     ("-e", "VLLM_API_KEY"),
     ("-v", "/home/op/.local/state/laned/lanes/dsv41/generation-config:/laned/generation-config:ro"),
+    ("-v", "/home/op/.cache/laned/lanes/dsv41:/laned/cache"),
+    *[("-e", f"{k}={v}") for k, v in sorted(DEFAULT_CACHE_ENV.items())],
 ]
+# What laned drops, on purpose: --rm, because the wrapper reads how the container ended
+# (podman's OOMKilled) before it removes the container itself.
+LANED_REMOVALS_PODMAN = [("--rm", None)]
 LANED_ADDITIONS_ENGINE = [("--generation-config", "/laned/generation-config")]
 
 
@@ -129,17 +136,28 @@ def test_daemon_unit_golden() -> None:
     assert (ROOT / "units" / "laned.service").read_text() == text
 
 
-def run_wrapper(wrapper: str, tmp: Path, env_extra: dict[str, str]) -> list[str]:
-    """Run a rendered wrapper with a `podman` that records its argv (NUL-separated)."""
+def run_wrapper(
+    wrapper: str, tmp: Path, env_extra: dict[str, str], oom: str = "false"
+) -> list[str]:
+    """Run a rendered wrapper with a `podman` that records its `run` argv (NUL-separated) and
+    answers `inspect` with OOMKilled=`oom`."""
     fake = tmp / "fakebin"
     fake.mkdir(exist_ok=True)
     record = tmp / "argv"
     (fake / "podman").write_text(
-        f'#!/bin/bash\nprintf "%s\\0" "$@" > {shlex.quote(str(record))}\nexit 0\n'
+        "#!/bin/bash\n"
+        f'if [[ $1 == run ]]; then printf "%s\\0" "$@" > {shlex.quote(str(record))}; fi\n'
+        f"if [[ $1 == inspect ]]; then echo {oom}; fi\n"
+        f"if [[ $1 == rm ]]; then echo removed > {shlex.quote(str(tmp / 'removed'))}; fi\n"
+        "exit 0\n"
     )
     (fake / "podman").chmod(0o755)
     script = tmp / "serve"
-    script.write_text(wrapper.replace("record=/home/op", f"record={tmp}"))
+    script.write_text(
+        wrapper.replace("record=/home/op", f"record={tmp}").replace(
+            "mkdir -p /home/op", f"mkdir -p {tmp}"
+        )
+    )
     script.chmod(0o755)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp), **env_extra}
     result = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=30)
@@ -158,8 +176,22 @@ def test_wrapper_reproduces_the_seed_command_line(example: object, tmp_path: Pat
     got_options, got_head, got_engine = split_podman(argv)
     seed_options, seed_head, seed_engine = split_podman(seed)
     assert got_head == seed_head
-    assert Counter(pairs(got_options)) == Counter(pairs(seed_options) + LANED_ADDITIONS_PODMAN)
+    expected = Counter(pairs(seed_options) + LANED_ADDITIONS_PODMAN)
+    expected.subtract(Counter(LANED_REMOVALS_PODMAN))
+    assert Counter(pairs(got_options)) == +expected
     assert Counter(pairs(got_engine)) == Counter(pairs(seed_engine) + LANED_ADDITIONS_ENGINE)
+
+
+@pytest.mark.parametrize(("oom", "flag"), [("true", "oom=1"), ("false", "oom=0")])
+def test_wrapper_records_podmans_oom_verdict_and_removes_the_container(
+    example: object, tmp_path: Path, oom: str, flag: str
+) -> None:
+    wrapper = golden_files(example)["dsv41-serve"]
+    run_wrapper(wrapper, tmp_path, {"VLLM_API_KEY": "k"}, oom=oom)
+    record = (tmp_path / ".local/state/laned/lanes/dsv41/last-exit").read_text()
+    assert "status=0 requested=0" in record and flag in record
+    assert (tmp_path / "removed").exists(), "the wrapper must remove the container it ran"
+    assert (tmp_path / ".cache/laned/lanes/dsv41").is_dir(), "the compile cache directory"
 
 
 def test_wrapper_refuses_to_start_without_the_key(example: object, tmp_path: Path) -> None:

@@ -1,0 +1,415 @@
+"""Preflight: will this lane start? Pure checks over facts gathered by `laned.host`.
+
+Each finding has a severity (an error blocks activation unless forced; a warning is shown;
+a note records a check that was skipped and why), a message and a hint. The checks come
+from what costs a cold start on real boxes: an image that was never built, a missing model
+directory or bind-mount source, an API key file that is missing, readable by others or
+empty, a port something else holds (vLLM binds with SO_REUSEPORT, so a leftover engine
+would silently share it), a host that lacks the lane's `needs`, vLLM's own 600 s engine-ready
+timeout under a long cold start, a stop timeout shorter than the engine's graceful shutdown,
+no sampling defaults (seed 000's word salad), no compile cache, and an image rebuilt since
+the last good start (its bind-mounted patches and kernels must be re-derived).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from laned.config import LaneConfig
+from laned.errors import Severity
+from laned.gpus import GIB, GpuReading
+
+VLLM_READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
+GRACEFUL_STOP_MIN = 30.0  # seconds an engine's core and workers need to exit and free memory
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One preflight result."""
+
+    check: str
+    severity: Severity
+    message: str
+    hint: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        """As served by the API."""
+        return {
+            "check": self.check,
+            "severity": self.severity.value,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host has: GPUs (None where NVML is absent, with the reason) and memory."""
+
+    gpus: tuple[GpuReading, ...] | None
+    gpu_note: str = ""
+    mem_total_gib: float | None = None
+    mem_available_gib: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As served by /fit."""
+        return {
+            "gpus": None if self.gpus is None else [g.to_json() for g in self.gpus],
+            "gpu_note": self.gpu_note,
+            "mem_total_gib": self.mem_total_gib,
+            "mem_available_gib": self.mem_available_gib,
+        }
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    """The API key file as found: does it exist, its mode, does it define VLLM_API_KEY."""
+
+    exists: bool
+    mode: int = 0
+    defines_key: bool = False
+
+
+@dataclass(frozen=True)
+class LaneFacts:
+    """Everything the checks of one lane look at, gathered beforehand (see laned.host)."""
+
+    host: HostFacts
+    paths: dict[str, bool] = field(default_factory=dict)  # host path -> exists
+    disk_total_gib: float | None = None  # the filesystem of the model directory
+    key_file: KeyFile | None = None
+    port_busy: bool = False
+    port_peer: str | None = None  # a lane of the same group that runs on the port
+    command_found: bool | None = None  # exec lanes: the program is on PATH
+    image_id: str | None = None  # container lanes: the local image's id (None: not present)
+    image_error: str | None = None  # the podman API could not be asked
+    last_image_id: str | None = None  # at the lane's last good start
+
+
+def model_path(spec: LaneConfig) -> str | None:
+    """The host path of the lane's model directory: `model_dir`, else the absolute path after
+    `serve` (for containers, mapped back through the bind mounts); None for hub names."""
+    if spec.model_dir:
+        return spec.model_dir
+    words = list(
+        spec.exec.command if spec.exec else spec.container.command if spec.container else ()
+    )
+    if "serve" not in words or words.index("serve") + 1 >= len(words):
+        return None
+    target = words[words.index("serve") + 1]
+    if not target.startswith("/"):
+        return None
+    if spec.exec is not None:
+        return target
+    assert spec.container is not None
+    best: tuple[str, str] | None = None
+    for volume in spec.container.volumes:
+        parts = volume.split(":")
+        if len(parts) < 2:
+            continue
+        src, dst = parts[0], parts[1].rstrip("/") or "/"
+        inside = target == dst or target.startswith(dst.rstrip("/") + "/")
+        if inside and (best is None or len(dst) > len(best[1])):
+            best = (src, dst)
+    if best is None:
+        return None  # the model is inside the image
+    return posixpath.normpath(best[0] + "/" + target[len(best[1]) :])
+
+
+def paths_to_check(spec: LaneConfig) -> list[tuple[str, str]]:
+    """(key path, host path) of every directory or file the lane needs to exist."""
+    out: list[tuple[str, str]] = []
+    model = model_path(spec)
+    if model is not None:
+        out.append(("model_dir", model))
+    if spec.container is not None:
+        for i, volume in enumerate(spec.container.volumes):
+            out.append((f"container.volumes[{i}]", volume.split(":", 1)[0]))
+    return out
+
+
+def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
+    """Every finding about one lane, errors first."""
+    found = [
+        *_image(lane, spec, facts),
+        *_paths(lane, spec, facts),
+        *_key(lane, spec, facts),
+        *_port(lane, spec, facts),
+        *fit(lane, spec, facts.host, facts.disk_total_gib),
+        *_engine(lane, spec),
+    ]
+    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.NOTE: 2}
+    return sorted(found, key=lambda f: order[f.severity])
+
+
+def blocking(findings: Sequence[Finding]) -> list[Finding]:
+    """The findings that block an activation (errors)."""
+    return [f for f in findings if f.severity is Severity.ERROR]
+
+
+def refusal(lane: str, findings: Sequence[Finding]) -> tuple[str, str]:
+    """(message, hint) of an activation refused for these findings' errors."""
+    errors = blocking(findings)
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return (
+        f"lane {lane}: preflight: {errors[0].message}{more}",
+        f"{errors[0].hint}; nothing was stopped. Fix it (GET /lanes/{lane}/preflight lists "
+        "every finding), or activate with force=true",
+    )
+
+
+def _image(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    base = f"lanes.{lane}"
+    if spec.exec is not None and facts.command_found is False:
+        program = spec.exec.command[0]
+        yield Finding(
+            "command",
+            Severity.WARNING,
+            f"{base}.exec.command[0]: {program!r} is not found on laned's PATH",
+            "give its absolute path (the unit's PATH may differ from laned's)",
+        )
+    if spec.container is None:
+        return
+    image = spec.container.image
+    if facts.image_error is not None:
+        yield Finding(
+            "image",
+            Severity.WARNING,
+            f"cannot check that {base}.container.image {image!r} is present: {facts.image_error}",
+            "systemctl --user enable --now podman.socket (or set daemon.podman_socket)",
+        )
+        return
+    if facts.image_id is None:
+        yield Finding(
+            "image",
+            Severity.ERROR,
+            f"{base}.container.image {image!r} is not present locally",
+            f"build it first (e.g. `podman build -t {image} .` from the lane's recipe); "
+            "`podman images` lists what there is",
+        )
+        return
+    if facts.last_image_id and facts.last_image_id != facts.image_id:
+        steps = [" ".join(step.command) for step in spec.prepare]
+        hint = (
+            f"laned runs {base}.prepare before the next start: " + "; ".join(steps)
+            if steps
+            else "re-derive the bind-mounted patches and rebuild the kernels for the new image "
+            f"(the recipe's maintenance map), and list those steps in {base}.prepare"
+        )
+        yield Finding(
+            "image-drift",
+            Severity.WARNING,
+            f"image {image!r} changed since the last good start "
+            f"({_short(facts.last_image_id)} -> {_short(facts.image_id)})",
+            hint,
+        )
+    if not spec.container.compile_cache:
+        yield Finding(
+            "compile-cache",
+            Severity.WARNING,
+            f"{base}.container.compile_cache is off: every cold start redoes FlashInfer autotune "
+            "and the DeepGEMM/Triton JIT (seed 001: ~22 minutes)",
+            "remove compile_cache = false, so that laned mounts a persistent cache directory",
+        )
+
+
+def _short(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def _paths(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    for key, path in paths_to_check(spec):
+        if facts.paths.get(path) is False:
+            what = "the model directory" if key == "model_dir" else "the bind-mount source"
+            yield Finding(
+                "paths",
+                Severity.ERROR,
+                f"lanes.{lane}.{key}: {what} {path} does not exist",
+                "download or create it first, or fix the path in the config",
+            )
+
+
+def _key(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    path, key = spec.api_key_file, facts.key_file
+    if path is None or key is None:
+        return
+    where = f"lanes.{lane}.api_key_file"
+    if not key.exists:
+        yield Finding(
+            "api-key",
+            Severity.ERROR,
+            f"{where}: {path} does not exist",
+            f"create it: `umask 077; echo VLLM_API_KEY=$(openssl rand -hex 32) > {path}`",
+        )
+    elif key.mode & 0o077:
+        yield Finding(
+            "api-key",
+            Severity.ERROR,
+            f"{where}: {path} is mode {key.mode:04o}: others can read the key",
+            f"chmod 600 {path}",
+        )
+    elif not key.defines_key:
+        yield Finding(
+            "api-key",
+            Severity.ERROR,
+            f"{where}: {path} does not define VLLM_API_KEY",
+            f"add a line VLLM_API_KEY=... to {path}",
+        )
+
+
+def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    if not facts.port_busy:
+        return
+    if facts.port_peer is not None:
+        whose = (
+            "the lane itself: it is running"
+            if facts.port_peer == lane
+            else f"lane {facts.port_peer}, which this activation stops first"
+        )
+        yield Finding("port", Severity.NOTE, f"port {spec.port} is held by {whose}")
+        return
+    yield Finding(
+        "port",
+        Severity.ERROR,
+        f"lanes.{lane}.port {spec.port} is already in use by a process laned does not run",
+        "vLLM binds with SO_REUSEPORT, so a leftover engine would silently share the port; "
+        f"find it with `ss -ltnp 'sport = :{spec.port}'` and stop it",
+    )
+
+
+def lane_gpus(spec: LaneConfig, host: HostFacts) -> list[GpuReading]:
+    """The GPUs a lane uses: `gpus` by index, else all of them."""
+    if host.gpus is None:
+        return []
+    if spec.gpus is None:
+        return list(host.gpus)
+    return [g for g in host.gpus if g.index in spec.gpus]
+
+
+def fit(
+    lane: str, spec: LaneConfig, host: HostFacts, disk_total_gib: float | None = None
+) -> list[Finding]:
+    """Can this host run the lane at all? The lane's `needs` against what the host has."""
+    needs, base = spec.needs, f"lanes.{lane}.needs"
+    out: list[Finding] = []
+    wants_gpus = needs.gpus > 0 or needs.gpu_memory_gib > 0 or spec.gpus is not None
+    if wants_gpus and host.gpus is None:
+        out.append(
+            Finding("needs", Severity.NOTE, f"GPU needs not checked: {host.gpu_note or 'no NVML'}")
+        )
+    elif host.gpus is not None:
+        missing = sorted(set(spec.gpus or ()) - {g.index for g in host.gpus})
+        if missing:
+            out.append(
+                Finding(
+                    "needs",
+                    Severity.ERROR,
+                    f"lanes.{lane}.gpus: GPU {', '.join(map(str, missing))} does not exist "
+                    f"(this host has {len(host.gpus)})",
+                    "list indices as nvidia-smi shows them",
+                )
+            )
+        gpus = lane_gpus(spec, host)
+        if len(gpus) < needs.gpus:
+            out.append(
+                Finding(
+                    "needs",
+                    Severity.ERROR,
+                    f"{base}.gpus: the lane needs {needs.gpus} GPUs, this host has {len(gpus)}",
+                    "run it on a host with enough GPUs",
+                )
+            )
+        total = sum(g.total_bytes for g in gpus) / GIB
+        if needs.gpu_memory_gib and total < needs.gpu_memory_gib:
+            out.append(
+                Finding(
+                    "needs",
+                    Severity.ERROR,
+                    f"{base}.gpu_memory_gib: the lane needs {needs.gpu_memory_gib:g} GiB of GPU "
+                    f"memory, its GPUs have {total:.1f} GiB",
+                    "use bigger (or more) GPUs, or a smaller quant / context",
+                )
+            )
+    if needs.host_memory_gib and host.mem_total_gib is not None:
+        if host.mem_total_gib < needs.host_memory_gib:
+            out.append(
+                Finding(
+                    "needs",
+                    Severity.ERROR,
+                    f"{base}.host_memory_gib: the lane needs {needs.host_memory_gib:g} GiB of RAM, "
+                    f"this host has {host.mem_total_gib:.1f} GiB",
+                    "run it on a host with more memory",
+                )
+            )
+        elif host.mem_available_gib is not None and host.mem_available_gib < needs.host_memory_gib:
+            out.append(
+                Finding(
+                    "needs",
+                    Severity.WARNING,
+                    f"{base}.host_memory_gib: {host.mem_available_gib:.1f} GiB of RAM is available "
+                    f"now, the lane needs {needs.host_memory_gib:g} GiB",
+                    "something else holds memory; the engine may be OOM-killed while loading",
+                )
+            )
+    if needs.disk_gib and disk_total_gib is not None and disk_total_gib < needs.disk_gib:
+        out.append(
+            Finding(
+                "needs",
+                Severity.ERROR,
+                f"{base}.disk_gib: the lane needs {needs.disk_gib:g} GiB of disk, the model "
+                f"directory's filesystem has {disk_total_gib:.1f} GiB",
+                "put the model on a bigger disk",
+            )
+        )
+    return out
+
+
+def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
+    base = f"lanes.{lane}"
+    ready = spec.env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+    if ready is None and spec.start_timeout > VLLM_READY_TIMEOUT_DEFAULT:
+        yield Finding(
+            "ready-timeout",
+            Severity.WARNING,
+            f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S is unset: vLLM gives up on its engine after "
+            f"{VLLM_READY_TIMEOUT_DEFAULT} s, shorter than start_timeout ({spec.start_timeout:g} s)",
+            f'set {base}.env.VLLM_ENGINE_READY_TIMEOUT_S = "{spec.start_timeout:.0f}" (seed 001 sets 3600)',
+        )
+    elif ready is not None:
+        try:
+            seconds = float(ready.value)
+        except ValueError:
+            seconds = -1.0
+        if seconds < spec.start_timeout:
+            yield Finding(
+                "ready-timeout",
+                Severity.WARNING,
+                f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S = {ready.value!r} is shorter than "
+                f"start_timeout ({spec.start_timeout:g} s): vLLM would kill a long cold start",
+                f'set it to at least "{spec.start_timeout:.0f}"',
+            )
+    args = spec.engine_args()
+    graceful = GRACEFUL_STOP_MIN
+    if "--shutdown-timeout" in args and args.index("--shutdown-timeout") + 1 < len(args):
+        with contextlib.suppress(ValueError):
+            graceful = float(args[args.index("--shutdown-timeout") + 1]) + 10
+    if spec.stop_timeout < graceful:
+        yield Finding(
+            "stop-timeout",
+            Severity.WARNING,
+            f"{base}.stop_timeout ({spec.stop_timeout:g} s) is shorter than the engine's graceful "
+            f"shutdown (~{graceful:g} s): systemd would SIGKILL it mid-shutdown",
+            f'set {base}.stop_timeout = "{graceful:.0f}s" or more',
+        )
+    if spec.sampling is None and "--generation-config" not in args:
+        yield Finding(
+            "sampling",
+            Severity.WARNING,
+            f"{base}.sampling is unset: requests that send no sampling parameters get the "
+            "model's raw defaults (seed 000: top_p 1.0 on a 2-bit quant is word salad)",
+            f"set {base}.sampling = {{ temperature = ..., top_p = ... }} from the model card",
+        )

@@ -14,7 +14,7 @@ import hmac
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Query, Request
@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from laned import __version__, journal
-from laned.config import load_config
+from laned.acceptance import LaneNotRunning
+from laned.config import GATES, load_config
 from laned.errors import (
     ActivationFailed,
     ConfigError,
@@ -271,6 +272,30 @@ def create_app(
         lane_status(lane)
         findings = await supervisor.preflight(lane)
         return {"lane": lane, "ok": not blocking(findings), "findings": findings_json(findings)}
+
+    @app.post("/lanes/{lane}/check")
+    async def check(
+        lane: str,
+        gate: Annotated[
+            list[str] | None, Query(description="gates to run (default: all six)")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Run the acceptance gates against the lane (load, chat, reasoning, tools, context,
+        speed); the results are kept, shown in the lane's view and exported as metrics."""
+        lane_status(lane)
+        wanted = gate or list(GATES)
+        unknown = [g for g in wanted if g not in GATES]
+        if unknown:
+            raise ApiError(
+                400,
+                "bad-request",
+                f"gate: unknown gate {unknown[0]!r}",
+                "gates: " + ", ".join(GATES),
+            )
+        try:
+            return await supervisor.check(lane, wanted)
+        except LaneNotRunning as exc:
+            raise ApiError(409, exc.code, exc.message, exc.hint) from None
 
     @app.get("/fit")
     async def host_fit() -> dict[str, Any]:

@@ -10,7 +10,7 @@ import difflib
 import re
 from collections.abc import Iterable, Iterator
 
-from laned.config import Config, LaneConfig
+from laned.config import GATES, Config, LaneConfig
 from laned.errors import Problem, Severity
 from laned.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
 
@@ -162,6 +162,17 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
         yield Problem(
             f"{base}.gpu_gate", "timeout and interval must be longer than zero", "e.g. 2m and 250ms"
         )
+    for i, gate in enumerate(lane.checks.after_activate):
+        if gate not in GATES:
+            close = difflib.get_close_matches(gate, GATES, n=1)
+            yield Problem(
+                f"{base}.checks.after_activate[{i}]",
+                f"{gate!r} is not a gate",
+                (f"did you mean {close[0]!r}? " if close else "") + "gates: " + ", ".join(GATES),
+            )
+    for key in ("load_within", "deadline", "context_deadline"):
+        if getattr(lane.checks, key) <= 0:
+            yield Problem(f"{base}.checks.{key}", "must be longer than zero", "e.g. 5m")
     for i, step in enumerate(lane.prepare):
         if step.timeout <= 0:
             yield Problem(f"{base}.prepare[{i}].timeout", "must be longer than zero", "e.g. 30m")

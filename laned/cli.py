@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from laned import __version__
+from laned.config import GATES
 from laned.errors import ConfigError, LanedError, Severity
 
 if TYPE_CHECKING:
@@ -99,6 +100,44 @@ def _parser() -> argparse.ArgumentParser:
         if name == "activate":
             command.add_argument(
                 "--force", action="store_true", help="start even when preflight finds errors"
+            )
+    for name, what in (
+        ("check", "run the acceptance gates against LANE"),
+        ("bench", "measure LANE: decode by concurrency, prefill by context length"),
+    ):
+        command = api_command(
+            name,
+            what,
+            (
+                "Run seed 002's six gates (load, chat, reasoning, tools, context, speed) through "
+                "laned's API, which keeps the results; when laned does not answer, here (not kept). "
+                "Exit 1 when a gate fails."
+                if name == "check"
+                else "Measure the lane as the seeds do: decode tok/s at 1, 2, 4 and 8 streams (a "
+                "400-token minus a 16-token reply, warm prefix), prefill tok/s at 8k/16k/32k "
+                "(capped by the window) and decode at long context. Runs here, against the engine."
+            ),
+        )
+        command.add_argument("lane", metavar="LANE", nargs="?", help="a configured lane")
+        command.add_argument("--json", action="store_true", help="print JSON")
+        command.add_argument(
+            "--base-url", help="any OpenAI-compatible server instead of a lane (http://host:port)"
+        )
+        command.add_argument("--model", help="with --base-url: the served model name")
+        command.add_argument(
+            "--api-key-file", help="with --base-url: a file with VLLM_API_KEY=... (never argv)"
+        )
+        if name == "check":
+            command.add_argument(
+                "--gate", action="append", choices=GATES, help="run only this gate (repeatable)"
+            )
+        else:
+            command.add_argument("--out", help="also write the JSON to this file")
+            command.add_argument(
+                "--concurrency", default="1,2,4,8", help="streams to measure (default 1,2,4,8)"
+            )
+            command.add_argument(
+                "--contexts", default="8192,16384,32768", help="prefill sizes (default 8k,16k,32k)"
             )
     logs = api_command(
         "logs", "show a lane's engine log", "Show the engine's log of LANE (journald)."
@@ -333,6 +372,120 @@ def cmd_lane(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _engine_target(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """(EngineClient, the lane's ChecksConfig, label) for a configured lane or --base-url."""
+    from laned.config import ChecksConfig, load_config
+    from laned.engine_api import EngineClient
+    from laned.probes import read_api_key
+
+    if args.base_url:
+        if not args.model:
+            raise LanedError("--base-url needs --model", "name the model the server serves")
+        key = read_api_key(args.api_key_file) if args.api_key_file else None
+        return EngineClient(args.base_url, args.model, key), ChecksConfig(), args.base_url
+    if not args.lane:
+        raise LanedError("name a LANE (or give --base-url and --model)", "see laned status")
+    config = load_config(_config_path(args))
+    if args.lane not in config.lanes:
+        raise LanedError(
+            f"no lane named {args.lane!r}", f"configured lanes: {', '.join(sorted(config.lanes))}"
+        )
+    spec = config.lanes[args.lane]
+    client = EngineClient(
+        f"http://127.0.0.1:{spec.port}", spec.served_model_name, read_api_key(spec.api_key_file)
+    )
+    return client, spec.checks, args.lane
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """`laned check LANE [--gate G ...] [--json]`."""
+    import asyncio
+    import json
+
+    from laned.acceptance import run_gates
+    from laned.client import ApiUnavailable, checks_passed, checks_text
+
+    gates = args.gate or list(GATES)
+    run: dict[str, Any]
+    try:
+        if args.base_url:
+            raise ApiUnavailable("not through laned: --base-url")
+        if not args.lane:
+            raise LanedError("name a LANE (or give --base-url and --model)", "see laned status")
+        client = _client(args)
+        client.http.timeout = None  # type: ignore[assignment]  # a context gate takes minutes
+        run = client.call("POST", f"/lanes/{args.lane}/check", gate=gates)
+    except ApiUnavailable:
+        engine, settings, label = _engine_target(args)
+        if not args.base_url:
+            print(
+                "laned does not answer: checking here (the results are not kept)", file=sys.stderr
+            )
+
+        async def local() -> list[Any]:
+            try:
+                return await run_gates(engine, settings, gates)
+            finally:
+                await engine.close()
+
+        results = asyncio.run(local())
+        gates_json = {r.gate: r.to_json() for r in results}
+        run = {"lane": label, "passed": all(r.passed for r in results), "gates": gates_json}
+    print(json.dumps(run, indent=2) if args.json else checks_text(run))
+    return EXIT_OK if checks_passed(run) else EXIT_FAILED
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """`laned bench LANE [--json] [--out FILE]`."""
+    import asyncio
+    import json
+    import time
+
+    from laned.benchmark import run_bench, table
+
+    try:
+        concurrency = [int(c) for c in args.concurrency.split(",")]
+        contexts = [int(c) for c in args.contexts.split(",")]
+    except ValueError:
+        raise LanedError(
+            f"--concurrency {args.concurrency!r} / --contexts {args.contexts!r}: not numbers",
+            "e.g. --concurrency 1,2,4,8 --contexts 8192,16384,32768",
+        ) from None
+    engine, _settings, label = _engine_target(args)
+
+    async def sweep() -> dict[str, Any]:
+        try:
+            served = await engine.served()
+            if served is None:
+                raise LanedError(
+                    f"{engine.base_url} does not serve {engine.model}: is the lane running?",
+                    f"laned activate {label} --wait",
+                )
+            window = int(served.get("max_model_len") or 0)
+            if window <= 0:
+                raise LanedError(
+                    f"{engine.base_url}/v1/models gives no max_model_len", "is it a vLLM server?"
+                )
+            return await run_bench(
+                engine,
+                window,
+                concurrency,
+                contexts,
+                lambda line: print(f"bench: {line}", file=sys.stderr, flush=True),
+            )
+        finally:
+            await engine.close()
+
+    result = {"lane": label, "at": time.time(), **asyncio.run(sweep())}
+    text = json.dumps(result, indent=2)
+    if args.out:
+        from laned.render import write_atomic
+
+        write_atomic(args.out, text + "\n", 0o644)
+    print(text if args.json else table(result))
+    return EXIT_OK
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     """`laned logs LANE [-n N] [-f]`."""
     import os
@@ -413,6 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve": cmd_serve,
         "status": cmd_status,
         "preflight": cmd_preflight,
+        "check": cmd_check,
+        "bench": cmd_bench,
         "activate": cmd_lane,
         "deactivate": cmd_lane,
         "restart": cmd_lane,

@@ -100,6 +100,27 @@ def findings_text(body: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def checks_text(run: dict[str, Any]) -> str:
+    """`laned check` output: a line a gate, with what it measured or why it failed."""
+    lines = []
+    ran = run.get("ran") or list(run["gates"])
+    shown = {gate: run["gates"][gate] for gate in ran}
+    for gate, result in shown.items():
+        mark = "pass" if result["passed"] else "FAIL"
+        measured = {k: v for k, v in (result.get("measured") or {}).items() if k != "answer"}
+        detail = result.get("reason") or ", ".join(f"{k} {v}" for k, v in measured.items())
+        lines.append(f"{mark}  {gate:10} {result.get('seconds', 0):7.1f}s  {detail}")
+    passed = sum(1 for r in shown.values() if r["passed"])
+    lines.append(f"{run['lane']}: {passed}/{len(shown)} gates passed")
+    return "\n".join(lines)
+
+
+def checks_passed(run: dict[str, Any]) -> bool:
+    """Whether the gates of this run (not earlier ones) all passed."""
+    ran = run.get("ran") or list(run["gates"])
+    return all(run["gates"][gate]["passed"] for gate in ran)
+
+
 def fit_table(body: dict[str, Any]) -> str:
     """`laned status --fit`: the host, then each lane with whether it fits and why not."""
     host = body["host"]

@@ -236,6 +236,29 @@ class PrepareStep(_Model):
         return data
 
 
+GATES = ("load", "chat", "reasoning", "tools", "context", "speed")
+
+
+class ChecksConfig(_Model):
+    """`[lanes.X.checks]`: the acceptance gates (seed 002) and what they demand."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    after_activate: tuple[str, ...] = ()  # gates run by themselves after each activation
+    load_within: Duration = 3600.0  # the `load` gate: a cold start no longer than this
+    context_fraction: float = Field(default=0.85, gt=0, lt=1)
+    speed_min_tps: float = Field(default=15.0, gt=0)
+    deadline: Duration = 300.0  # each of chat, reasoning, tools and speed
+    context_deadline: Duration = 1800.0  # a prompt of 85% of a long window takes a while
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tuple(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("after_activate"), list):
+            return {**data, "after_activate": tuple(data["after_activate"])}
+        return data
+
+
 class LaneConfig(_Model):
     """`[lanes.X]`: one engine with its exact flags, environment, mounts and API key."""
 
@@ -261,6 +284,7 @@ class LaneConfig(_Model):
     needs: Needs = Field(default_factory=Needs)
     gpu_gate: GpuGate = Field(default_factory=GpuGate)
     prepare: tuple[PrepareStep, ...] = ()
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
     container: ContainerSpec | None = None
     exec: ExecSpec | None = None
 

@@ -135,6 +135,7 @@ class LaneStatus:
     phases: list[tuple[str, float]] = field(default_factory=list)  # this start: (phase, since)
     last_phases: dict[str, float] = field(default_factory=dict)  # last good start: phase -> s
     image_id: str | None = None  # container lanes: the image of the last good start
+    checks: dict[str, Any] | None = None  # the last acceptance run (see laned.acceptance)
 
     def to_json(self) -> dict[str, Any]:
         """As served by the API and stored in state_dir."""
@@ -151,6 +152,7 @@ class LaneStatus:
             "last_cold_start": self.last_cold_start,
             "last_phases": self.last_phases,
             "image_id": self.image_id,
+            "checks": self.checks,
         }
 
     def startup(self, now: float) -> dict[str, Any] | None:

@@ -187,6 +187,16 @@ class _StateCollector(Collector):
             "Generated tokens per second over the last minute.",
             labels=["lane"],
         )
+        check_passed = GaugeMetricFamily(
+            "laned_check_passed",
+            "1 when the gate passed at the lane's last acceptance run, 0 when it failed.",
+            labels=["lane", "gate"],
+        )
+        check_time = GaugeMetricFamily(
+            "laned_check_last_run_timestamp_seconds",
+            "When the lane's acceptance gates last ran (Unix time).",
+            labels=["lane"],
+        )
         phases = GaugeMetricFamily(
             "laned_lane_startup_phase_seconds",
             "Duration of each startup phase of the lane's last good cold start.",
@@ -198,6 +208,10 @@ class _StateCollector(Collector):
             desired.add_metric([name], 1.0 if status.desired is Desired.ACTIVE else 0.0)
             for phase, seconds in sorted(status.last_phases.items()):
                 phases.add_metric([name, phase], seconds)
+            if status.checks:
+                check_time.add_metric([name], float(status.checks.get("at", 0.0)))
+                for gate, result in sorted(status.checks.get("gates", {}).items()):
+                    check_passed.add_metric([name, gate], 1.0 if result.get("passed") else 0.0)
             ready.add_metric([name], 1.0 if status.state is LaneState.READY else 0.0)
             summary = self.supervisor.engine_summary(name)
             if summary is not None:
@@ -205,4 +219,15 @@ class _StateCollector(Collector):
                 waiting.add_metric([name], summary["requests_waiting"])
                 kv.add_metric([name], summary["kv_cache_usage"])
                 tps.add_metric([name], summary["generation_tokens_per_second"])
-        yield from (state, desired, ready, running, waiting, kv, tps, phases)
+        yield from (
+            state,
+            desired,
+            ready,
+            running,
+            waiting,
+            kv,
+            tps,
+            phases,
+            check_passed,
+            check_time,
+        )

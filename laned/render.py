@@ -8,6 +8,7 @@ generated itself (listed in its manifest and still carrying its mark).
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import stat
@@ -59,6 +60,21 @@ def plan(config: Config, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> list
             path = f"{generation_config_dir(config, lane)}/generation_config.json"
             files.append(GeneratedFile(path, text, 0o644))
     return files
+
+
+def lane_digest(config: Config, lane: str, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> str:
+    """A short hash of everything rendered for one lane (unit, wrapper, generation config):
+    acceptance results are kept with it, so a result of another configuration shows as such."""
+    mine = {
+        unit_path(config, lane),
+        wrapper_path(config, lane),
+        generation_config_dir(config, lane),
+    }
+    digest = hashlib.sha256()
+    for item in plan(config, systemd_version):
+        if item.path in mine or item.path.startswith(generation_config_dir(config, lane) + "/"):
+            digest.update(item.path.encode() + b"\0" + item.content.encode() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def manifest_path(config: Config) -> str:

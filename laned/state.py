@@ -70,3 +70,23 @@ def load(state_dir: str) -> Saved:
 def save(state_dir: str, saved: Saved) -> None:
     """Write state.json atomically."""
     write_atomic(f"{state_dir}/{STATE_FILE}", json.dumps(saved.to_json(), indent=1) + "\n", 0o600)
+
+
+def checks_path(state_dir: str, lane: str) -> str:
+    """Where a lane's last acceptance run is kept."""
+    return f"{state_dir}/checks/{lane}.json"
+
+
+def load_checks(state_dir: str, lane: str) -> dict[str, Any] | None:
+    """The lane's last acceptance run; None when there is none (or it is unreadable)."""
+    try:
+        with open(checks_path(state_dir, lane), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def save_checks(state_dir: str, lane: str, run: dict[str, Any]) -> None:
+    """Keep the lane's last acceptance run (atomically)."""
+    write_atomic(checks_path(state_dir, lane), json.dumps(run, indent=1) + "\n", 0o600)

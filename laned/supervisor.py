@@ -20,12 +20,14 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from laned import journal, render, state
-from laned.config import Config, LaneConfig
+from laned.acceptance import GateResult, LaneNotRunning, run_gates
+from laned.config import GATES, Config, LaneConfig
+from laned.engine_api import EngineClient
 from laned.errors import (
     ActivationFailed,
     ConfigRefused,
@@ -140,6 +142,7 @@ class Supervisor:
         self._pokes: dict[str, asyncio.Event] = {}
         self._log_task: asyncio.Task[None] | None = None
         self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
+        self._check_degraded: set[str] = set()  # degraded by a failed check, still serving
         self._closing = False
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -154,6 +157,7 @@ class Supervisor:
             status.last_cold_start = saved.last_cold_start.get(name)
             status.last_phases = saved.last_phases.get(name, {})
             status.image_id = saved.image_ids.get(name)
+            status.checks = state.load_checks(self.config.daemon.state_dir, name)
             status.since = self.clock()
             if name in saved.failed:
                 # A lane that gave up (crash loop, start timeout) stays failed until activated.
@@ -705,6 +709,8 @@ class Supervisor:
         self._transition(
             lane, LaneState.READY, "health 200 and /v1/models lists " + spec.served_model_name
         )
+        if spec.checks.after_activate:
+            self._spawn(self._auto_check(lane))
         await self._watch_liveness(lane)
 
     async def _record_image(self, lane: str) -> None:
@@ -745,7 +751,7 @@ class Supervisor:
         low_since: float | None = None
         while True:
             await asyncio.sleep(probe.interval)
-            if self.statuses[lane].state is not LaneState.READY:
+            if not self._serving(lane):
                 return
             if not await self.probe.health(spec.port, spec.health_path):
                 failures += 1
@@ -780,6 +786,84 @@ class Supervisor:
                         return
                 else:
                     low_since = None
+
+    def _serving(self, lane: str) -> bool:
+        """Ready, or degraded only by a failed acceptance check (it still serves; watch it)."""
+        state_now = self.statuses[lane].state
+        return state_now is LaneState.READY or (
+            state_now is LaneState.DEGRADED and lane in self._check_degraded
+        )
+
+    # --- acceptance checks ---------------------------------------------------------------
+
+    async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
+        """Run acceptance gates against the lane; keep, show and export the results.
+
+        LaneNotRunning at once when the lane is not serving."""
+        spec = self.spec(lane)
+        status = self.statuses[lane]
+        if status.state not in (LaneState.READY, LaneState.DEGRADED):
+            raise LaneNotRunning(
+                f"lane {lane} is {status.state.value}, not serving: no gate can run",
+                f"activate it first: laned activate {lane} --wait",
+            )
+        client = EngineClient(
+            f"http://127.0.0.1:{spec.port}",
+            spec.served_model_name,
+            read_api_key(spec.api_key_file),
+            timeout=max(spec.checks.deadline, spec.checks.context_deadline) + 30,
+        )
+
+        def on_result(result: GateResult) -> None:
+            verdict = "passed" if result.passed else f"failed: {result.reason}"
+            self._note(lane, EventKind.CHECK, f"check {result.gate} {verdict}")
+
+        try:
+            results = await run_gates(
+                client, spec.checks, gates, status.last_cold_start, on_result=on_result
+            )
+        finally:
+            await client.close()
+        return self._record_checks(lane, results)
+
+    def _record_checks(self, lane: str, results: Sequence[GateResult]) -> dict[str, Any]:
+        status = self.statuses[lane]
+        previous = (status.checks or {}).get("gates", {})
+        digest = render.lane_digest(self.config, lane, self.systemd_version)
+        if (status.checks or {}).get("config_hash") != digest:
+            previous = {}  # results of another configuration do not carry over
+        gates = {**previous, **{r.gate: r.to_json() for r in results}}
+        run = {
+            "lane": lane,
+            "at": self.clock(),
+            "config_hash": digest,
+            "passed": all(g["passed"] for g in gates.values()),
+            "gates": gates,  # this run's, and the earlier results of the same configuration
+            "ran": [r.gate for r in results],
+        }
+        status.checks = run
+        try:
+            state.save_checks(self.config.daemon.state_dir, lane, run)
+        except LanedError as exc:
+            log.error("cannot save the check results of %s: %s", lane, exc)
+        failed = [r for r in results if not r.passed]
+        if failed and status.state is LaneState.READY:
+            # It serves, but not as it should (word salad, a broken tool parser...): a
+            # restart would not fix that, so the lane is degraded and left running.
+            self._check_degraded.add(lane)
+            self._transition(
+                lane, LaneState.DEGRADED, f"check {failed[0].gate}: {failed[0].reason}"
+            )
+        elif not failed and lane in self._check_degraded and status.state is LaneState.DEGRADED:
+            self._check_degraded.discard(lane)
+            self._transition(lane, LaneState.READY, "the acceptance checks pass again")
+        return run
+
+    async def _auto_check(self, lane: str) -> None:
+        try:
+            await self.check(lane, self.config.lanes[lane].checks.after_activate)
+        except LanedError as exc:
+            self._note(lane, EventKind.CHECK, f"checks after activation did not run: {exc.message}")
 
     def _degrade(self, lane: str, reason: str, kind: str) -> None:
         self._transition(lane, LaneState.DEGRADED, reason)
@@ -913,6 +997,7 @@ class Supervisor:
         self._started_at[lane] = now
         self.statuses[lane].started_at = now
         self.statuses[lane].phases = []
+        self._check_degraded.discard(lane)
 
     async def _restart_after_failure(self, lane: str) -> None:
         self._timers.pop(lane, None)

@@ -204,6 +204,13 @@ def compose_chat(
 
 def compose_text(question: str, context: str, thinking: bool, model: str) -> Answer:
     """Decide the reply to a plain prompt (chat without tools, or a completion)."""
+    # A question about a buried code first: the code itself may look like arithmetic (Q7-4821).
+    if re.search(r"\b(code|passcode|password|secret|needle)\b", question, re.I):
+        code = find_code(context)
+        if code:
+            return Answer(
+                content=f"The code is {code}.", reasoning="I searched the text for the code."
+            )
     math = arithmetic(question)
     if math is not None:
         working, result = math
@@ -211,12 +218,6 @@ def compose_text(question: str, context: str, thinking: bool, model: str) -> Ans
             content=f"{result}" if thinking else f"{working} The answer is {result}.",
             reasoning=working,
         )
-    if re.search(r"\b(code|passcode|password|secret|needle)\b", question, re.I):
-        code = find_code(context)
-        if code:
-            return Answer(
-                content=f"The code is {code}.", reasoning="I searched the text for the code."
-            )
     if _LONG.search(question):
         return Answer(content=FILLER, reasoning="The user wants a long text.", long=True)
     return Answer(

@@ -513,6 +513,9 @@ def cmd_events(args: argparse.Namespace) -> int:
 
     def show(event: dict[str, Any]) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at"])))
+        if event.get("kind", "transition") != "transition":  # a note: no state changed
+            print(f"{stamp}  {event['lane']} [{event['kind']}] {event['reason']}", flush=True)
+            return
         print(
             f"{stamp}  {event['lane']}: {event['from']} -> {event['to']}  ({event['reason']})",
             flush=True,

@@ -67,9 +67,19 @@ class Client:
         return body
 
 
+def _checks_cell(checks: dict[str, Any] | None) -> str:
+    """`5/6 (speed)`: gates passed at the last run, and the first that failed."""
+    if not checks or not checks.get("gates"):
+        return "-"
+    gates = checks["gates"]
+    failed = [g for g, r in gates.items() if not r["passed"]]
+    cell = f"{len(gates) - len(failed)}/{len(gates)}"
+    return cell + (f" ({failed[0]} failed)" if failed else "")
+
+
 def table(lanes: list[dict[str, Any]]) -> str:
     """The `laned status` table."""
-    rows = [("LANE", "STATE", "DESIRED", "PORT", "MODEL", "RESTARTS", "REASON")]
+    rows = [("LANE", "STATE", "DESIRED", "PORT", "MODEL", "RESTARTS", "CHECKS", "REASON")]
     for lane in lanes:
         state = lane["state"]
         if lane.get("phase"):
@@ -79,7 +89,7 @@ def table(lanes: list[dict[str, Any]]) -> str:
                 + ")"
             )
         rows.append((lane["name"], state, lane["desired"], str(lane["port"]), lane["served_model_name"],
-                     str(lane["restarts"]), lane.get("reason") or ""))  # fmt: skip
+                     str(lane["restarts"]), _checks_cell(lane.get("checks")), lane.get("reason") or ""))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]

@@ -83,6 +83,7 @@ class Operation:
     from_lane: str = "none"
     started: float = field(default_factory=time.monotonic)
     force: bool = False  # start despite preflight errors
+    unattended: bool = False  # laned's own (at start): a refusal fails the lane, visibly
     desired_before: dict[str, Desired] = field(default_factory=dict)  # restored if refused
 
 
@@ -432,7 +433,11 @@ class Supervisor:
             self._ops.pop(self.config.lanes[op.lane].group, None)
 
     def _spawn_activation(self, lane: str, reason: str) -> None:
+        """An activation laned makes itself (the desired or default lane at start)."""
         future = self.activate(lane, reason)
+        op = self._ops.get(self.config.lanes[lane].group)
+        if op is not None and op.future is future:
+            op.unattended = True  # nobody waits for it: a refusal must show in the lane's state
         future.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
 
     async def _run_activation(self, op: Operation, reason: str) -> None:
@@ -505,8 +510,11 @@ class Supervisor:
             return True
         for name, desired in op.desired_before.items():
             self.statuses[name].desired = desired
+        message, hint = refusal(lane, findings)
+        if op.unattended:
+            self._fail_start(lane, message.removeprefix(f"lane {lane}: "))
         self._save()
-        self._finish(op, PreflightFailed(*refusal(lane, findings), findings))
+        self._finish(op, PreflightFailed(message, hint, findings))
         return False
 
     async def _clear_for_start(self, lane: str) -> str | None:
@@ -816,7 +824,7 @@ class Supervisor:
 
         def on_result(result: GateResult) -> None:
             verdict = "passed" if result.passed else f"failed: {result.reason}"
-            self._note(lane, EventKind.CHECK, f"check {result.gate} {verdict}")
+            self._note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
 
         try:
             results = await run_gates(

@@ -331,3 +331,25 @@ def test_prepare_runs_once_after_the_image_changed(
             assert marker.read_text() == "x", "prepare runs only after the image changed"
 
     run_async(scenario())
+
+
+def test_a_desired_lane_that_fails_preflight_at_start_is_failed_visibly(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port = free_port()
+    lane = container_lane(units, "localhost/laned-never-built:1", "b")
+    config = lane_config(harness, units, tmp_path, {"b": lane}, port)
+    state = Path(config.daemon.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "state.json").write_text(json.dumps({"desired": {"b": "active"}}))
+
+    async def scenario() -> None:
+        # laned restores the desired lane at start; nobody waits on that activation, so its
+        # refusal must show in the lane itself.
+        async with supervising(harness, config) as sup:
+            await until(lambda: sup.statuses["b"].state is LaneState.FAILED, 10, "failed")
+            assert sup.statuses["b"].reason.startswith("preflight: ")
+            assert "not present locally" in sup.statuses["b"].reason
+            assert sup.statuses["b"].desired is Desired.ACTIVE
+
+    run_async(scenario())

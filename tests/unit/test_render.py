@@ -63,6 +63,7 @@ LANED_ADDITIONS_PODMAN = [
     ("-e", "VLLM_API_KEY"),
     ("-v", "/home/op/.local/state/laned/lanes/dsv41/generation-config:/laned/generation-config:ro"),
     ("-v", "/home/op/.cache/laned/lanes/dsv41:/laned/cache"),
+    ("-e", "VLLM_ENGINE_READY_TIMEOUT_S=3600"),  # seed 001's fix for long cold starts
     *[("-e", f"{k}={v}") for k, v in sorted(DEFAULT_CACHE_ENV.items())],
 ]
 # What laned drops, on purpose: --rm, because the wrapper reads how the container ended

@@ -36,7 +36,7 @@ from laned.errors import (
     UnknownLane,
 )
 from laned.host import meminfo
-from laned.lanes import RUNNING_STATES, Event, LaneStatus
+from laned.lanes import RUNNING_STATES, Desired, Event, LaneStatus
 from laned.metrics import LanedMetrics
 from laned.names import container_name, unit_name
 from laned.preflight import Finding, HostFacts, blocking, fit, refusal
@@ -328,7 +328,7 @@ def create_app(
         """Make the lane the running lane of its group (stopping the others). Idempotent.
         Preflight runs first; its errors refuse the activation before anything is stopped."""
         status = lane_status(lane)
-        starting = status.desired.value == "active" and status.state in RUNNING_STATES
+        starting = status.desired is Desired.ACTIVE and status.state in RUNNING_STATES
         if not force and not starting:
             # Refuse at once, so that `curl .../activate` without wait hears why too.
             findings = await supervisor.preflight(lane)

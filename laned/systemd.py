@@ -10,6 +10,7 @@ when systemd garbage-collects the unit right after. D-Bus errors become SystemdE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -171,19 +172,29 @@ class Systemd:
         await self.subscribe()
 
     async def wait_closed(self) -> None:
-        """Return when the bus connection is gone."""
+        """Return when the bus connection is gone, however it went; jobs still being waited
+        for then fail with BusUnavailable (their JobRemoved can no longer arrive)."""
         if self.bus is not None:
-            await self.bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
+            # dbus-fast re-raises what ended the connection (EOFError, OSError): it ended.
+            with contextlib.suppress(Exception):
+                await self.bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
+        self._fail_waiting(
+            BusUnavailable("the user bus connection was lost", "laned reconnects by itself")
+        )
 
     def disconnect(self) -> None:
         """Close the connection."""
         if self.bus is not None:
             self.bus.disconnect()
-        lost = BusUnavailable("the user bus connection was lost", "laned reconnects by itself")
+        self._fail_waiting(
+            BusUnavailable("the user bus connection was lost", "laned reconnects by itself")
+        )
+
+    def _fail_waiting(self, error: BusUnavailable) -> None:
         for futures in self._waiting.values():
             for future in futures:
                 if not future.done():
-                    future.set_exception(lost)
+                    future.set_exception(error)
         self._waiting.clear()
 
     # --- one method per systemd call ---------------------------------------------------

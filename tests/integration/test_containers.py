@@ -172,6 +172,24 @@ def test_a_stale_container_is_cleaned_and_the_lane_starts(
             assert state is not None and state.status == "running"
             lines = await sup.host.podman.logs(name, 50)
             assert any("Starting vLLM API server" in line for line in lines)
+            # Following: a request the engine logs shows up as a new line.
+            follow = sup.host.podman.follow_logs(name)
+
+            async def next_models_line() -> str:
+                async for line in follow:
+                    if "GET /v1/models" in line:
+                        return line
+                return ""
+
+            waiting = asyncio.ensure_future(next_models_line())
+            async with httpx.AsyncClient() as client:
+                for _ in range(50):  # until the follower is attached and sees one
+                    await client.get(f"http://127.0.0.1:{port}/v1/models")
+                    done, _pending = await asyncio.wait({waiting}, timeout=0.2)
+                    if done:
+                        break
+            assert "GET /v1/models" in await asyncio.wait_for(waiting, 5)
+            await follow.aclose()
 
     run_async(scenario())
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -474,7 +475,10 @@ def test_laned_killed_mid_swap_converges_to_the_last_desired_lane(
         print(logs.read_text())
 
 
-def test_bus_reconnect_keeps_watching(harness: Harness, units: Units, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["disconnect", "eof"])
+def test_bus_reconnect_keeps_watching(
+    harness: Harness, units: Units, tmp_path: Path, how: str
+) -> None:
     port = free_port()
     config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
     unit = f"{units.name('a')}.service"
@@ -483,7 +487,12 @@ def test_bus_reconnect_keeps_watching(harness: Harness, units: Units, tmp_path: 
         async with supervising(harness, config) as sup:
             await sup.activate("a")
             assert sup.systemd.bus is not None
-            sup.systemd.bus.disconnect()  # the connection drops under laned's feet
+            # The connection drops under laned's feet: closed, or cut by the other side (EOF,
+            # which dbus-fast re-raises from wait_for_disconnect).
+            if how == "disconnect":
+                sup.systemd.bus.disconnect()
+            else:
+                sup.systemd.bus._sock.shutdown(socket.SHUT_RDWR)
             await until(
                 lambda: sup.systemd.bus is not None and sup.systemd.bus.connected, 10, "a reconnect"
             )

@@ -39,7 +39,7 @@ from laned.host import meminfo
 from laned.lanes import RUNNING_STATES, Desired, Event, LaneStatus
 from laned.metrics import LanedMetrics
 from laned.names import container_name, unit_name
-from laned.preflight import Finding, HostFacts, blocking, fit, refusal
+from laned.preflight import Finding, HostFacts, blocking, fit_report, refusal, report
 from laned.supervisor import Supervisor
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
@@ -270,8 +270,7 @@ def create_app(
     async def preflight(lane: str) -> dict[str, Any]:
         """Would the lane start now? Every finding, errors first (run before each activation too)."""
         lane_status(lane)
-        findings = await supervisor.preflight(lane)
-        return {"lane": lane, "ok": not blocking(findings), "findings": findings_json(findings)}
+        return report(lane, await supervisor.preflight(lane))
 
     @app.post("/lanes/{lane}/check")
     async def check(
@@ -308,13 +307,7 @@ def create_app(
             )
         else:
             host = await supervisor.host.facts()
-        lanes = []
-        for name in sorted(supervisor.config.lanes):
-            found = fit(name, supervisor.config.lanes[name], host)
-            lanes.append(
-                {"name": name, "fits": not blocking(found), "findings": findings_json(found)}
-            )
-        return {"host": host.to_json(), "lanes": lanes}
+        return fit_report(supervisor.config.lanes, host)
 
     @app.get("/lanes/{lane}/activate", status_code=202, operation_id="activate_get")
     @app.post("/lanes/{lane}/activate", status_code=202, operation_id="activate_post")

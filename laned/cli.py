@@ -273,41 +273,27 @@ def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
     """Preflight or fit computed here, for when laned's API does not answer."""
     import asyncio
 
+    from laned import state
     from laned.config import load_config
     from laned.host import Host
     from laned.names import podman_socket
     from laned.podman import Podman
-    from laned.preflight import blocking, fit
+    from laned.preflight import fit_report, report
 
     config = load_config(_config_path(args))
     host = Host(Podman(podman_socket(config, os.environ)))
     print("laned does not answer: checking here, from the config", file=sys.stderr)
     try:
         if what == "fit":
-            facts = asyncio.run(host.facts())
-            lanes = []
-            for name in sorted(config.lanes):
-                found = fit(name, config.lanes[name], facts)
-                lanes.append(
-                    {
-                        "name": name,
-                        "fits": not blocking(found),
-                        "findings": [f.to_json() for f in found],
-                    }
-                )
-            return {"host": facts.to_json(), "lanes": lanes}
+            return fit_report(config.lanes, asyncio.run(host.facts()))
         if args.lane not in config.lanes:
             raise LanedError(
                 f"no lane named {args.lane!r}",
                 f"configured lanes: {', '.join(sorted(config.lanes))}",
             )
         peer = asyncio.run(_running_on_port(config, args.lane))
-        findings = asyncio.run(host.preflight(config, args.lane, peer, None))
-        return {
-            "lane": args.lane,
-            "ok": not blocking(findings),
-            "findings": [f.to_json() for f in findings],
-        }
+        last_image = state.load(config.daemon.state_dir).image_ids.get(args.lane)
+        return report(args.lane, asyncio.run(host.preflight(config, args.lane, peer, last_image)))
     finally:
         host.close()
 

@@ -151,6 +151,22 @@ def blocking(findings: Sequence[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity is Severity.ERROR]
 
 
+def report(lane: str, findings: Sequence[Finding]) -> dict[str, Any]:
+    """A lane's preflight as served and printed: `{lane, ok, findings}`."""
+    return {"lane": lane, "ok": not blocking(findings), "findings": [f.to_json() for f in findings]}
+
+
+def fit_report(lanes: dict[str, LaneConfig], host: HostFacts) -> dict[str, Any]:
+    """Which lanes this host can run at all, as served by /fit and printed by status --fit."""
+    rows = []
+    for name in sorted(lanes):
+        found = fit(name, lanes[name], host)
+        rows.append(
+            {"name": name, "fits": not blocking(found), "findings": [f.to_json() for f in found]}
+        )
+    return {"host": host.to_json(), "lanes": rows}
+
+
 def refusal(lane: str, findings: Sequence[Finding]) -> tuple[str, str]:
     """(message, hint) of an activation refused for these findings' errors."""
     errors = blocking(findings)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from laned.config import GATES, Config, LaneConfig
 from laned.errors import Problem, Severity
 from laned.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
+from laned.preflight import gpu_indices
 
 LANE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -46,7 +47,25 @@ def check_config(config: Config) -> list[Problem]:
     for name, lane in config.lanes.items():
         problems += _check_lane(name, lane)
     problems += _check_uniqueness(config)
+    problems += _check_gpu_sharing(config)
     return problems
+
+
+def _check_gpu_sharing(config: Config) -> Iterator[Problem]:
+    # Lanes of different groups run at the same time: each must say which GPUs are its own,
+    # or the GPU-memory gate of one waits on the memory the other holds.
+    if len({lane.group for lane in config.lanes.values()}) < 2:
+        return
+    for name, lane in sorted(config.lanes.items()):
+        if lane.gpu_gate.enabled and gpu_indices(lane) is None:
+            yield Problem(
+                f"lanes.{name}.gpus",
+                "is unset while lanes of other groups may run at the same time: the GPU-memory "
+                "gate would wait on every GPU, theirs too",
+                "list this lane's GPUs (gpus = [0, 1]), or name them in its devices "
+                '("nvidia.com/gpu=0") or CUDA_VISIBLE_DEVICES',
+                Severity.WARNING,
+            )
 
 
 def _check_daemon(config: Config) -> Iterator[Problem]:

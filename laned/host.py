@@ -26,6 +26,7 @@ from laned.preflight import (
     KeyFile,
     LaneFacts,
     evaluate,
+    gpu_indices,
     model_path,
     paths_to_check,
 )
@@ -172,7 +173,7 @@ class Host:
             return None, why
         gate = spec.gpu_gate
         result = await wait_released(
-            lambda: nvml.read(spec.gpus),
+            lambda: nvml.read(gpu_indices(spec)),
             gate.max_used_gib * GIB,
             gate.timeout,
             gate.interval,

@@ -297,13 +297,36 @@ def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
     )
 
 
+def gpu_indices(spec: LaneConfig) -> tuple[int, ...] | None:
+    """The NVML indices of the lane's GPUs: `gpus`, else what its CDI devices
+    (`nvidia.com/gpu=0`) or CUDA_VISIBLE_DEVICES ("0,1") name; None means all of them."""
+    if spec.gpus is not None:
+        return spec.gpus
+    named: list[int] = []
+    for device in spec.container.devices if spec.container else ():
+        kind, _, which = device.partition("=")
+        if kind == "nvidia.com/gpu":
+            if not which.isdigit():
+                return None  # `all`, a UUID or a MIG name: all of them, as far as laned knows
+            named.append(int(which))
+    if named:
+        return tuple(sorted(set(named)))
+    visible = spec.env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        parts = [p.strip() for p in visible.value.split(",") if p.strip()]
+        if parts and all(p.isdigit() for p in parts):
+            return tuple(sorted({int(p) for p in parts}))
+    return None
+
+
 def lane_gpus(spec: LaneConfig, host: HostFacts) -> list[GpuReading]:
-    """The GPUs a lane uses: `gpus` by index, else all of them."""
+    """The GPUs a lane uses (see gpu_indices)."""
     if host.gpus is None:
         return []
-    if spec.gpus is None:
+    indices = gpu_indices(spec)
+    if indices is None:
         return list(host.gpus)
-    return [g for g in host.gpus if g.index in spec.gpus]
+    return [g for g in host.gpus if g.index in indices]
 
 
 def fit(
@@ -312,13 +335,14 @@ def fit(
     """Can this host run the lane at all? The lane's `needs` against what the host has."""
     needs, base = spec.needs, f"lanes.{lane}.needs"
     out: list[Finding] = []
-    wants_gpus = needs.gpus > 0 or needs.gpu_memory_gib > 0 or spec.gpus is not None
+    indices = gpu_indices(spec)
+    wants_gpus = needs.gpus > 0 or needs.gpu_memory_gib > 0 or indices is not None
     if wants_gpus and host.gpus is None:
         out.append(
             Finding("needs", Severity.NOTE, f"GPU needs not checked: {host.gpu_note or 'no NVML'}")
         )
     elif host.gpus is not None:
-        missing = sorted(set(spec.gpus or ()) - {g.index for g in host.gpus})
+        missing = sorted(set(indices or ()) - {g.index for g in host.gpus})
         if missing:
             out.append(
                 Finding(

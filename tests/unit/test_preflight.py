@@ -238,3 +238,36 @@ def test_startup_phases_and_prediction() -> None:
 def test_unknown_log_lines_never_break_phase_parsing(line: str) -> None:
     found = parse_phase(line)
     assert found is None or (isinstance(found[0], str) and (found[1] is None or found[1] >= 0))
+
+
+def test_a_lanes_gpus_come_from_gpus_its_cdi_devices_or_cuda_visible_devices() -> None:
+    from laned.preflight import gpu_indices
+
+    assert gpu_indices(lane("gpus = [1, 0]\n")) == (1, 0)
+    cdi = 'devices = ["nvidia.com/gpu=1", "nvidia.com/gpu=0"]'
+    assert gpu_indices(lane("", cdi)) == (0, 1)
+    assert gpu_indices(lane("", 'devices = ["nvidia.com/gpu=all"]')) is None
+    assert gpu_indices(lane('env = { CUDA_VISIBLE_DEVICES = "2,3" }\n')) == (2, 3)
+    assert gpu_indices(lane()) is None
+    host = HostFacts(tuple(gpu(i, 96) for i in range(4)), "", 125.0, 120.0)
+    assert fit("c", lane("needs = { gpus = 2, gpu_memory_gib = 190 }\n", cdi), host) == []
+    short = fit("c", lane("needs = { gpu_memory_gib = 200 }\n", cdi), host)
+    assert "its GPUs have 192.0 GiB" in short[0].message, "two of the four GPUs are the lane's"
+
+
+def test_lanes_of_several_groups_are_told_to_name_their_gpus() -> None:
+    text = (
+        CONTAINER.replace("{extra}", "").replace("{container}", "")
+        + """
+[lanes.d]
+port = 8005
+group = "small"
+served_model_name = "d"
+gpus = [3]
+[lanes.d.exec]
+command = ["/opt/vllm", "serve", "org/model"]
+"""
+    )
+    warned = [p for p in parse_config(text, "t.toml", ENV).warnings if p.path == "lanes.c.gpus"]
+    assert len(warned) == 1 and "other groups" in warned[0].message
+    assert not [p for p in parse_config(text, "t.toml", ENV).warnings if p.path == "lanes.d.gpus"]

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from laned.api import ApiSettings, create_app
 from laned.config import Config
 from laned.errors import ActivationFailed, PodmanUnavailable, PreflightFailed
 from laned.host import Host
@@ -309,6 +310,13 @@ def test_the_podman_socket_going_away_disturbs_nothing(
                     break
                 assert time.monotonic() < deadline, "the podman API still answers"
                 await asyncio.sleep(0.05)
+            # The lane's view says so, with the hint (the API in-process, over ASGI).
+            app = create_app(sup, ApiSettings("127.0.0.1", 9000))
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as api:
+                view = (await api.get("/lanes/c")).json()
+            assert view["state"] == "ready" and view["container"]["status"] == "unknown"
+            assert "systemctl --user enable --now podman.socket" in view["container"]["hint"]
             findings = await sup.preflight("c")
             assert [f.check for f in findings if f.check == "image"] == ["image"]
             assert all(f.severity.value != "error" for f in findings)

@@ -623,8 +623,10 @@ class Supervisor:
             self._note(lane, EventKind.GATE, f"cannot confirm the container is gone: {exc.message}")
             return
         if not gone:
+            reason = f"its container is still there {spec.stop_timeout:g}s after the stop"
+            self._transition(lane, LaneState.FAILED, reason)  # not left `stopping` forever
             raise ActivationFailed(
-                f"lane {lane}: its container is still there {spec.stop_timeout:g}s after the stop",
+                f"lane {lane}: {reason}",
                 "see `podman ps -a`; remove it with `podman rm -f` and activate again",
             )
 

@@ -67,17 +67,6 @@ class GateResult:
             "seconds": round(self.seconds, 3),
         }
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GateResult:
-        """From what to_json stored."""
-        return cls(
-            str(data["gate"]),
-            bool(data["passed"]),
-            dict(data.get("measured") or {}),
-            str(data.get("reason", "")),
-            float(data.get("seconds", 0.0)),
-        )
-
 
 Verdict = tuple[bool, dict[str, Any], str]  # (passed, measured, reason)
 

@@ -133,13 +133,6 @@ class Podman:
 
         return await asyncio.to_thread(guarded)
 
-    async def ping(self) -> bool:
-        """Whether the service answers."""
-        try:
-            return bool(await self._off_loop("ping", lambda c: c.ping()))
-        except PodmanError:
-            return False
-
     async def container(self, name: str) -> ContainerState | None:
         """The container's state by name; None when there is no such container."""
         try:

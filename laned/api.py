@@ -322,15 +322,18 @@ def create_app(
         Preflight runs first; its errors refuse the activation before anything is stopped."""
         status = lane_status(lane)
         starting = status.desired is Desired.ACTIVE and status.state in RUNNING_STATES
+        findings = None
         if not force and not starting:
-            # Refuse at once, so that `curl .../activate` without wait hears why too.
+            # Refuse at once, so that `curl .../activate` without wait hears why too; the
+            # activation then uses these findings instead of running preflight again.
             findings = await supervisor.preflight(lane)
             if blocking(findings):
                 message, hint = refusal(lane, findings)
                 raise ApiError(
                     409, PreflightFailed.code, message, hint, {"findings": findings_json(findings)}
                 )
-        return await answer(lane, supervisor.activate(lane, force=force), wait, timeout, request)
+        future = supervisor.activate(lane, force=force, findings=findings)
+        return await answer(lane, future, wait, timeout, request)
 
     @app.get("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_get")
     @app.post("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_post")

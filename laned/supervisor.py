@@ -84,6 +84,7 @@ class Operation:
     started: float = field(default_factory=time.monotonic)
     force: bool = False  # start despite preflight errors
     unattended: bool = False  # laned's own (at start): a refusal fails the lane, visibly
+    findings: list[Finding] | None = None  # a preflight its caller already ran
     desired_before: dict[str, Desired] = field(default_factory=dict)  # restored if refused
 
 
@@ -331,12 +332,17 @@ class Supervisor:
         return self.config.lanes[lane]
 
     def activate(
-        self, lane: str, reason: str = "activate", force: bool = False
+        self,
+        lane: str,
+        reason: str = "activate",
+        force: bool = False,
+        findings: list[Finding] | None = None,
     ) -> asyncio.Future[LaneStatus]:
         """Make `lane` the running lane of its group; the future resolves when it is ready.
 
         Preflight runs first, before anything is stopped: an error refuses the activation
-        (unless `force`) and leaves the running lane and the desired lanes as they were."""
+        (unless `force`) and leaves the running lane and the desired lanes as they were.
+        `findings`: a preflight the caller ran just now (the API does), not run again."""
         spec = self.spec(lane)
         status = self.statuses[lane]
         current = self._ops.get(spec.group)
@@ -353,7 +359,7 @@ class Supervisor:
         self._desire_only(lane)
         status.failures.clear()
         op = self._new_op(lane, "activate", spec.group)
-        op.force, op.desired_before = force, before
+        op.force, op.desired_before, op.findings = force, before, findings
         running = [
             p
             for p in self._group(lane)
@@ -489,7 +495,7 @@ class Supervisor:
     async def _preflight_passes(self, op: Operation) -> bool:
         """Run preflight; on errors (not forced) refuse the activation and undo its desire."""
         lane = op.lane
-        findings = await self.preflight(lane)
+        findings = op.findings if op.findings is not None else await self.preflight(lane)
         if not self._current(op):
             self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
             return False

@@ -18,7 +18,8 @@ from laned.errors import ConfigError, LanedError, Severity
 
 if TYPE_CHECKING:
     from laned.client import Client
-    from laned.config import Config
+    from laned.config import ChecksConfig, Config
+    from laned.engine_api import EngineClient
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -358,7 +359,7 @@ def cmd_lane(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _engine_target(args: argparse.Namespace) -> tuple[Any, Any, str]:
+def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig, str]:
     """(EngineClient, the lane's ChecksConfig, label) for a configured lane or --base-url."""
     from laned.config import ChecksConfig, load_config
     from laned.engine_api import EngineClient
@@ -388,27 +389,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from laned.acceptance import run_gates
+    from laned.acceptance import GateResult, run_gates
     from laned.client import ApiUnavailable, checks_passed, checks_text
 
     gates = args.gate or list(GATES)
-    run: dict[str, Any]
-    try:
-        if args.base_url:
-            raise ApiUnavailable("not through laned: --base-url")
+    run: dict[str, Any] | None = None
+    if not args.base_url:  # a configured lane: through laned, which keeps the results
         if not args.lane:
             raise LanedError("name a LANE (or give --base-url and --model)", "see laned status")
         client = _client(args)
         client.http.timeout = None  # type: ignore[assignment]  # a context gate takes minutes
-        run = client.call("POST", f"/lanes/{args.lane}/check", gate=gates)
-    except ApiUnavailable:
-        engine, settings, label = _engine_target(args)
-        if not args.base_url:
+        try:
+            run = client.call("POST", f"/lanes/{args.lane}/check", gate=gates)
+        except ApiUnavailable:
             print(
                 "laned does not answer: checking here (the results are not kept)", file=sys.stderr
             )
+    if run is None:
+        engine, settings, label = _engine_target(args)
 
-        async def local() -> list[Any]:
+        async def local() -> list[GateResult]:
             try:
                 return await run_gates(engine, settings, gates)
             finally:

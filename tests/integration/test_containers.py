@@ -4,12 +4,11 @@ supervisor with its host adapter (podman API, preflight, GPU gate, compile cache
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,19 @@ import pytest
 from laned.api import ApiSettings, create_app
 from laned.config import Config
 from laned.errors import ActivationFailed, PodmanUnavailable, PreflightFailed
-from laned.host import Host
 from laned.lanes import Desired, EventKind, LaneState, Verdict
-from laned.podman import Podman
-from laned.probes import Probe
 from laned.supervisor import Supervisor
-from laned.systemd import Systemd
 from tests.helpers import ROOT, free_port, run
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
 from tests.integration.test_supervisor import run as run_async
 from tests.integration.test_supervisor import saw, until
+from tests.integration.test_supervisor import supervising as supervising_on
+
+
+def supervising(harness: Harness, config: Config) -> AbstractAsyncContextManager[Supervisor]:
+    """A supervisor with the host adapter (podman API, NVML where present)."""
+    return supervising_on(harness, config, host=True)
 
 
 def container_lane(units: Units, image: str, lane: str, env: str = "", extra: str = "") -> str:
@@ -45,20 +46,6 @@ def container_lane(units: Units, image: str, lane: str, env: str = "", extra: st
 
 def podman_exists(harness: Harness, name: str) -> bool:
     return harness.podman("container", "exists", name, check=False).returncode == 0
-
-
-@contextlib.asynccontextmanager
-async def supervising(harness: Harness, config: Config) -> AsyncIterator[Supervisor]:
-    """A supervisor with the host adapter (podman API, NVML where present)."""
-    host = Host(Podman(harness.env["LANED_PODMAN_SOCKET"]))
-    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252, host=host)
-    await sup.start()
-    try:
-        yield sup
-    finally:
-        await sup.close()
-        await sup.probe.close()
-        host.close()
 
 
 def notes(sup: Supervisor, lane: str, kind: EventKind) -> list[str]:

@@ -20,7 +20,9 @@ import pytest
 
 from laned.config import Config
 from laned.errors import ActivationFailed, Superseded
+from laned.host import Host
 from laned.lanes import Desired, LaneState, Verdict
+from laned.podman import Podman
 from laned.probes import Probe
 from laned.supervisor import Supervisor
 from laned.systemd import Systemd
@@ -44,8 +46,11 @@ async def until(predicate: Callable[[], object], timeout: float, what: str) -> N
         await asyncio.sleep(0.02)
 
 
-async def supervise(harness: Harness, config: Config) -> Supervisor:
-    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+async def supervise(harness: Harness, config: Config, host: bool = False) -> Supervisor:
+    """A started supervisor; with `host`, also its host adapter (podman API, preflight, the
+    GPU gate), as `laned serve` has it."""
+    adapter = Host(Podman(harness.env["LANED_PODMAN_SOCKET"])) if host else None
+    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252, host=adapter)
     await sup.start()
     return sup
 
@@ -53,12 +58,16 @@ async def supervise(harness: Harness, config: Config) -> Supervisor:
 async def stop(sup: Supervisor) -> None:
     await sup.close()
     await sup.probe.close()
+    if sup.host is not None:
+        sup.host.close()
 
 
 @contextlib.asynccontextmanager
-async def supervising(harness: Harness, config: Config) -> AsyncIterator[Supervisor]:
+async def supervising(
+    harness: Harness, config: Config, host: bool = False
+) -> AsyncIterator[Supervisor]:
     """A started supervisor, closed afterwards (the lanes are left to the units fixture)."""
-    sup = await supervise(harness, config)
+    sup = await supervise(harness, config, host)
     try:
         yield sup
     finally:

@@ -456,6 +456,11 @@ class Supervisor:
                 if not self._current(op):
                     self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
                     return
+            if await self._still_ending(lane):
+                # Its own earlier run is still ending (the stop of a deactivate this request
+                # superseded): that run's exit must reach laned before the new run is
+                # followed, or it would be taken for the new run's and end its watch.
+                await self._stop_and_confirm(lane, f"its earlier run ends before activate {lane}")
             refused = await self._clear_for_start(lane)
             if not self._current(op):
                 self._finish(op, Superseded(f"activate {lane} was replaced by a newer request"))
@@ -597,8 +602,7 @@ class Supervisor:
         self._stop_follow(lane)
         self._fail_waiters(lane, reason, superseded=True)
         unit = unit_name(lane, self.config.lanes[lane])
-        snap = await self.systemd.snapshot(unit)
-        if not snap.running and snap.active_state != "deactivating":
+        if not await self._still_ending(lane):
             # Not running (a failed lane included: deactivating it acknowledges the failure).
             if status.state is not LaneState.INACTIVE:
                 self._transition(lane, LaneState.INACTIVE, reason)
@@ -617,6 +621,16 @@ class Supervisor:
             self._stopping.discard(lane)
         if self.statuses[lane].state is LaneState.STOPPING:
             self._transition(lane, LaneState.INACTIVE, reason)
+
+    async def _still_ending(self, lane: str) -> bool:
+        """Whether the lane's unit runs or is stopping, by systemd or by what laned has seen.
+
+        systemd may answer "inactive" before its signal of that change reached laned; then
+        the stop job that follows ends at once, and systemd sends a unit's pending change
+        before the end of a job (bus_job_send_removed_signal), so laned has seen the exit."""
+        snap = await self.systemd.snapshot(unit_name(lane, self.config.lanes[lane]))
+        seen = self.snapshots.get(lane, snap)
+        return any(s.running or s.active_state == "deactivating" for s in (snap, seen))
 
     async def _confirm_container_gone(self, lane: str) -> None:
         """A stopped container lane's container must be gone before the next lane starts."""

@@ -6,7 +6,9 @@ that units and containers can set it: LANED_SIM_STARTUP (seconds, default 3),
 LANED_SIM_DECODE_TPS (50), LANED_SIM_PREFILL_TPS (5000), LANED_SIM_FAIL_AT_START
 (an exit code to die with during startup), LANED_SIM_JIT (seconds of FlashInfer autotune
 and DeepGEMM JIT at a cold start, default 0; skipped when VLLM_CACHE_ROOT already holds
-the results of an earlier start, as a persistent compile cache makes it).
+the results of an earlier start, as a persistent compile cache makes it),
+LANED_SIM_SHUTDOWN (seconds between closing the port and exiting after SIGTERM, default 0:
+a real engine spends them ending its engine-core processes and releasing GPU memory).
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.decode_tps = _float(env, "LANED_SIM_DECODE_TPS", 50.0)
     settings.prefill_tps = _float(env, "LANED_SIM_PREFILL_TPS", 5000.0)
     settings.jit = _float(env, "LANED_SIM_JIT", 0.0)
+    settings.shutdown = _float(env, "LANED_SIM_SHUTDOWN", 0.0)
     settings.cache_root = env.get("VLLM_CACHE_ROOT") or None
     fail = env.get("LANED_SIM_FAIL_AT_START")
     if fail:
@@ -313,6 +316,11 @@ async def serve(settings: Settings) -> int:
     await stop.wait()
     print("INFO:     Shutting down", file=sys.stderr, flush=True)
     await server.close()
+    if settings.shutdown > 0:
+        # The port is closed; the engine itself takes a while to end (engine-core processes,
+        # GPU memory): a unit stopping this engine stays `deactivating` meanwhile.
+        log("INFO", "core_client.py:1", "Shutting down engine core")
+        await asyncio.sleep(settings.shutdown)
     print("INFO:     Application shutdown complete.", file=sys.stderr, flush=True)
     print(f"INFO:     Finished server process [{pid}]", file=sys.stderr, flush=True)
     return 0

@@ -57,6 +57,7 @@ class Settings:
     prefill_tps: float = 5000.0
     fail_at_start: int | None = None
     jit: float = 0.0  # seconds of kernel autotune/JIT at a cold start without a cache
+    shutdown: float = 0.0  # seconds between closing the port and exiting, after SIGTERM
     cache_root: str | None = None  # VLLM_CACHE_ROOT: where the "compiled kernels" are kept
     unknown: list[str] = field(default_factory=list)
 

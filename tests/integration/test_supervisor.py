@@ -395,6 +395,46 @@ def test_newest_request_wins_and_storms_leave_one_lane(
     run(scenario())
 
 
+def test_activate_while_its_own_stop_is_under_way_follows_the_new_run(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    """deactivate, then activate again while the engine still shuts down (2 s after its port
+    closed): the old run's exit lands before the new run is followed, so it is never taken
+    for the new run's (which left the new run unwatched and its callers waiting forever)."""
+    port = free_port()
+    config = lane_config(
+        harness, units, tmp_path, {"a": FAST}, port, env={"a": {"LANED_SIM_SHUTDOWN": "2"}}
+    )
+    unit = f"{units.name('a')}.service"
+
+    def active_state() -> str:
+        return harness.show(unit, "ActiveState")["ActiveState"]
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            first = harness.show(unit, "InvocationID")["InvocationID"]
+            stopping = sup.deactivate("a")
+            await until(lambda: active_state() == "deactivating", 10, "a deactivating")
+            again = sup.activate("a")
+            with pytest.raises(Superseded):
+                await stopping
+            status = await asyncio.wait_for(again, 30)
+            assert status.state is LaneState.READY and active_state() == "active"
+            assert harness.show(unit, "InvocationID")["InvocationID"] != first
+            assert served_model(port) == "a"
+            assert sup.statuses["a"].desired is Desired.ACTIVE
+            # The new run is watched: its engine dying is a failure, and it is restarted.
+            async with httpx.AsyncClient() as client:
+                await client.post(
+                    f"http://127.0.0.1:{port}/sim/fault", json={"kind": "engine-dead"}
+                )
+            await until(lambda: saw(sup, "a", LaneState.RESTARTING), 15, "a restarting")
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, 30, "a ready again")
+
+    run(scenario())
+
+
 def test_a_new_laned_adopts_a_healthy_lane_without_restarting_it(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:

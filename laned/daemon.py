@@ -16,6 +16,7 @@ import stat
 from collections.abc import Iterator
 
 import uvicorn
+from fastapi import FastAPI
 
 from laned import render
 from laned.api import ApiSettings, create_app
@@ -108,12 +109,32 @@ async def start_supervisor(
     return supervisor
 
 
-class _Server(uvicorn.Server):
+# Idle keep-alive of the control API. Longer than clients keep a pooled connection (httpx
+# 5 s, Prometheus' scrapes every 15 s or more): when server and client give up on an idle
+# connection at the same moment (uvicorn's default is also 5 s), the client's next request
+# on it fails with a reset instead of an answer.
+API_KEEP_ALIVE = 75
+
+
+class ApiServer(uvicorn.Server):
     """uvicorn without its own signal handling: laned stops it itself, then the supervisor."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def api_server(app: FastAPI, settings: ApiSettings) -> ApiServer:
+    """The control API's HTTP server (`laned serve`, and the tests, use this one)."""
+    return ApiServer(
+        uvicorn.Config(
+            app,
+            host=settings.listen_host,
+            port=settings.listen_port,
+            log_level="warning",
+            timeout_keep_alive=API_KEEP_ALIVE,
+        )
+    )
 
 
 async def serve(config: Config) -> int:
@@ -124,11 +145,7 @@ async def serve(config: Config) -> int:
     host = supervisor.host
     assert host is not None
     app = create_app(supervisor, settings, metrics)
-    server = _Server(
-        uvicorn.Config(
-            app, host=settings.listen_host, port=settings.listen_port, log_level="warning"
-        )
-    )
+    server = api_server(app, settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from laned.errors import LaneError
+from laned.probes import ENGINE_POOL
 
 FILLER = (
     "The river bends slowly around the old mill, where the water turns a wooden wheel "
@@ -64,7 +65,10 @@ class EngineClient:
     def __post_init__(self) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.http = httpx.AsyncClient(
-            base_url=self.base_url.rstrip("/"), headers=headers, timeout=self.timeout
+            base_url=self.base_url.rstrip("/"),
+            headers=headers,
+            timeout=self.timeout,
+            limits=ENGINE_POOL,
         )
 
     async def close(self) -> None:

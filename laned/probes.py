@@ -11,6 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from laned.lanes import EngineSample
 
+ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long (uvicorn)
+# A pooled connection reused just as the engine closes it fails with ReadError although the
+# engine is fine: a false probe failure, a failed gate. laned's clients of engines give
+# pooled connections up well before the engine does (httpx keeps them 5 s by default).
+ENGINE_POOL = httpx.Limits(keepalive_expiry=ENGINE_KEEP_ALIVE / 2)
+
 
 def read_api_key(path: str | None) -> str | None:
     """VLLM_API_KEY from a systemd environment file; None when unset or unreadable."""
@@ -31,7 +37,7 @@ class Probe:
     """HTTP probes against engines on this host."""
 
     def __init__(self, timeout: float = 5.0, host: str = "127.0.0.1") -> None:
-        self.client = httpx.AsyncClient(timeout=timeout)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=ENGINE_POOL)
         self.host = host
 
     async def close(self) -> None:

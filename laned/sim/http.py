@@ -1,7 +1,9 @@
 """A small HTTP/1.1 server on asyncio streams: keep-alive, Content-Length bodies, chunked SSE.
 
 Just enough for what talks to a vLLM server: httpx, curl (including `Expect: 100-continue`),
-Prometheus. Stdlib only, so the simulator runs on a bare Python inside its image.
+Prometheus. Stdlib only, so the simulator runs on a bare Python inside its image. Like
+vLLM's uvicorn, it closes a connection left idle for KEEP_ALIVE seconds after a response,
+so clients that pool connections meet the same race they meet in production.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 MAX_BODY = 512 * 1024 * 1024  # long-context prompts are megabytes of text
+KEEP_ALIVE = 5.0  # vLLM's api_server: TIMEOUT_KEEP_ALIVE = 5 (seconds), passed to uvicorn
 
 
 @dataclass
@@ -60,9 +63,13 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 async def _read_request(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, idle: float | None = None
 ) -> Request | None:
-    line = await reader.readline()
+    """The next request; None when the client closed or sent nothing within `idle` seconds."""
+    try:
+        line = await asyncio.wait_for(reader.readline(), idle)
+    except asyncio.TimeoutError:
+        return None
     if not line:
         return None
     parts = line.decode("latin-1").strip().split()
@@ -96,8 +103,9 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 class Server:
     """Serves one handler; tracks connections so that shutdown can close them."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, keep_alive: float = KEEP_ALIVE) -> None:
         self.handler = handler
+        self.keep_alive = keep_alive
         self.server: asyncio.base_events.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
 
@@ -118,10 +126,11 @@ class Server:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writers.add(writer)
+        idle: float | None = None  # the first request may take its time; later ones keep-alive
         try:
             while True:
                 try:
-                    request = await _read_request(reader, writer)
+                    request = await _read_request(reader, writer, idle)
                 except (ValueError, asyncio.IncompleteReadError, UnicodeDecodeError) as exc:
                     await self._write(
                         writer, Response.json({"error": {"message": str(exc)}}, 400), close=True
@@ -136,6 +145,7 @@ class Server:
                     response.after()
                 if close:
                     return
+                idle = self.keep_alive
         except (ConnectionError, asyncio.CancelledError):
             return
         finally:

@@ -14,11 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from laned.api import ApiSettings, create_app
 from laned.config import parse_config
-from laned.daemon import _Server, api_settings
+from laned.daemon import api_server as http_server
+from laned.daemon import api_settings
 from laned.errors import LanedError
 from laned.host import Host
 from laned.metrics import LanedMetrics
@@ -54,8 +54,8 @@ async def api_server(
     sup.recorder = metrics
     metrics.attach(sup)
     await sup.start()
-    app = create_app(sup, ApiSettings("127.0.0.1", api_port, token, token_for_reads), metrics)
-    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=api_port, log_level="warning"))
+    settings = ApiSettings("127.0.0.1", api_port, token, token_for_reads)
+    server = http_server(create_app(sup, settings, metrics), settings)
     task = asyncio.get_running_loop().create_task(server.serve())
     try:
         while not server.started:

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -313,6 +314,29 @@ def test_sigterm_is_a_graceful_exit_0_even_during_startup(start_sim: Any) -> Non
     wait_until(lambda: "Loading safetensors" in starting.log(), 10, "startup to begin")
     starting.process.send_signal(signal.SIGTERM)
     assert starting.wait_exit(timeout=10) == 0
+
+
+def test_shutdown_closes_the_port_first_and_exits_after_the_engine_ends(start_sim: Any) -> None:
+    sim = start_sim(LANED_SIM_SHUTDOWN="3")
+    sim.process.send_signal(signal.SIGTERM)
+    wait_until(lambda: not port_open(sim.port), 10, "the port to close")
+    assert sim.process.poll() is None, "the engine exited before its shutdown was over"
+    assert sim.wait_exit(timeout=15) == 0
+    log = sim.log()
+    assert log.index("Shutting down engine core") < log.index("Application shutdown complete.")
+
+
+def test_idle_connections_are_closed_like_vllms_uvicorn_does(start_sim: Any) -> None:
+    sim = start_sim()
+    request = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{sim.port}\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=15) as conn:
+        for _ in range(2):  # back-to-back requests share the connection
+            conn.sendall(request)
+            reply = conn.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 200"), reply
+        started = time.monotonic()
+        assert conn.recv(4096) == b"", "an idle connection must be closed by the engine"
+        assert time.monotonic() - started < 14  # within KEEP_ALIVE (5 s), not the socket timeout
 
 
 def test_fail_at_start_exits_with_the_code_before_the_port_opens(start_sim: Any) -> None:

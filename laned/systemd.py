@@ -200,8 +200,14 @@ class Systemd:
     # --- one method per systemd call ---------------------------------------------------
 
     async def subscribe(self) -> None:
-        """Subscribe(): ask systemd to emit JobRemoved and PropertiesChanged."""
-        await self._call("Subscribe")
+        """Subscribe(): ask systemd to emit JobRemoved and PropertiesChanged.
+
+        AlreadySubscribed means this connection's subscription stands: that is success."""
+        try:
+            await self._call("Subscribe")
+        except SystemdError as exc:
+            if exc.name != "org.freedesktop.systemd1.AlreadySubscribed":
+                raise
 
     async def reload(self) -> None:
         """Reload(): daemon-reload, so that rewritten unit files take effect."""

@@ -14,6 +14,7 @@ from dbus_fast.aio import MessageBus
 
 from laned import render
 from laned.config import Config, parse_config
+from laned.systemd import Systemd
 from tests.helpers import ROOT, free_port, journal, run, wait_until
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import lane_config
@@ -90,6 +91,22 @@ def test_throwaway_unit_started_and_stopped_over_the_real_bus(
     started, state, stopped = asyncio.run(_dbus_start_stop(harness.bus, unit))
     assert (started, state, stopped) == ("done", "active", "done")
     assert harness.show(unit, "ActiveState")["ActiveState"] == "inactive"
+
+
+def test_subscribing_again_on_the_same_connection_is_not_an_error(harness: Harness) -> None:
+    """After a NameOwnerChanged laned subscribes again; on a connection whose subscription
+    stands systemd answers AlreadySubscribed, which must not be retried for 30 s as a failure."""
+
+    async def scenario() -> None:
+        systemd = Systemd(harness.bus)
+        await systemd.connect()  # subscribes
+        try:
+            await systemd.subscribe()
+            assert await systemd.version() is not None
+        finally:
+            systemd.disconnect()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
 def test_rendered_units_pass_systemd_analyze_verify(harness: Harness, tmp_path: Path) -> None:

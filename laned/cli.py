@@ -230,6 +230,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from laned.daemon import serve
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: a line per probe, every few seconds per lane, for
+    # ever, burying the transitions in the journal. Its warnings still show.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     config = load_config(_config_path(args))
     _print_warnings(config.source, config.warnings)
     return asyncio.run(serve(config))

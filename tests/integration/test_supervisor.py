@@ -515,6 +515,9 @@ def test_laned_killed_mid_swap_converges_to_the_last_desired_lane(
         )
         assert harness.show(unit_b, "InvocationID")["InvocationID"] == invocation
         assert harness.show(f"{units.name('a')}.service", "ActiveState")["ActiveState"] != "active"
+        # laned's log (the journal, under systemd) has the transitions, not a line per probe.
+        text = logs.read_text()
+        assert "b: starting -> ready" in text and "HTTP Request:" not in text
     finally:
         laned.send_signal(signal.SIGTERM)
         try:

@@ -39,7 +39,7 @@ from laned.host import meminfo
 from laned.lanes import RUNNING_STATES, Desired, Event, LaneStatus
 from laned.metrics import LanedMetrics
 from laned.names import container_name, unit_name
-from laned.preflight import Finding, HostFacts, blocking, fit_report, refusal, report
+from laned.preflight import HostFacts, blocking, findings_json, fit_report, refusal, report
 from laned.supervisor import Supervisor
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
@@ -77,11 +77,6 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.code, self.message, self.hint = status, code, message, hint
         self.extra = extra
-
-
-def findings_json(findings: list[Finding]) -> list[dict[str, str]]:
-    """Findings as served."""
-    return [f.to_json() for f in findings]
 
 
 def _host_of(value: str) -> str:

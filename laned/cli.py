@@ -291,11 +291,7 @@ def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
     try:
         if what == "fit":
             return fit_report(config.lanes, asyncio.run(host.facts()))
-        if args.lane not in config.lanes:
-            raise LanedError(
-                f"no lane named {args.lane!r}",
-                f"configured lanes: {', '.join(sorted(config.lanes))}",
-            )
+        config.lane(args.lane)  # UnknownLane, naming the configured lanes
         peer = asyncio.run(_running_on_port(config, args.lane))
         last_image = state.load(config.daemon.state_dir).image_ids.get(args.lane)
         return report(args.lane, asyncio.run(host.preflight(config, args.lane, peer, last_image)))
@@ -377,11 +373,7 @@ def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig
     if not args.lane:
         raise LanedError("name a LANE (or give --base-url and --model)", "see laned status")
     config = load_config(_config_path(args))
-    if args.lane not in config.lanes:
-        raise LanedError(
-            f"no lane named {args.lane!r}", f"configured lanes: {', '.join(sorted(config.lanes))}"
-        )
-    spec = config.lanes[args.lane]
+    spec = config.lane(args.lane)
     client = EngineClient(
         f"http://127.0.0.1:{spec.port}", spec.served_model_name, read_api_key(spec.api_key_file)
     )

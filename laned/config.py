@@ -28,7 +28,7 @@ from pydantic import (
 
 from laned import paths
 from laned.durations import parse_duration
-from laned.errors import ConfigError, Problem, Severity
+from laned.errors import ConfigError, Problem, Severity, UnknownLane
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -297,6 +297,13 @@ class LaneConfig(_Model):
         """The user's engine arguments as argv elements (without laned's own additions)."""
         return [part for arg in self.args for part in arg.argv()]
 
+    def engine_arg(self, flag: str) -> str | None:
+        """The argv element after `flag` in the engine arguments; None when it is not there."""
+        args = self.engine_args()
+        if flag in args and args.index(flag) + 1 < len(args):
+            return args[args.index(flag) + 1]
+        return None
+
 
 class Config(_Model):
     """The whole file: `[daemon]` and `[lanes.*]`."""
@@ -305,6 +312,13 @@ class Config(_Model):
     lanes: dict[str, LaneConfig] = Field(default_factory=dict)
     source: str = Field(default="", exclude=True)
     warnings: tuple[Problem, ...] = Field(default=(), exclude=True)
+
+    def lane(self, name: str) -> LaneConfig:
+        """The lane called `name`; UnknownLane, naming the configured lanes, otherwise."""
+        if name not in self.lanes:
+            known = ", ".join(sorted(self.lanes)) or "none"
+            raise UnknownLane(f"no lane named {name!r}", f"configured lanes: {known}")
+        return self.lanes[name]
 
     @model_validator(mode="before")
     @classmethod

@@ -86,10 +86,8 @@ def key_file(path: str) -> KeyFile:
 
 def engine_host(spec: LaneConfig) -> str:
     """The address the engine binds (`--host`, vLLM's default 0.0.0.0)."""
-    args = spec.engine_args()
-    if "--host" in args and args.index("--host") + 1 < len(args):
-        return args[args.index("--host") + 1]
-    return "0.0.0.0"
+    host = spec.engine_arg("--host")
+    return "0.0.0.0" if host is None else host
 
 
 class Host:

@@ -59,7 +59,6 @@ class ImageInfo:
 
     name: str
     id: str
-    digest: str
 
 
 def parse_container(name: str, attrs: dict[str, Any]) -> ContainerState:
@@ -151,7 +150,7 @@ class Podman:
             )
         except (NotFound, ImageNotFound):
             return None
-        return ImageInfo(name, str(attrs.get("Id", "")), str(attrs.get("Digest", "")))
+        return ImageInfo(name, str(attrs.get("Id", "")))
 
     async def remove(self, name: str) -> bool:
         """Remove the container (killing it if it runs); False when there was none."""

@@ -146,6 +146,11 @@ def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
     return sorted(found, key=lambda f: order[f.severity])
 
 
+def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:
+    """Findings as served and kept."""
+    return [f.to_json() for f in findings]
+
+
 def blocking(findings: Sequence[Finding]) -> list[Finding]:
     """The findings that block an activation (errors)."""
     return [f for f in findings if f.severity is Severity.ERROR]
@@ -153,7 +158,7 @@ def blocking(findings: Sequence[Finding]) -> list[Finding]:
 
 def report(lane: str, findings: Sequence[Finding]) -> dict[str, Any]:
     """A lane's preflight as served and printed: `{lane, ok, findings}`."""
-    return {"lane": lane, "ok": not blocking(findings), "findings": [f.to_json() for f in findings]}
+    return {"lane": lane, "ok": not blocking(findings), "findings": findings_json(findings)}
 
 
 def fit_report(lanes: dict[str, LaneConfig], host: HostFacts) -> dict[str, Any]:
@@ -161,9 +166,7 @@ def fit_report(lanes: dict[str, LaneConfig], host: HostFacts) -> dict[str, Any]:
     rows = []
     for name in sorted(lanes):
         found = fit(name, lanes[name], host)
-        rows.append(
-            {"name": name, "fits": not blocking(found), "findings": [f.to_json() for f in found]}
-        )
+        rows.append({"name": name, "fits": not blocking(found), "findings": findings_json(found)})
     return {"host": host.to_json(), "lanes": rows}
 
 
@@ -432,11 +435,11 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
                 f"start_timeout ({spec.start_timeout:g} s): vLLM would kill a long cold start",
                 f'set it to at least "{spec.start_timeout:.0f}"',
             )
-    args = spec.engine_args()
     graceful = GRACEFUL_STOP_MIN
-    if "--shutdown-timeout" in args and args.index("--shutdown-timeout") + 1 < len(args):
+    shutdown = spec.engine_arg("--shutdown-timeout")
+    if shutdown is not None:
         with contextlib.suppress(ValueError):
-            graceful = float(args[args.index("--shutdown-timeout") + 1]) + 10
+            graceful = float(shutdown) + 10
     if spec.stop_timeout < graceful:
         yield Finding(
             "stop-timeout",
@@ -445,7 +448,7 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
             f"shutdown (~{graceful:g} s): systemd would SIGKILL it mid-shutdown",
             f'set {base}.stop_timeout = "{graceful:.0f}s" or more',
         )
-    if spec.sampling is None and "--generation-config" not in args:
+    if spec.sampling is None and "--generation-config" not in spec.engine_args():
         yield Finding(
             "sampling",
             Severity.WARNING,

@@ -37,7 +37,6 @@ from laned.errors import (
     Severity,
     Superseded,
     SystemdError,
-    UnknownLane,
 )
 from laned.host import Host, meminfo, port_busy, run_prepare
 from laned.lanes import (
@@ -326,10 +325,7 @@ class Supervisor:
 
     def spec(self, lane: str) -> LaneConfig:
         """The lane's config; UnknownLane with the known names otherwise."""
-        if lane not in self.config.lanes:
-            known = ", ".join(sorted(self.config.lanes)) or "none"
-            raise UnknownLane(f"no lane named {lane!r}", f"configured lanes: {known}")
-        return self.config.lanes[lane]
+        return self.config.lane(lane)
 
     def activate(
         self,

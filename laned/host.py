@@ -93,9 +93,9 @@ def engine_host(spec: LaneConfig) -> str:
 class Host:
     """GPUs (NVML, opened when first needed) and the podman API, for one laned."""
 
-    def __init__(self, podman: Podman) -> None:
+    def __init__(self, podman: Podman, nvml: Nvml | None = None) -> None:
         self.podman = podman
-        self._nvml: Nvml | None = None
+        self._nvml = nvml  # opened when first needed; given, it stands in for NVML (tests)
 
     def close(self) -> None:
         """Release NVML and the podman session."""

@@ -46,10 +46,12 @@ async def until(predicate: Callable[[], object], timeout: float, what: str) -> N
         await asyncio.sleep(0.02)
 
 
-async def supervise(harness: Harness, config: Config, host: bool = False) -> Supervisor:
+async def supervise(
+    harness: Harness, config: Config, host: bool = False, gpus: Any = None
+) -> Supervisor:
     """A started supervisor; with `host`, also its host adapter (podman API, preflight, the
-    GPU gate), as `laned serve` has it."""
-    adapter = Host(Podman(harness.env["LANED_PODMAN_SOCKET"])) if host else None
+    GPU gate), as `laned serve` has it; `gpus` stands in for NVML's readings there."""
+    adapter = Host(Podman(harness.env["LANED_PODMAN_SOCKET"]), gpus) if host else None
     sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252, host=adapter)
     await sup.start()
     return sup
@@ -64,10 +66,10 @@ async def stop(sup: Supervisor) -> None:
 
 @contextlib.asynccontextmanager
 async def supervising(
-    harness: Harness, config: Config, host: bool = False
+    harness: Harness, config: Config, host: bool = False, gpus: Any = None
 ) -> AsyncIterator[Supervisor]:
     """A started supervisor, closed afterwards (the lanes are left to the units fixture)."""
-    sup = await supervise(harness, config, host)
+    sup = await supervise(harness, config, host, gpus)
     try:
         yield sup
     finally:

@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from laned.config import GATES, ChecksConfig
 from laned.engine_api import EngineClient, Timed
-from laned.errors import LaneError
+from laned.errors import LaneError, LaneNotRunning
+from laned.model import GATES, ChecksConfig
 
 WEATHER_TOOL = {
     "type": "function",
@@ -39,12 +39,6 @@ WEATHER_TOOL = {
 }
 TOOL_RESULT = {"city": "Paris", "temperature_c": 17, "conditions": "light rain"}
 SPEED_SHORT, SPEED_LONG = 16, 400  # seed 004: the difference of a 400- and a 16-token reply
-
-
-class LaneNotRunning(LaneError):
-    """The lane does not answer, so no gate can run."""
-
-    code = "lane-not-running"
 
 
 @dataclass(frozen=True)
@@ -310,3 +304,26 @@ async def run_gates(
         if on_result is not None:
             on_result(result)
     return results
+
+
+def merge_run(
+    lane: str,
+    last: dict[str, Any] | None,
+    config_hash: str,
+    results: Sequence[GateResult],
+    at: float,
+) -> dict[str, Any]:
+    """The lane's acceptance record after a run: this run's gates over the earlier results of
+    the same configuration (those of another configuration do not carry over)."""
+    previous = (
+        (last or {}).get("gates", {}) if (last or {}).get("config_hash") == config_hash else {}
+    )
+    gates = {**previous, **{r.gate: r.to_json() for r in results}}
+    return {
+        "lane": lane,
+        "at": at,
+        "config_hash": config_hash,
+        "passed": all(g["passed"] for g in gates.values()),
+        "gates": gates,
+        "ran": [r.gate for r in results],
+    }

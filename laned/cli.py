@@ -12,161 +12,14 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from laned import __version__
-from laned.config import GATES
-from laned.errors import ConfigError, LanedError, Severity
+from laned import __version__, cli_args
+from laned.cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, config_path
+from laned.cli_args import client as api_client
+from laned.cli_gates import cmd_bench, cmd_check
+from laned.errors import ApiUnavailable, ConfigError, LanedError, Severity
 
 if TYPE_CHECKING:
-    from laned.client import Client
-    from laned.config import ChecksConfig, Config
-    from laned.engine_api import EngineClient
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="laned",
-        description="laned owns the GPU inference lanes of this host as systemd user units.",
-        epilog="Config: --config PATH, else $LANED_CONFIG, else $XDG_CONFIG_HOME/laned/laned.toml.",
-    )
-    parser.add_argument("--config", metavar="PATH", help="the laned.toml to use")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    sub.add_parser(
-        "validate",
-        help="check the config and report every problem",
-        description="Check the config; print every error and warning with its key path. "
-        "Exit 0 when it is valid, 2 when it is not.",
-    )
-    render = sub.add_parser(
-        "render",
-        help="write lane units and serve wrappers",
-        description="Write each lane's systemd unit (unit_dir) and serve wrapper (bin_dir) "
-        "atomically, remove laned's files of lanes that left the config, and print what "
-        "changed. A second run changes nothing.",
-    )
-    render.add_argument(
-        "--check",
-        action="store_true",
-        help="write nothing; exit 1 with a diff when anything on disk differs",
-    )
-    sub.add_parser("version", help="print laned's version", description="Print laned's version.")
-    sub.add_parser(
-        "serve",
-        help="run the daemon: supervise the lanes",
-        description="Render the lanes, reload systemd, adopt what runs, start the desired lane "
-        "(or daemon.default_lane) and supervise until SIGTERM. The lanes keep running when laned stops.",
-    )
-
-    sub.add_parser(
-        "install",
-        help="install laned.service (enabled, started)",
-        description="Write laned's own unit to unit_dir, reload systemd, enable it (default.target) and "
-        "(re)start it, so laned comes up at boot and restores the lane that should run.",
-    )
-
-    def api_command(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
-        command = sub.add_parser(name, help=help_text, description=description)
-        command.add_argument("--url", help="laned's API (default: http:// + daemon.listen)")
-        command.add_argument(
-            "--token-file", help="file with the API token (default: daemon.token_file)"
-        )
-        return command
-
-    status = api_command("status", "show every lane", "Show every lane's state from laned's API.")
-    status.add_argument("--json", action="store_true", help="print the API's JSON")
-    status.add_argument(
-        "--fit",
-        action="store_true",
-        help="which configured lanes this host can run at all (their needs against its GPUs, memory, disk)",
-    )
-    preflight = api_command(
-        "preflight",
-        "check that LANE would start",
-        "Run LANE's preflight checks (image, model and mount paths, API key file, port, needs, "
-        "engine timeouts, sampling, compile cache, image drift) through laned's API, or here "
-        "when laned is not running. Exit 1 when a check fails.",
-    )
-    preflight.add_argument("lane", metavar="LANE")
-    preflight.add_argument("--json", action="store_true", help="print the findings as JSON")
-    for name, verb in (("activate", "make LANE the running lane of its group"),
-                       ("deactivate", "stop LANE"), ("restart", "stop and start LANE again")):  # fmt: skip
-        command = api_command(name, verb, f"{verb[0].upper()}{verb[1:]} through laned's API.")
-        command.add_argument("lane", metavar="LANE")
-        command.add_argument(
-            "--wait", action="store_true", help="follow it until it is done, with a progress line"
-        )
-        command.add_argument("--timeout", type=float, help="seconds to wait at most (with --wait)")
-        if name == "activate":
-            command.add_argument(
-                "--force", action="store_true", help="start even when preflight finds errors"
-            )
-    for name, what in (
-        ("check", "run the acceptance gates against LANE"),
-        ("bench", "measure LANE: decode by concurrency, prefill by context length"),
-    ):
-        command = api_command(
-            name,
-            what,
-            (
-                "Run seed 002's six gates (load, chat, reasoning, tools, context, speed) through "
-                "laned's API, which keeps the results; when laned does not answer, here (not kept). "
-                "Exit 1 when a gate fails."
-                if name == "check"
-                else "Measure the lane as the seeds do: decode tok/s at 1, 2, 4 and 8 streams (a "
-                "400-token minus a 16-token reply, warm prefix), prefill tok/s at 8k/16k/32k "
-                "(capped by the window) and decode at long context. Runs here, against the engine."
-            ),
-        )
-        command.add_argument("lane", metavar="LANE", nargs="?", help="a configured lane")
-        command.add_argument("--json", action="store_true", help="print JSON")
-        command.add_argument(
-            "--base-url", help="any OpenAI-compatible server instead of a lane (http://host:port)"
-        )
-        command.add_argument("--model", help="with --base-url: the served model name")
-        command.add_argument(
-            "--api-key-file", help="with --base-url: a file with VLLM_API_KEY=... (never argv)"
-        )
-        if name == "check":
-            command.add_argument(
-                "--gate", action="append", choices=GATES, help="run only this gate (repeatable)"
-            )
-        else:
-            command.add_argument("--out", help="also write the JSON to this file")
-            command.add_argument(
-                "--concurrency", default="1,2,4,8", help="streams to measure (default 1,2,4,8)"
-            )
-            command.add_argument(
-                "--contexts", default="8192,16384,32768", help="prefill sizes (default 8k,16k,32k)"
-            )
-    logs = api_command(
-        "logs", "show a lane's engine log", "Show the engine's log of LANE (journald)."
-    )
-    logs.add_argument("lane", metavar="LANE")
-    logs.add_argument("-n", "--lines", type=int, default=100, help="how many lines (default 100)")
-    logs.add_argument(
-        "-f", "--follow", action="store_true", help="keep following (journalctl --follow)"
-    )
-    events = api_command("events", "show lane transitions", "Show recent lane transitions.")
-    events.add_argument(
-        "-f", "--follow", action="store_true", help="keep following (Server-Sent Events)"
-    )
-    events.add_argument("--lane", help="only this lane")
-    sim = sub.add_parser(
-        "sim",
-        help="run the simulated vLLM engine",
-        description="The vLLM-compatible simulated engine: `laned sim serve MODEL [vLLM flags]`.",
-        add_help=False,
-    )
-    sim.add_argument("sim_args", nargs=argparse.REMAINDER)
-    return parser
-
-
-def _config_path(args: argparse.Namespace) -> str:
-    from laned.paths import default_config_path
-
-    return str(args.config or default_config_path(os.environ))
+    from laned.model import Config
 
 
 def _print_warnings(config_source: str, warnings: Sequence[object]) -> None:
@@ -178,7 +31,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """`laned validate`."""
     from laned.config import load_config
 
-    config = load_config(_config_path(args))
+    config = load_config(config_path(args))
     _print_warnings(config.source, config.warnings)
     warnings = [w for w in config.warnings if w.severity is Severity.WARNING]
     lanes = ", ".join(sorted(config.lanes)) or "none"
@@ -193,7 +46,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from laned.config import load_config
     from laned.systemd import installed_version
 
-    config = load_config(_config_path(args))
+    config = load_config(config_path(args))
     _print_warnings(config.source, config.warnings)
     # The unit's restart policy depends on the manager (RestartSteps= since systemd 254).
     version = installed_version() or render.DEFAULT_SYSTEMD_VERSION
@@ -234,41 +87,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # ever, burying the transitions in the journal. Its warnings still show.
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    config = load_config(_config_path(args))
+    config = load_config(config_path(args))
     _print_warnings(config.source, config.warnings)
     return asyncio.run(serve(config))
-
-
-def _client(args: argparse.Namespace) -> Client:
-    from laned.client import Client
-    from laned.config import load_config
-    from laned.daemon import read_token
-
-    url, token_file = args.url, args.token_file
-    if url is None or token_file is None:
-        try:
-            config = load_config(_config_path(args))
-            url = url or f"http://{config.daemon.listen}"
-            token_file = token_file or config.daemon.token_file
-        except LanedError:
-            url = url or "http://127.0.0.1:9000"
-    return Client(url, read_token(token_file) if token_file else None)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """`laned status [--fit]`."""
     import json
 
-    from laned.client import ApiUnavailable, fit_table, table
+    from laned.client import fit_table, table
 
     if args.fit:
         try:
-            body = _client(args).call("GET", "/fit")
+            body = api_client(args).call("GET", "/fit")
         except ApiUnavailable:
             body = _local(args, "fit")
         print(json.dumps(body, indent=2) if args.json else fit_table(body))
         return EXIT_OK
-    client = _client(args)
+    client = api_client(args)
     body = client.call("GET", "/lanes")
     print(json.dumps(body, indent=2) if args.json else table(body["lanes"]))
     return EXIT_OK
@@ -280,12 +117,13 @@ def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
 
     from laned import state
     from laned.config import load_config
+    from laned.fit import fit_report
     from laned.host import Host
     from laned.names import podman_socket
     from laned.podman import Podman
-    from laned.preflight import fit_report, report
+    from laned.preflight import report
 
-    config = load_config(_config_path(args))
+    config = load_config(config_path(args))
     host = Host(Podman(podman_socket(config, os.environ)))
     print("laned does not answer: checking here, from the config", file=sys.stderr)
     try:
@@ -327,10 +165,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     """`laned preflight LANE [--json]`."""
     import json
 
-    from laned.client import ApiUnavailable, findings_text
+    from laned.client import findings_text
 
     try:
-        body = _client(args).call("GET", f"/lanes/{args.lane}/preflight")
+        body = api_client(args).call("GET", f"/lanes/{args.lane}/preflight")
     except ApiUnavailable:
         body = _local(args, "preflight")
     print(json.dumps(body, indent=2) if args.json else findings_text(body))
@@ -341,7 +179,7 @@ def cmd_lane(args: argparse.Namespace) -> int:
     """`laned activate|deactivate|restart LANE [--wait]`."""
     from laned.client import follow_start
 
-    client = _client(args)
+    client = api_client(args)
     method = "POST"
     force = "true" if getattr(args, "force", False) else None
     view = client.call(method, f"/lanes/{args.lane}/{args.command}", force=force)
@@ -359,120 +197,11 @@ def cmd_lane(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig, str]:
-    """(EngineClient, the lane's ChecksConfig, label) for a configured lane or --base-url."""
-    from laned.config import ChecksConfig, load_config
-    from laned.engine_api import EngineClient
-    from laned.probes import read_api_key
-
-    if args.base_url:
-        if not args.model:
-            raise LanedError("--base-url needs --model", "name the model the server serves")
-        key = read_api_key(args.api_key_file) if args.api_key_file else None
-        return EngineClient(args.base_url, args.model, key), ChecksConfig(), args.base_url
-    if not args.lane:
-        raise LanedError("name a LANE (or give --base-url and --model)", "see laned status")
-    config = load_config(_config_path(args))
-    spec = config.lane(args.lane)
-    client = EngineClient(
-        f"http://127.0.0.1:{spec.port}", spec.served_model_name, read_api_key(spec.api_key_file)
-    )
-    return client, spec.checks, args.lane
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    """`laned check LANE [--gate G ...] [--json]`."""
-    import asyncio
-    import json
-
-    from laned.acceptance import GateResult, run_gates
-    from laned.client import ApiUnavailable, checks_passed, checks_text
-
-    gates = args.gate or list(GATES)
-    run: dict[str, Any] | None = None
-    if not args.base_url:  # a configured lane: through laned, which keeps the results
-        if not args.lane:
-            raise LanedError("name a LANE (or give --base-url and --model)", "see laned status")
-        client = _client(args)
-        client.http.timeout = None  # type: ignore[assignment]  # a context gate takes minutes
-        try:
-            run = client.call("POST", f"/lanes/{args.lane}/check", gate=gates)
-        except ApiUnavailable:
-            print(
-                "laned does not answer: checking here (the results are not kept)", file=sys.stderr
-            )
-    if run is None:
-        engine, settings, label = _engine_target(args)
-
-        async def local() -> list[GateResult]:
-            try:
-                return await run_gates(engine, settings, gates)
-            finally:
-                await engine.close()
-
-        results = asyncio.run(local())
-        gates_json = {r.gate: r.to_json() for r in results}
-        run = {"lane": label, "passed": all(r.passed for r in results), "gates": gates_json}
-    print(json.dumps(run, indent=2) if args.json else checks_text(run))
-    return EXIT_OK if checks_passed(run) else EXIT_FAILED
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    """`laned bench LANE [--json] [--out FILE]`."""
-    import asyncio
-    import json
-    import time
-
-    from laned.benchmark import run_bench, table
-
-    try:
-        concurrency = [int(c) for c in args.concurrency.split(",")]
-        contexts = [int(c) for c in args.contexts.split(",")]
-    except ValueError:
-        raise LanedError(
-            f"--concurrency {args.concurrency!r} / --contexts {args.contexts!r}: not numbers",
-            "e.g. --concurrency 1,2,4,8 --contexts 8192,16384,32768",
-        ) from None
-    engine, _settings, label = _engine_target(args)
-
-    async def sweep() -> dict[str, Any]:
-        try:
-            served = await engine.served()
-            if served is None:
-                raise LanedError(
-                    f"{engine.base_url} does not serve {engine.model}: is the lane running?",
-                    f"laned activate {label} --wait",
-                )
-            window = int(served.get("max_model_len") or 0)
-            if window <= 0:
-                raise LanedError(
-                    f"{engine.base_url}/v1/models gives no max_model_len", "is it a vLLM server?"
-                )
-            return await run_bench(
-                engine,
-                window,
-                concurrency,
-                contexts,
-                lambda line: print(f"bench: {line}", file=sys.stderr, flush=True),
-            )
-        finally:
-            await engine.close()
-
-    result = {"lane": label, "at": time.time(), **asyncio.run(sweep())}
-    text = json.dumps(result, indent=2)
-    if args.out:
-        from laned.render import write_atomic
-
-        write_atomic(args.out, text + "\n", 0o644)
-    print(text if args.json else table(result))
-    return EXIT_OK
-
-
 def cmd_logs(args: argparse.Namespace) -> int:
     """`laned logs LANE [-n N] [-f]`."""
     import os
 
-    client = _client(args)
+    client = api_client(args)
     view = client.call("GET", f"/lanes/{args.lane}")
     for line in client.call("GET", f"/lanes/{args.lane}/logs", lines=args.lines)["lines"]:
         print(line, flush=True)
@@ -491,7 +220,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     import json
     import time
 
-    client = _client(args)
+    client = api_client(args)
 
     def show(event: dict[str, Any]) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at"])))
@@ -522,7 +251,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     from laned.config import load_config
     from laned.install import install
 
-    path = _config_path(args)
+    path = config_path(args)
     config = load_config(path)
     for line in asyncio.run(install(config, path)):
         print(line)
@@ -539,7 +268,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
+    parser = cli_args.parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help

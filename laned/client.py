@@ -8,22 +8,7 @@ from typing import Any
 
 import httpx
 
-from laned.errors import LanedError
-
-
-class ApiUnavailable(LanedError):
-    """laned's API does not answer."""
-
-
-class ApiRefused(LanedError):
-    """laned answered with an error envelope."""
-
-    def __init__(
-        self, status: int, code: str, message: str, hint: str, findings: list[Any] | None = None
-    ) -> None:
-        super().__init__(message, hint)
-        self.status, self.code = status, code
-        self.findings = findings or []
+from laned.errors import ApiRefused, ApiUnavailable
 
 
 class Client:

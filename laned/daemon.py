@@ -21,10 +21,10 @@ from fastapi import FastAPI
 from laned import render
 from laned.api import ApiSettings, create_app
 from laned.checks import parse_listen
-from laned.config import Config
 from laned.errors import LanedError
 from laned.host import Host
 from laned.metrics import LanedMetrics
+from laned.model import Config
 from laned.names import podman_socket
 from laned.notify import keep_watchdog, notify
 from laned.podman import Podman

@@ -15,25 +15,13 @@ from typing import Any
 
 import httpx
 
-from laned.errors import LaneError
+from laned.errors import EngineRefused, EngineUnreachable
 from laned.probes import ENGINE_POOL
 
 FILLER = (
     "The river bends slowly around the old mill, where the water turns a wooden wheel "
     "that once ground flour for the whole valley. "
 )
-
-
-class EngineUnreachable(LaneError):
-    """The engine does not answer (not running, wrong port, or stalled past the deadline)."""
-
-    code = "engine-unreachable"
-
-
-class EngineRefused(LaneError):
-    """The engine answered a request with an error."""
-
-    code = "engine-refused"
 
 
 @dataclass(frozen=True)

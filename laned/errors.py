@@ -3,17 +3,28 @@
     LanedError                      root: what went wrong, and a hint for what to do
     ├── ConfigError                 the config file is unreadable or invalid (carries every Problem)
     ├── ConfigRefused               a valid new config cannot be applied while laned runs
-    ├── RenderError                 generated files could not be written or differ on disk
+    ├── RenderError                 generated files could not be read back or differ on disk
+    ├── WriteFailed                 a file laned writes (unit, wrapper, state) could not be written
+    ├── CommandFailed               a command laned runs could not start or exited non-zero
     ├── EngineError                 the simulated engine was started with bad arguments
     ├── SystemdError                a call to the systemd user manager failed (D-Bus)
     │   └── BusUnavailable          the user bus cannot be reached at all
     ├── PodmanError                 a call to the podman API service failed
     │   └── PodmanUnavailable       the podman API socket does not answer
+    ├── ApiUnavailable              (CLI) laned's control API does not answer
+    ├── ApiRefused                  (CLI) laned answered with an error envelope
     └── LaneError                   a lane operation could not be done
         ├── UnknownLane             no lane of that name in the config
         ├── Superseded              a newer request for the same group replaced this one
         ├── PreflightFailed         preflight found errors: nothing was stopped or started
-        └── ActivationFailed        the lane failed, timed out or crash-looped while starting
+        ├── ActivationFailed        the lane failed, timed out or crash-looped while starting
+        ├── LaneNotRunning          the lane does not serve, so no acceptance gate can run
+        ├── NotAContainer           a container's own log asked of a lane that runs none
+        ├── EngineUnreachable       the engine does not answer (check, bench)
+        └── EngineRefused           the engine answered a request with an error
+
+Every class has a `code`, the word the API's error envelope carries; `laned.api.errors`
+maps each class to its HTTP status in one table.
 
 Errors of foreign libraries (pydantic, tomllib, OSError) are translated at the
 boundary where they happen: ``raise ConfigError(...) from exc``. Only the CLI turns a
@@ -25,10 +36,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from laned.preflight import Finding
+    from laned.facts import Finding
 
 
 class Severity(str, Enum):
@@ -62,6 +73,8 @@ class Problem:
 class LanedError(Exception):
     """Root of laned's errors: a message that says what went wrong and a hint."""
 
+    code = "laned-error"
+
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
         self.message = message
@@ -73,6 +86,8 @@ class LanedError(Exception):
 
 class ConfigError(LanedError):
     """The config could not be loaded: every problem found, each with its key path."""
+
+    code = "bad-config"
 
     def __init__(self, source: str, problems: list[Problem]) -> None:
         self.source = source
@@ -97,13 +112,31 @@ class ConfigRefused(LanedError):
 class RenderError(LanedError):
     """Generated files could not be written, or (with --check) differ from what is on disk."""
 
+    code = "render-failed"
+
+
+class WriteFailed(LanedError):
+    """A file laned writes (a unit, a wrapper, state.json) could not be written."""
+
+    code = "write-failed"
+
+
+class CommandFailed(LanedError):
+    """A command laned runs (journalctl, a prepare step) could not start or failed."""
+
+    code = "command-failed"
+
 
 class EngineError(LanedError):
     """The simulated engine was given arguments it cannot run with."""
 
+    code = "engine-error"
+
 
 class SystemdError(LanedError):
     """A call to the systemd user manager failed; carries systemd's error name."""
+
+    code = "systemd-error"
 
     def __init__(self, message: str, hint: str = "", name: str = "") -> None:
         super().__init__(message, hint)
@@ -113,13 +146,19 @@ class SystemdError(LanedError):
 class BusUnavailable(SystemdError):
     """The user bus cannot be reached (no user manager, or DBUS_SESSION_BUS_ADDRESS is wrong)."""
 
+    code = "bus-unavailable"
+
 
 class PodmanError(LanedError):
     """A call to the podman API service failed."""
 
+    code = "podman-error"
+
 
 class PodmanUnavailable(PodmanError):
     """The podman API socket does not answer (the service is not running or the path is wrong)."""
+
+    code = "podman-unavailable"
 
 
 class LaneError(LanedError):
@@ -154,3 +193,44 @@ class ActivationFailed(LaneError):
     """The lane failed, timed out or crash-looped while starting."""
 
     code = "activation-failed"
+
+
+class LaneNotRunning(LaneError):
+    """The lane does not answer, so no gate can run."""
+
+    code = "lane-not-running"
+
+
+class EngineUnreachable(LaneError):
+    """The engine does not answer (not running, wrong port, or stalled past the deadline)."""
+
+    code = "engine-unreachable"
+
+
+class EngineRefused(LaneError):
+    """The engine answered a request with an error."""
+
+    code = "engine-refused"
+
+
+class ApiUnavailable(LanedError):
+    """laned's API does not answer."""
+
+    code = "api-unavailable"
+
+
+class ApiRefused(LanedError):
+    """laned answered with an error envelope."""
+
+    def __init__(
+        self, status: int, code: str, message: str, hint: str, findings: list[Any] | None = None
+    ) -> None:
+        super().__init__(message, hint)
+        self.status, self.code = status, code
+        self.findings = findings or []
+
+
+class NotAContainer(LaneError):
+    """Something only a container lane has was asked of a lane that runs no container."""
+
+    code = "not-a-container"

@@ -15,21 +15,14 @@ import stat
 import time
 from collections.abc import Callable
 
-from laned.config import Config, LaneConfig
-from laned.errors import LaneError, PodmanError
+from laned import proc
+from laned.errors import CommandFailed, LaneError, PodmanError
+from laned.facts import Finding, HostFacts, KeyFile, LaneFacts
 from laned.gpus import GIB, GateResult, Nvml, wait_released
+from laned.model import Config, LaneConfig, gpu_indices
 from laned.names import container_name
 from laned.podman import Podman
-from laned.preflight import (
-    Finding,
-    HostFacts,
-    KeyFile,
-    LaneFacts,
-    evaluate,
-    gpu_indices,
-    model_path,
-    paths_to_check,
-)
+from laned.preflight import evaluate, model_path, paths_to_check
 from laned.probes import read_api_key
 
 
@@ -205,18 +198,9 @@ async def run_prepare(
         where = f"lanes.{lane}.prepare[{i}]"
         on_line(f"{where}: running {' '.join(step.command)}")
         try:
-            process = await asyncio.create_subprocess_exec(
-                *step.command,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=cwd,
-            )
-        except OSError as exc:
-            raise LaneError(
-                f"{where}: cannot run {step.command[0]!r}: {exc.strerror}",
-                "give an absolute path to an executable",
-            ) from exc
+            process = await proc.start(step.command, cwd=cwd, stderr=asyncio.subprocess.STDOUT)
+        except CommandFailed as exc:
+            raise LaneError(f"{where}: {exc.message}", exc.hint) from exc
         assert process.stdout is not None
 
         async def pump(stream: asyncio.StreamReader, where: str = where) -> None:

@@ -7,8 +7,9 @@ import pwd
 import shutil
 import sys
 
-from laned import paths, render
-from laned.config import Config
+from laned import paths
+from laned.files import write_atomic
+from laned.model import Config
 from laned.names import DAEMON_UNIT
 from laned.systemd import JobMode, Systemd
 from laned.units import daemon_unit
@@ -35,7 +36,7 @@ async def install(config: Config, config_path: str) -> list[str]:
     unit_path = f"{config.daemon.unit_dir}/{DAEMON_UNIT}"
     home = paths.home(dict(os.environ))
     text = daemon_unit([laned_executable(), "serve"], os.path.abspath(config_path), home)
-    render.write_atomic(unit_path, text, 0o644)
+    write_atomic(unit_path, text, 0o644)
     systemd = Systemd()
     await systemd.connect()
     try:

@@ -6,11 +6,12 @@ host) and `_SYSTEMD_UNIT=` (a private `systemd --user`, as in the test harness).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterable
+
+from laned import proc
 
 
 def _match(unit: str) -> list[str]:
@@ -34,32 +35,21 @@ async def follow(
     matches: list[str] = []
     for unit in names:
         matches += [*(["+"] if matches else []), *_match(unit)]
-    process = await asyncio.create_subprocess_exec(
-        journalctl, "--follow", f"--since=@{time.time() if since is None else since:.6f}",
-        "--output=json", "--no-pager", *matches,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    process = await proc.start(
+        [journalctl, "--follow", f"--since=@{time.time() if since is None else since:.6f}",
+         "--output=json", "--no-pager", *matches],
         limit=1024 * 1024,
     )  # fmt: skip
-    assert process.stdout is not None
-    try:
-        while True:
-            raw = await process.stdout.readline()
-            if not raw:
-                return
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            unit = record.get("_SYSTEMD_USER_UNIT") or record.get("_SYSTEMD_UNIT") or ""
-            message = record.get("MESSAGE", "")
-            if isinstance(message, list):  # journald's form for non-UTF-8 text
-                message = bytes(message).decode("utf-8", errors="replace")
-            yield str(unit), str(message)
-    finally:
-        if process.returncode is None:
-            process.kill()
-        # Read to EOF and reap, so that the pipe's transport is closed, not left to the GC.
-        await process.communicate()
+    async for raw in proc.lines(process):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        unit = record.get("_SYSTEMD_USER_UNIT") or record.get("_SYSTEMD_UNIT") or ""
+        message = record.get("MESSAGE", "")
+        if isinstance(message, list):  # journald's form for non-UTF-8 text
+            message = bytes(message).decode("utf-8", errors="replace")
+        yield str(unit), str(message)
 
 
 async def tail(unit: str, lines: int) -> list[str]:
@@ -67,9 +57,7 @@ async def tail(unit: str, lines: int) -> list[str]:
     journalctl = shutil.which("journalctl")
     if journalctl is None:
         return []
-    process = await asyncio.create_subprocess_exec(
-        journalctl, f"--lines={lines}", "--output=short-iso", "--no-pager", *_match(unit),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    out, _ = await process.communicate()
-    return out.decode("utf-8", errors="replace").splitlines()
+    out = await proc.output(
+        [journalctl, f"--lines={lines}", "--output=short-iso", "--no-pager", *_match(unit)]
+    )
+    return out.splitlines()

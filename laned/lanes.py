@@ -1,13 +1,11 @@
-"""The lane model and the supervisor's pure decisions: no I/O, no asyncio, no clocks of its own.
+"""The lane model, plain data: states, events, exits and each lane's status.
 
-States, events and exits are plain data; the functions here decide (is this exit a
-failure, how long to back off, is this a crash loop, is this engine stalled, which
-startup phase does this log line announce) and the supervisor acts on the answers.
+No I/O and no decisions: `laned.policy` decides, the supervisor (the one owner) changes a
+LaneStatus, and the API, metrics and state file read it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -38,9 +36,6 @@ class Verdict(str, Enum):
 
     FAILURE = "failure"
     REQUESTED = "requested"
-
-
-RUNNING_STATES = {LaneState.STARTING, LaneState.READY, LaneState.DEGRADED}
 
 
 @dataclass(frozen=True)
@@ -180,111 +175,3 @@ def phase_durations(phases: Iterable[tuple[str, float]], end: float) -> list[tup
         until = marks[i + 1][1] if i + 1 < len(marks) else end
         out.append((name, round(max(until - since, 0.0), 3)))
     return out
-
-
-# --- exits ------------------------------------------------------------------------------
-
-
-def decode_status(status: int) -> tuple[int | None, int | None]:
-    """Split a shell-style status into (code, signal): 137 -> (None, 9), 3 -> (3, None)."""
-    if status > 128 and status - 128 < 65:
-        return None, status - 128
-    return status, None
-
-
-def judge_exit(requested_by_laned: bool, requested_by_systemd: bool) -> Verdict:
-    """An exit is `requested` only when someone asked for the stop; anything else — status 0 too — fails."""
-    return Verdict.REQUESTED if requested_by_laned or requested_by_systemd else Verdict.FAILURE
-
-
-# --- restart policy ---------------------------------------------------------------------
-
-
-def recent(failures: Iterable[float], now: float, interval: float) -> list[float]:
-    """The failure times within the last `interval` seconds."""
-    return [t for t in failures if now - t <= interval]
-
-
-def is_crash_loop(failures: Iterable[float], now: float, burst: int, interval: float) -> bool:
-    """`burst` failures within `interval` seconds: stop restarting (systemd's StartLimitBurst rule)."""
-    return len(recent(failures, now, interval)) >= burst
-
-
-def backoff_delay(base: float, failures: int, cap: float) -> float:
-    """Exponential backoff: base, 2×base, 4×base … up to `cap`, for the n-th failure in a row."""
-    if failures <= 1:
-        return min(base, cap)
-    return float(min(base * 2.0 ** (failures - 1), cap))
-
-
-# --- stall detection --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EngineSample:
-    """What one scrape of an engine's /metrics says."""
-
-    running: float
-    waiting: float
-    generation_tokens: float
-    prompt_tokens: float
-    kv_cache_usage: float = 0.0
-
-
-@dataclass
-class StallDetector:
-    """Requests running or waiting while no token moves, for `after` seconds, is a stall (vLLM #39863)."""
-
-    after: float
-    since: float | None = None
-    tokens: tuple[float, float] | None = None
-
-    def observe(self, sample: EngineSample, now: float) -> bool:
-        """Feed one sample; True once the engine has been stalled for `after` seconds."""
-        busy = sample.running + sample.waiting > 0
-        tokens = (sample.generation_tokens, sample.prompt_tokens)
-        if not busy or tokens != self.tokens:
-            self.since = now if busy else None
-            self.tokens = tokens
-            return False
-        if self.since is None:
-            self.since = now
-        return now - self.since >= self.after
-
-    def reset(self) -> None:
-        """Forget what was seen (after a restart)."""
-        self.since, self.tokens = None, None
-
-
-# --- startup phases from the engine's log ------------------------------------------------
-
-_PHASES: list[tuple[re.Pattern[str], str]] = [
-    (
-        re.compile(r"Loading safetensors checkpoint shards:\s*(\d+)% Completed \| (\d+)/(\d+)"),
-        "loading weights",
-    ),
-    (re.compile(r"Loading weights took"), "weights loaded"),
-    (re.compile(r"Capturing CUDA graphs.*?(\d+)%\|.*?\| (\d+)/(\d+)"), "capturing CUDA graphs"),
-    (re.compile(r"[Aa]utotun\w*.*?(\d+)/(\d+)"), "FlashInfer autotune"),
-    (re.compile(r"[Aa]utotun"), "FlashInfer autotune"),
-    (re.compile(r"DeepG[Ee][Mm][Mm].*?(\d+)/(\d+)"), "DeepGEMM JIT"),
-    (re.compile(r"DeepG[Ee][Mm][Mm]|deep_gemm"), "DeepGEMM JIT"),
-    (re.compile(r"torch\.compile|Compiling a graph"), "torch.compile"),
-    (re.compile(r"Available KV cache memory"), "profiling memory"),
-    (re.compile(r"Starting vLLM API server"), "starting API server"),
-    (re.compile(r"Application startup complete"), "serving"),
-    (re.compile(r"Starting to load model|Loading model"), "loading model"),
-]
-
-
-def parse_phase(line: str) -> tuple[str, float | None] | None:
-    """The startup phase a vLLM log line announces, with a percent where it gives one."""
-    for pattern, phase in _PHASES:
-        match = pattern.search(line)
-        if not match:
-            continue
-        numbers = [int(g) for g in match.groups() if g is not None]
-        if len(numbers) >= 2 and numbers[-1] > 0:
-            return phase, round(100.0 * numbers[-2] / numbers[-1], 1)
-        return phase, None
-    return None

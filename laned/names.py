@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from laned.config import Config, LaneConfig
+from laned.model import Config, LaneConfig
 
 DAEMON_UNIT = "laned.service"
 GENERATION_CONFIG_MOUNT = "/laned/generation-config"

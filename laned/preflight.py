@@ -16,78 +16,15 @@ from __future__ import annotations
 import contextlib
 import posixpath
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from laned.config import LaneConfig
 from laned.errors import Severity
-from laned.gpus import GIB, GpuReading
+from laned.facts import Finding, LaneFacts, blocking, findings_json
+from laned.fit import fit
+from laned.model import LaneConfig
 
 VLLM_READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 GRACEFUL_STOP_MIN = 30.0  # seconds an engine's core and workers need to exit and free memory
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One preflight result."""
-
-    check: str
-    severity: Severity
-    message: str
-    hint: str = ""
-
-    def to_json(self) -> dict[str, str]:
-        """As served by the API."""
-        return {
-            "check": self.check,
-            "severity": self.severity.value,
-            "message": self.message,
-            "hint": self.hint,
-        }
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    """What the host has: GPUs (None where NVML is absent, with the reason) and memory."""
-
-    gpus: tuple[GpuReading, ...] | None
-    gpu_note: str = ""
-    mem_total_gib: float | None = None
-    mem_available_gib: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """As served by /fit."""
-        return {
-            "gpus": None if self.gpus is None else [g.to_json() for g in self.gpus],
-            "gpu_note": self.gpu_note,
-            "mem_total_gib": self.mem_total_gib,
-            "mem_available_gib": self.mem_available_gib,
-        }
-
-
-@dataclass(frozen=True)
-class KeyFile:
-    """The API key file as found: does it exist, its mode, does it define VLLM_API_KEY."""
-
-    exists: bool
-    mode: int = 0
-    defines_key: bool = False
-
-
-@dataclass(frozen=True)
-class LaneFacts:
-    """Everything the checks of one lane look at, gathered beforehand (see laned.host)."""
-
-    host: HostFacts
-    paths: dict[str, bool] = field(default_factory=dict)  # host path -> exists
-    disk_total_gib: float | None = None  # the filesystem of the model directory
-    key_file: KeyFile | None = None
-    port_busy: bool = False
-    port_peer: str | None = None  # a lane of the same group that runs on the port
-    command_found: bool | None = None  # exec lanes: the program is on PATH
-    image_id: str | None = None  # container lanes: the local image's id (None: not present)
-    image_error: str | None = None  # the podman API could not be asked
-    last_image_id: str | None = None  # at the lane's last good start
 
 
 def model_path(spec: LaneConfig) -> str | None:
@@ -146,28 +83,9 @@ def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
     return sorted(found, key=lambda f: order[f.severity])
 
 
-def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:
-    """Findings as served and kept."""
-    return [f.to_json() for f in findings]
-
-
-def blocking(findings: Sequence[Finding]) -> list[Finding]:
-    """The findings that block an activation (errors)."""
-    return [f for f in findings if f.severity is Severity.ERROR]
-
-
 def report(lane: str, findings: Sequence[Finding]) -> dict[str, Any]:
     """A lane's preflight as served and printed: `{lane, ok, findings}`."""
     return {"lane": lane, "ok": not blocking(findings), "findings": findings_json(findings)}
-
-
-def fit_report(lanes: dict[str, LaneConfig], host: HostFacts) -> dict[str, Any]:
-    """Which lanes this host can run at all, as served by /fit and printed by status --fit."""
-    rows = []
-    for name in sorted(lanes):
-        found = fit(name, lanes[name], host)
-        rows.append({"name": name, "fits": not blocking(found), "findings": findings_json(found)})
-    return {"host": host.to_json(), "lanes": rows}
 
 
 def refusal(lane: str, findings: Sequence[Finding]) -> tuple[str, str]:
@@ -298,117 +216,6 @@ def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
         "vLLM binds with SO_REUSEPORT, so a leftover engine would silently share the port; "
         f"find it with `ss -ltnp 'sport = :{spec.port}'` and stop it",
     )
-
-
-def gpu_indices(spec: LaneConfig) -> tuple[int, ...] | None:
-    """The NVML indices of the lane's GPUs: `gpus`, else what its CDI devices
-    (`nvidia.com/gpu=0`) or CUDA_VISIBLE_DEVICES ("0,1") name; None means all of them."""
-    if spec.gpus is not None:
-        return spec.gpus
-    named: list[int] = []
-    for device in spec.container.devices if spec.container else ():
-        kind, _, which = device.partition("=")
-        if kind == "nvidia.com/gpu":
-            if not which.isdigit():
-                return None  # `all`, a UUID or a MIG name: all of them, as far as laned knows
-            named.append(int(which))
-    if named:
-        return tuple(sorted(set(named)))
-    visible = spec.env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        parts = [p.strip() for p in visible.value.split(",") if p.strip()]
-        if parts and all(p.isdigit() for p in parts):
-            return tuple(sorted({int(p) for p in parts}))
-    return None
-
-
-def lane_gpus(spec: LaneConfig, host: HostFacts) -> list[GpuReading]:
-    """The GPUs a lane uses (see gpu_indices)."""
-    if host.gpus is None:
-        return []
-    indices = gpu_indices(spec)
-    if indices is None:
-        return list(host.gpus)
-    return [g for g in host.gpus if g.index in indices]
-
-
-def fit(
-    lane: str, spec: LaneConfig, host: HostFacts, disk_total_gib: float | None = None
-) -> list[Finding]:
-    """Can this host run the lane at all? The lane's `needs` against what the host has."""
-    needs, base = spec.needs, f"lanes.{lane}.needs"
-    out: list[Finding] = []
-    indices = gpu_indices(spec)
-    wants_gpus = needs.gpus > 0 or needs.gpu_memory_gib > 0 or indices is not None
-    if wants_gpus and host.gpus is None:
-        out.append(
-            Finding("needs", Severity.NOTE, f"GPU needs not checked: {host.gpu_note or 'no NVML'}")
-        )
-    elif host.gpus is not None:
-        missing = sorted(set(indices or ()) - {g.index for g in host.gpus})
-        if missing:
-            out.append(
-                Finding(
-                    "needs",
-                    Severity.ERROR,
-                    f"lanes.{lane}.gpus: GPU {', '.join(map(str, missing))} does not exist "
-                    f"(this host has {len(host.gpus)})",
-                    "list indices as nvidia-smi shows them",
-                )
-            )
-        gpus = lane_gpus(spec, host)
-        if len(gpus) < needs.gpus:
-            out.append(
-                Finding(
-                    "needs",
-                    Severity.ERROR,
-                    f"{base}.gpus: the lane needs {needs.gpus} GPUs, this host has {len(gpus)}",
-                    "run it on a host with enough GPUs",
-                )
-            )
-        total = sum(g.total_bytes for g in gpus) / GIB
-        if needs.gpu_memory_gib and total < needs.gpu_memory_gib:
-            out.append(
-                Finding(
-                    "needs",
-                    Severity.ERROR,
-                    f"{base}.gpu_memory_gib: the lane needs {needs.gpu_memory_gib:g} GiB of GPU "
-                    f"memory, its GPUs have {total:.1f} GiB",
-                    "use bigger (or more) GPUs, or a smaller quant / context",
-                )
-            )
-    if needs.host_memory_gib and host.mem_total_gib is not None:
-        if host.mem_total_gib < needs.host_memory_gib:
-            out.append(
-                Finding(
-                    "needs",
-                    Severity.ERROR,
-                    f"{base}.host_memory_gib: the lane needs {needs.host_memory_gib:g} GiB of RAM, "
-                    f"this host has {host.mem_total_gib:.1f} GiB",
-                    "run it on a host with more memory",
-                )
-            )
-        elif host.mem_available_gib is not None and host.mem_available_gib < needs.host_memory_gib:
-            out.append(
-                Finding(
-                    "needs",
-                    Severity.WARNING,
-                    f"{base}.host_memory_gib: {host.mem_available_gib:.1f} GiB of RAM is available "
-                    f"now, the lane needs {needs.host_memory_gib:g} GiB",
-                    "something else holds memory; the engine may be OOM-killed while loading",
-                )
-            )
-    if needs.disk_gib and disk_total_gib is not None and disk_total_gib < needs.disk_gib:
-        out.append(
-            Finding(
-                "needs",
-                Severity.ERROR,
-                f"{base}.disk_gib: the lane needs {needs.disk_gib:g} GiB of disk, the model "
-                f"directory's filesystem has {disk_total_gib:.1f} GiB",
-                "put the model on a bigger disk",
-            )
-        )
-    return out
 
 
 def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:

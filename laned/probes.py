@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from laned.lanes import EngineSample
+from laned.liveness import EngineSample
 
 ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long (uvicorn)
 # A pooled connection reused just as the engine closes it fails with ReadError although the

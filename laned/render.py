@@ -12,12 +12,12 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from enum import Enum
 
-from laned.config import Config
 from laned.errors import RenderError
+from laned.files import write_atomic
+from laned.model import Config
 from laned.names import generation_config_dir, unit_path, wrapper_path
 from laned.units import GENERATED_MARK, lane_unit
 from laned.wrapper import render_wrapper
@@ -97,29 +97,6 @@ def _mode(path: str) -> int | None:
         return stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
         return None
-
-
-def write_atomic(path: str, content: str, mode: int) -> None:
-    """Write `content` to `path` via a temp file in the same directory and a rename."""
-    directory = os.path.dirname(path) or "."
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".laned-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(content)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    except OSError as exc:
-        raise RenderError(
-            f"cannot write {path}: {exc.strerror}", f"check that {directory} is writable"
-        ) from exc
 
 
 def _previous(config: Config) -> list[str]:

@@ -1,20 +1,31 @@
 """laned's persisted state in state_dir/state.json: desired lanes, counters, recent events.
 
-Written atomically after every transition, read once at start. systemd stays the truth
-about what runs; this file is the truth about what the operator asked for.
+Read once at start; written atomically by a `StateWriter`, off the event loop and at most
+every `DEBOUNCE` seconds however many transitions happen (a swap makes several, a storm of
+requests dozens). systemd stays the truth about what runs; this file is the truth about
+what the operator asked for.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from laned.errors import LanedError
+from laned.files import write_atomic
 from laned.lanes import Desired, Event, LastExit
-from laned.render import write_atomic
 
 STATE_FILE = "state.json"
 EVENTS_KEPT = 500
+DEBOUNCE = 0.2  # seconds between two writes of state.json
+
+log = logging.getLogger("laned.state")
 
 
 @dataclass
@@ -90,3 +101,60 @@ def load_checks(state_dir: str, lane: str) -> dict[str, Any] | None:
 def save_checks(state_dir: str, lane: str, run: dict[str, Any]) -> None:
     """Keep the lane's last acceptance run (atomically)."""
     write_atomic(checks_path(state_dir, lane), json.dumps(run, indent=1) + "\n", 0o600)
+
+
+class StateWriter:
+    """Writes state.json when something changed: the first change at once, later ones
+    gathered for DEBOUNCE seconds; the JSON is built and fsynced in a thread.
+
+    `snapshot` is called on the loop (copies of plain data); `mark()` says it changed."""
+
+    def __init__(self, state_dir: str, snapshot: Callable[[], Saved]) -> None:
+        self.state_dir = state_dir
+        self.snapshot = snapshot
+        self.writes = 0
+        self._taken = 0  # snapshots taken, numbered
+        self._written = 0  # the newest snapshot on disk
+        self._lock = threading.Lock()  # a write cancelled by close() may still run in its thread
+        self._dirty = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def mark(self) -> None:
+        """Something worth keeping changed."""
+        self._dirty.set()
+
+    def start(self) -> None:
+        """Begin writing in the background (on the running loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await self._dirty.wait()
+            await self._write()
+            await asyncio.sleep(DEBOUNCE)
+
+    async def _write(self) -> None:
+        self._dirty.clear()
+        self._taken += 1
+        number, saved = self._taken, self.snapshot()
+        try:
+            await asyncio.to_thread(self._save, number, saved)
+        except LanedError as exc:
+            log.error("cannot save state: %s", exc)
+
+    def _save(self, number: int, saved: Saved) -> None:
+        with self._lock:
+            if number <= self._written:
+                return  # a newer snapshot is on disk already
+            save(self.state_dir, saved)
+            self._written = number
+            self.writes += 1
+
+    async def close(self) -> None:
+        """Stop the background writer; write what is still unwritten."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._dirty.is_set():
+            await self._write()

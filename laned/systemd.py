@@ -14,10 +14,8 @@ import contextlib
 import os
 import re
 import shutil
-import subprocess
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -25,7 +23,9 @@ from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusError
 
-from laned.errors import BusUnavailable, SystemdError
+from laned import proc
+from laned.errors import BusUnavailable, CommandFailed, SystemdError
+from laned.unit_state import UnitSnapshot
 
 SYSTEMD = "org.freedesktop.systemd1"
 PATH = "/org/freedesktop/systemd1"
@@ -35,66 +35,12 @@ SERVICE = "org.freedesktop.systemd1.Service"
 PROPERTIES = "org.freedesktop.DBus.Properties"
 UNIT_PREFIX = "/org/freedesktop/systemd1/unit/"
 
-# ExecMainCode values (waitid's si_code): the process exited, or a signal ended it.
-CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
-
 
 class JobMode(str, Enum):
     """How a new job treats queued jobs (systemd's own words)."""
 
     REPLACE = "replace"
     FAIL = "fail"
-
-
-class ActiveState(str, Enum):
-    """A unit's ActiveState (systemd's own words)."""
-
-    ACTIVE = "active"
-    RELOADING = "reloading"
-    INACTIVE = "inactive"
-    FAILED = "failed"
-    ACTIVATING = "activating"
-    DEACTIVATING = "deactivating"
-
-
-@dataclass(frozen=True)
-class UnitSnapshot:
-    """The properties of a lane unit laned cares about."""
-
-    name: str
-    active_state: str = "inactive"
-    sub_state: str = "dead"
-    result: str = "success"
-    exec_main_code: int = 0
-    exec_main_status: int = 0
-    n_restarts: int = 0
-    invocation_id: str = ""
-
-    @property
-    def running(self) -> bool:
-        """Active, starting or about to restart: the unit holds (or will hold) the GPUs."""
-        return (
-            self.active_state in ("active", "activating", "reloading")
-            or self.sub_state == "auto-restart"
-        )
-
-    def update(self, props: dict[str, Any]) -> UnitSnapshot:
-        """A copy with changed properties applied."""
-        fields = {
-            "ActiveState": "active_state",
-            "SubState": "sub_state",
-            "Result": "result",
-            "ExecMainCode": "exec_main_code",
-            "ExecMainStatus": "exec_main_status",
-            "NRestarts": "n_restarts",
-            "InvocationID": "invocation_id",
-        }
-        values = dict(self.__dict__)
-        for key, attr in fields.items():
-            if key in props:
-                value = props[key]
-                values[attr] = value.hex() if isinstance(value, (bytes, bytearray)) else value
-        return UnitSnapshot(**values)
 
 
 def unit_name_from_path(path: str) -> str:
@@ -109,10 +55,8 @@ def installed_version() -> int | None:
     if not systemctl:
         return None
     try:
-        out = subprocess.run(
-            [systemctl, "--version"], capture_output=True, text=True, timeout=10
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+        out = proc.run([systemctl, "--version"], timeout=10)
+    except CommandFailed:
         return None
     match = re.match(r"systemd (\d+)", out)
     return int(match.group(1)) if match else None

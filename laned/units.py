@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from laned.config import Config, LaneConfig
 from laned.durations import systemd_seconds
+from laned.model import Config, LaneConfig
 from laned.names import unit_name, wrapper_path
 
 Section = tuple[str, Sequence[tuple[str, str]]]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 
-from laned.config import Config, LaneConfig
+from laned.model import Config, LaneConfig
 from laned.names import (
     CACHE_MOUNT,
     DEFAULT_CACHE_ENV,

@@ -22,8 +22,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from laned.errors import EngineError
-from laned.sim.engine import VERSION, Engine, Settings, log
+from laned.sim.engine import VERSION, Engine, log
 from laned.sim.http import Server
+from laned.sim.settings import Settings
 
 # vLLM flags that take no value: anything else unknown that is followed by a word takes it.
 _SWITCHES = {

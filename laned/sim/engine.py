@@ -17,12 +17,13 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from laned.sim import answers
+from laned.sim import answers, responses
 from laned.sim.http import Request, Response
 from laned.sim.metrics import Metrics
+from laned.sim.responses import EngineDead, Job, error
+from laned.sim.settings import Settings
 
 VERSION = "0.11.0+laned.sim"
 BLOCK = 16  # tokens per KV block, for prefix-cache accounting
@@ -35,75 +36,10 @@ def log(level: str, where: str, message: str) -> None:
     print(f"{level} {stamp} [{where}] {message}", file=sys.stderr, flush=True)
 
 
-@dataclass
-class Settings:
-    """Everything the engine was started with (command line, environment)."""
-
-    model: str
-    host: str = "0.0.0.0"
-    port: int = 8000
-    served_model_name: str = ""
-    api_key: str | None = None
-    max_model_len: int = 32768
-    max_num_seqs: int = 256
-    generation_defaults: dict[str, Any] = field(default_factory=dict)
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    reasoning_parser: str | None = None
-    auto_tool_choice: bool = False
-    num_spec_tokens: int = 0
-    enforce_eager: bool = False
-    startup: float = 3.0
-    decode_tps: float = 50.0
-    prefill_tps: float = 5000.0
-    fail_at_start: int | None = None
-    jit: float = 0.0  # seconds of kernel autotune/JIT at a cold start without a cache
-    shutdown: float = 0.0  # seconds between closing the port and exiting, after SIGTERM
-    cache_root: str | None = None  # VLLM_CACHE_ROOT: where the "compiled kernels" are kept
-    unknown: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        """The model name clients use."""
-        return self.served_model_name or self.model
-
-    @property
-    def kv_capacity(self) -> int:
-        """KV cache capacity in tokens."""
-        return max(self.max_model_len * 4, 1)
-
-
-@dataclass
-class Job:
-    """One request's work: what to emit and how it ends."""
-
-    prompt_text: str
-    prompt_tokens: int
-    pieces: list[tuple[str, str]]
-    tool_calls: list[dict[str, Any]]
-    truncated: bool  # cut short by max_tokens: finish_reason "length"
-
-    @property
-    def finish_reason(self) -> str:
-        """The OpenAI finish_reason."""
-        if self.tool_calls:
-            return "tool_calls"
-        return "length" if self.truncated else "stop"
-
-
-class EngineDead(Exception):
-    """The engine core died: every request fails from now on."""
-
-
 def _hog_memory() -> None:
     held = []
     while True:
         held.append(b"\x01" * (64 << 20))  # written, so the pages are really taken
-
-
-def _error(message: str, status: int, kind: str = "BadRequestError") -> Response:
-    return Response.json(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status
-    )
 
 
 class Engine:
@@ -210,7 +146,7 @@ class Engine:
             body = request.json()
             kind = body["kind"]
         except (ValueError, KeyError, TypeError):
-            return _error('expected {"kind": "exit"|"engine-dead"|"stall"|"crash"|"oom", ...}', 400)
+            return error('expected {"kind": "exit"|"engine-dead"|"stall"|"crash"|"oom", ...}', 400)
         log("WARNING", "sim.py:1", f"fault injected: {json.dumps(body)}")
         if kind == "exit":
             code = int(body.get("code", 1))
@@ -239,7 +175,7 @@ class Engine:
         if kind == "oom":
             # Take host memory until the kernel's OOM killer (or a container's limit) ends it.
             return Response(200, b'{"fault":"oom"}', after=_hog_memory)
-        return _error(f"unknown fault kind {kind!r}", 400)
+        return error(f"unknown fault kind {kind!r}", 400)
 
     def _log_engine_death(self) -> None:
         log(
@@ -260,7 +196,7 @@ class Engine:
 
     async def _completion(self, request: Request, chat: bool) -> Response:
         if self.dead:
-            return _error(
+            return error(
                 "EngineCore encountered an issue. See stack trace for the root cause.",
                 500,
                 "EngineDeadError",
@@ -268,12 +204,12 @@ class Engine:
         try:
             body = request.json()
         except ValueError:
-            return _error("request body is not valid JSON", 400)
+            return error("request body is not valid JSON", 400)
         if not isinstance(body, dict):
-            return _error("request body must be a JSON object", 400)
+            return error("request body must be a JSON object", 400)
         s = self.settings
         if body.get("model") not in (None, s.name):
-            return _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
+            return error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
         call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"
         if chat:
             messages = body.get("messages")
@@ -282,7 +218,7 @@ class Engine:
                 or not all(isinstance(m, dict) for m in messages)
                 or not messages
             ):
-                return _error("messages must be a non-empty list of message objects", 400)
+                return error("messages must be a non-empty list of message objects", 400)
             tools = body.get("tools") if isinstance(body.get("tools"), list) else None
             kwargs = {**s.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
             thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", False)))
@@ -297,17 +233,17 @@ class Engine:
             if isinstance(prompt, list):
                 prompt = " ".join(str(p) for p in prompt)
             if not isinstance(prompt, str):
-                return _error("prompt must be a string", 400)
+                return error("prompt must be a string", 400)
             thinking = False
             prompt_tokens = answers.count_prompt_tokens(prompt) + 1
             prompt_text = prompt
             answer = answers.compose_text(prompt, prompt, False, s.name)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            return _error("max_tokens must be a positive integer", 400)
+            return error("max_tokens must be a positive integer", 400)
         requested = max_tokens or 0
         if prompt_tokens + requested > s.max_model_len:
-            return _error(
+            return error(
                 f"This model's maximum context length is {s.max_model_len} tokens. However, you requested "
                 f"{prompt_tokens + requested} tokens ({prompt_tokens} in the messages, {requested} in the "
                 "completion). Please reduce the length of the messages or completion.",
@@ -326,9 +262,13 @@ class Engine:
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return Response(
-                200, content_type="text/event-stream", stream=self._sse(job, chat, include_usage)
+                200,
+                content_type="text/event-stream",
+                stream=responses.stream(
+                    self._run(job), job, chat, include_usage, self.settings.name
+                ),
             )
-        return await self._collect(job, chat)
+        return await responses.collect(self._run(job), job, chat, self.settings.name)
 
     def _pieces(
         self, answer: answers.Answer, thinking: bool, limit: int, ignore_eos: bool
@@ -460,141 +400,3 @@ class Engine:
 
     def _update_kv(self) -> None:
         self.metrics.kv_usage = min(max(self.kv_tokens, 0) / self.settings.kv_capacity, 1.0)
-
-    # --- response shapes -------------------------------------------------------------
-
-    async def _collect(self, job: Job, chat: bool) -> Response:
-        parts: dict[str, list[str]] = {"reasoning": [], "content": [], "tool": []}
-        run = self._run(job)
-        try:
-            async for kind, text in run:
-                parts[kind].append(text)
-        except EngineDead:
-            return _error(
-                "EngineCore encountered an issue. See stack trace for the root cause.",
-                500,
-                "EngineDeadError",
-            )
-        finally:
-            await run.aclose()
-        prompt_tokens, tool_calls, finish = job.prompt_tokens, job.tool_calls, job.finish_reason
-        completion = sum(len(v) for v in parts.values())
-        created, rid = int(time.time()), uuid.uuid4().hex
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "prompt_tokens_details": None,
-        }
-        if not chat:
-            choice = {
-                "index": 0,
-                "text": "".join(parts["content"]),
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-            }
-            return Response.json(
-                {
-                    "id": f"cmpl-{rid}",
-                    "object": "text_completion",
-                    "created": created,
-                    "model": self.settings.name,
-                    "choices": [choice],
-                    "usage": usage,
-                }
-            )
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": "".join(parts["content"]) or None,
-            "reasoning_content": "".join(parts["reasoning"]) or None,
-            "tool_calls": tool_calls,
-        }
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": finish,
-            "stop_reason": None,
-        }
-        return Response.json(
-            {
-                "id": f"chatcmpl-{rid}",
-                "object": "chat.completion",
-                "created": created,
-                "model": self.settings.name,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
-
-    async def _sse(self, job: Job, chat: bool, include_usage: bool) -> AsyncGenerator[bytes, None]:
-        created, rid = int(time.time()), uuid.uuid4().hex
-        tool_calls, prompt_tokens = job.tool_calls, job.prompt_tokens
-        run = self._run(job)
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        ident = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
-
-        def event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
-            data: dict[str, Any] = {
-                "id": ident,
-                "object": obj,
-                "created": created,
-                "model": self.settings.name,
-                "choices": choices,
-            }
-            if usage is not None:
-                data["usage"] = usage
-            return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-        def choice(delta: dict[str, Any] | str, finish: str | None = None) -> dict[str, Any]:
-            if chat:
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
-
-        completion = 0
-        try:
-            if chat:
-                yield event([choice({"role": "assistant", "content": ""})])
-            started_tool = False
-            async for kind, text in run:
-                completion += 1
-                if not chat:
-                    yield event([choice(text)])
-                elif kind == "tool":
-                    call = tool_calls[0]
-                    delta: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
-                    if not started_tool:
-                        delta = {
-                            "index": 0,
-                            "id": call["id"],
-                            "type": "function",
-                            "function": {"name": call["function"]["name"], "arguments": text},
-                        }
-                        started_tool = True
-                    yield event([choice({"tool_calls": [delta]})])
-                else:
-                    yield event(
-                        [choice({"reasoning_content" if kind == "reasoning" else "content": text})]
-                    )
-            finish = job.finish_reason
-            yield event([choice({} if chat else "", finish)])
-            if include_usage:
-                usage = {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion,
-                    "total_tokens": prompt_tokens + completion,
-                }
-                yield event([], usage)
-        except EngineDead:
-            error = {
-                "error": {
-                    "message": "EngineCore encountered an issue.",
-                    "type": "EngineDeadError",
-                    "code": 500,
-                }
-            }
-            yield b"data: " + json.dumps(error).encode() + b"\n\n"
-        finally:
-            await run.aclose()
-        yield b"data: [DONE]\n\n"

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from laned.acceptance import LaneNotRunning
 from laned.config import GATES
+from laned.errors import LaneNotRunning
 from laned.lanes import EventKind, LaneState
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units

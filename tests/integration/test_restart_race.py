@@ -58,7 +58,9 @@ class Sampler:
         while not self._stop.is_set():
             out = self.harness.systemctl("show", "-pActiveState", *self.units, check=False).stdout
             states = tuple(
-                line.split("=", 1)[1] for line in out.splitlines() if line.startswith("ActiveState=")
+                line.split("=", 1)[1]
+                for line in out.splitlines()
+                if line.startswith("ActiveState=")
             )
             self.samples.append(states)
             self._stop.wait(0.01)

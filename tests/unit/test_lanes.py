@@ -5,23 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from laned import state
-from laned.lanes import (
-    Desired,
-    EngineSample,
-    Event,
-    LaneState,
-    LastExit,
-    StallDetector,
-    Verdict,
-    backoff_delay,
-    decode_status,
-    is_crash_loop,
-    judge_exit,
-    parse_phase,
-)
+from laned.lanes import Desired, Event, LaneState, LastExit, Verdict
+from laned.liveness import EngineSample, StallDetector
+from laned.phases import parse_phase
+from laned.policy import backoff_delay, decode_status, is_crash_loop, judge_exit
 from laned.probes import parse_engine_metrics, read_api_key
-from laned.supervisor import read_exit_record
-from laned.systemd import UnitSnapshot, unit_name_from_path
+from laned.steps import read_exit_record
+from laned.systemd import unit_name_from_path
+from laned.unit_state import UnitSnapshot
 
 
 def test_only_a_requested_stop_is_not_a_failure() -> None:

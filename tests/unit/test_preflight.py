@@ -10,19 +10,13 @@ from hypothesis import strategies as st
 
 from laned.config import LaneConfig, parse_config
 from laned.errors import ConfigError, Severity
+from laned.facts import Finding, HostFacts, KeyFile, LaneFacts, blocking
+from laned.fit import fit
 from laned.gpus import GIB, GpuReading, held
-from laned.lanes import LaneState, LaneStatus, parse_phase, phase_durations
+from laned.lanes import LaneState, LaneStatus, phase_durations
+from laned.phases import parse_phase
 from laned.podman import parse_container
-from laned.preflight import (
-    Finding,
-    HostFacts,
-    KeyFile,
-    LaneFacts,
-    blocking,
-    evaluate,
-    fit,
-    model_path,
-)
+from laned.preflight import evaluate, model_path
 
 ENV = {"HOME": "/home/op"}
 CONTAINER = """
@@ -241,7 +235,7 @@ def test_unknown_log_lines_never_break_phase_parsing(line: str) -> None:
 
 
 def test_a_lanes_gpus_come_from_gpus_its_cdi_devices_or_cuda_visible_devices() -> None:
-    from laned.preflight import gpu_indices
+    from laned.model import gpu_indices
 
     assert gpu_indices(lane("gpus = [1, 0]\n")) == (1, 0)
     cdi = 'devices = ["nvidia.com/gpu=1", "nvidia.com/gpu=0"]'

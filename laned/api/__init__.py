@@ -1,0 +1,39 @@
+"""The control API (FastAPI), served by `laned serve` on daemon.listen.
+
+Routers: `lanes` (the lanes' endpoints) and `daemon` (health, fit, reload, metrics, service
+discovery, events), both over the front (`laned.front`); `guard` decides who may call;
+`errors` holds the one error envelope and the table from laned's errors to HTTP statuses.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from laned import __version__
+from laned.api import daemon, errors, lanes
+from laned.api.guard import ApiSettings, guard
+from laned.front import Front
+from laned.metrics import LanedMetrics
+from laned.supervisor import Supervisor
+
+__all__ = ["ApiSettings", "create_app"]
+
+
+def create_app(
+    supervisor: Supervisor, settings: ApiSettings, metrics: LanedMetrics | None = None
+) -> FastAPI:
+    """The FastAPI application over one supervisor."""
+    front = Front(supervisor)
+    if metrics is None:
+        metrics = LanedMetrics()
+        metrics.attach(supervisor)
+    app = FastAPI(
+        title="laned",
+        version=__version__,
+        description="Control API of laned, the inference lane daemon.",
+    )
+    errors.install(app)
+    app.middleware("http")(guard(settings))
+    app.include_router(lanes.router(front))
+    app.include_router(daemon.router(front, metrics))
+    return app

@@ -1,0 +1,91 @@
+"""laned's own endpoints: health, the host's fit, reload, metrics, service discovery, events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from laned import __version__
+from laned.errors import ConfigError, ConfigRefused
+from laned.front import Front
+from laned.lanes import Event
+from laned.metrics import LanedMetrics
+
+
+def _sse(event: Event) -> bytes:
+    return b"data: " + json.dumps(event.to_json()).encode() + b"\n\n"
+
+
+def router(front: Front, metrics: LanedMetrics) -> APIRouter:
+    """The daemon's endpoints over one front."""
+    api = APIRouter()
+
+    @api.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """laned itself is up."""
+        return {"status": "ok", "version": __version__}
+
+    @api.get("/fit")
+    async def host_fit() -> dict[str, Any]:
+        """Which configured lanes this host can run at all (their `needs` against its GPUs,
+        memory and disks)."""
+        return await front.fit()
+
+    @api.post("/reload")
+    async def reload() -> dict[str, Any]:
+        """Re-read the config, validate, re-render, daemon-reload; a bad config changes nothing."""
+        try:
+            result = await front.reload()
+        except ConfigError:
+            metrics.reload("invalid")
+            raise
+        except ConfigRefused:
+            metrics.reload("refused")
+            raise
+        metrics.reload("applied")
+        return result
+
+    @api.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """laned's own metrics (Prometheus text format)."""
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @api.get("/sd")
+    async def service_discovery(request: Request) -> list[dict[str, Any]]:
+        """Prometheus HTTP service discovery: the running lanes' engine /metrics endpoints."""
+        return front.sd_targets(request.url.hostname or "127.0.0.1")
+
+    @api.get("/events", response_model=None)
+    async def events(
+        request: Request,
+        limit: int = Query(100, ge=1, le=500),
+        lane: str | None = None,
+        follow: bool = Query(False, description="stream new transitions as Server-Sent Events"),
+    ) -> dict[str, Any] | StreamingResponse:
+        """Recent transitions, oldest first; with follow=true, then every new one as it happens."""
+        chosen = front.events(lane, limit)
+        if not follow:
+            return {"events": [e.to_json() for e in chosen]}
+
+        async def stream() -> AsyncIterator[bytes]:
+            with front.subscribe(lane) as queue:
+                for event in chosen:
+                    yield _sse(event)
+                while not await request.is_disconnected():
+                    try:
+                        event = await asyncio.wait_for(queue.get(), 15)
+                    except asyncio.TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield _sse(event)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    return api

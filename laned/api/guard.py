@@ -1,0 +1,92 @@
+"""Who may call: a Host laned expects (DNS rebinding), no browser cross-site request that
+changes lanes (Origin / Sec-Fetch-Site), and the bearer token where one is set.
+
+Mutating endpoints answer GET too (so `curl :9000/lanes/dsv41/activate` works as people
+type it), which is why these checks look at the path and not only the method.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from laned.api.errors import envelope
+
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+MUTATING_SUFFIXES = ("/activate", "/deactivate", "/restart")
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """What the API needs besides the supervisor."""
+
+    listen_host: str
+    listen_port: int
+    token: str | None = None
+    token_for_reads: bool = False  # also /lanes, /metrics, /sd, /events ... (not /healthz)
+
+
+def host_of(value: str) -> str:
+    """The host part of a Host header or netloc, lowercased ([::1] kept bracketed)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+Next = Callable[[Request], Awaitable[Response]]
+
+
+def guard(settings: ApiSettings) -> Callable[[Request, Next], Awaitable[Response]]:
+    """The middleware that refuses what must not reach an endpoint."""
+    allowed = LOCAL_NAMES | {settings.listen_host.lower(), f"[{settings.listen_host.lower()}]"}
+
+    async def middleware(request: Request, call_next: Next) -> Response:
+        host = host_of(request.headers.get("host", ""))
+        if host not in allowed:
+            return envelope(
+                403,
+                "forbidden-host",
+                f"Host {request.headers.get('host', '')!r} is not laned's",
+                f"use http://127.0.0.1:{settings.listen_port} or the configured listen address",
+            )
+        mutating = request.method == "POST" or request.url.path.endswith(MUTATING_SUFFIXES)
+        if mutating:
+            site = request.headers.get("sec-fetch-site")
+            origin = request.headers.get("origin")
+            origin_host = host_of(urlsplit(origin).netloc) if origin else None
+            if (site is not None and site not in ("same-origin", "none")) or (
+                origin_host is not None and origin_host not in allowed
+            ):
+                return envelope(
+                    403,
+                    "cross-site",
+                    "cross-site requests may not change lanes",
+                    "use curl or the laned CLI",
+                )
+        if settings.token is not None and (
+            mutating or (settings.token_for_reads and request.url.path != "/healthz")
+        ):
+            given = request.headers.get("authorization", "")
+            if not given:
+                return envelope(
+                    401,
+                    "unauthorized",
+                    "this endpoint needs a bearer token",
+                    "send Authorization: Bearer <token from daemon.token_file>",
+                )
+            if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
+                return envelope(
+                    403,
+                    "forbidden",
+                    "the bearer token is wrong",
+                    "use the token in daemon.token_file",
+                )
+        return await call_next(request)
+
+    return middleware

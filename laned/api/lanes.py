@@ -1,0 +1,125 @@
+"""The lanes' endpoints: views, activate/deactivate/restart (with wait), preflight, checks, logs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+
+from laned.api.errors import ApiError
+from laned.front import Front
+from laned.lanes import LaneStatus
+from laned.model import GATES
+
+
+def router(front: Front) -> APIRouter:
+    """The /lanes endpoints over one front."""
+    api = APIRouter()
+
+    def host(request: Request) -> str:
+        return request.url.hostname or "127.0.0.1"
+
+    async def answer(
+        lane: str,
+        future: asyncio.Future[LaneStatus],
+        wait: bool,
+        timeout: float | None,
+        request: Request,
+    ) -> JSONResponse:
+        """202 with the lane's view at once, or (wait) 200 when the request is done; its
+        failure is a LanedError, answered through the error table."""
+        if not wait:
+            return JSONResponse(await front.view(lane, host(request)), status_code=202)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(
+                504,
+                "timeout",
+                f"lane {lane} is not done after {timeout:g}s",
+                f"it goes on; see GET /lanes/{lane}",
+            ) from None
+        return JSONResponse(await front.view(lane, host(request)), status_code=200)
+
+    @api.get("/lanes")
+    async def lanes(request: Request) -> dict[str, Any]:
+        """Every lane with its state."""
+        return {"lanes": [await front.view(n, host(request)) for n in front.lanes()]}
+
+    @api.get("/lanes/{lane}")
+    async def lane(lane: str, request: Request) -> dict[str, Any]:
+        """One lane: state, desired, reason, phase, restarts, last exit, where to reach it."""
+        return await front.view(lane, host(request))
+
+    @api.get("/lanes/{lane}/preflight")
+    async def preflight(lane: str) -> dict[str, Any]:
+        """Would the lane start now? Every finding, errors first (run before each activation too)."""
+        return await front.preflight(lane)
+
+    @api.post("/lanes/{lane}/check")
+    async def check(
+        lane: str,
+        gate: Annotated[
+            list[str] | None, Query(description="gates to run (default: all six)")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Run the acceptance gates against the lane (load, chat, reasoning, tools, context,
+        speed); the results are kept, shown in the lane's view and exported as metrics."""
+        front.status(lane)
+        wanted = gate or list(GATES)
+        unknown = [g for g in wanted if g not in GATES]
+        if unknown:
+            raise ApiError(
+                400,
+                "bad-request",
+                f"gate: unknown gate {unknown[0]!r}",
+                "gates: " + ", ".join(GATES),
+            )
+        return await front.check(lane, wanted)
+
+    @api.get("/lanes/{lane}/activate", status_code=202, operation_id="activate_get")
+    @api.post("/lanes/{lane}/activate", status_code=202, operation_id="activate_post")
+    async def activate(
+        lane: str,
+        request: Request,
+        wait: bool = Query(False, description="answer when the lane is ready (or failed)"),
+        timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait at most"),
+        force: bool = Query(False, description="start even when preflight finds errors"),
+    ) -> JSONResponse:
+        """Make the lane the running lane of its group (stopping the others). Idempotent.
+        Preflight runs first; its errors refuse the activation before anything is stopped."""
+        return await answer(lane, await front.activate(lane, force), wait, timeout, request)
+
+    @api.get("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_get")
+    @api.post("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_post")
+    async def deactivate(
+        lane: str,
+        request: Request,
+        wait: bool = Query(False, description="answer when the lane has stopped"),
+        timeout: float | None = Query(None, gt=0, le=86400),
+    ) -> JSONResponse:
+        """Stop the lane; never counted as a failure."""
+        return await answer(lane, front.deactivate(lane), wait, timeout, request)
+
+    @api.post("/lanes/{lane}/restart", status_code=202)
+    async def restart(
+        lane: str,
+        request: Request,
+        wait: bool = Query(False),
+        timeout: float | None = Query(None, gt=0, le=86400),
+    ) -> JSONResponse:
+        """Stop and start the lane again."""
+        return await answer(lane, front.restart(lane), wait, timeout, request)
+
+    @api.get("/lanes/{lane}/logs")
+    async def logs(
+        lane: str,
+        lines: int = Query(100, ge=1, le=10000),
+        source: str = Query("journal", pattern="^(journal|container)$"),
+    ) -> dict[str, Any]:
+        """The engine's last log lines, from journald (or the running container's own log)."""
+        return {"lane": lane, "lines": await front.logs(lane, lines, source)}
+
+    return api

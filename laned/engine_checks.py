@@ -1,0 +1,234 @@
+"""Rules over one lane's engine: its argv (flags laned owns, injection), its environment
+and its container (image, mounts, devices, podman flags). Pure: LaneConfig in, Problems out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+
+from laned.errors import Problem, Severity
+from laned.model import LaneConfig
+from laned.names import container_name
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+# Control characters would end a unit line early or smuggle a directive into it.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+# Flags laned owns: each has one source of truth in the lane config.
+OWNED_FLAGS = {
+    "--port": "port",
+    "--served-model-name": "served_model_name",
+    "--api-key": "api_key_file",
+}
+
+
+def check_env(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    for key, var in lane.env.items():
+        where = f"{base}.env.{key}"
+        if not ENV_NAME.match(key):
+            yield Problem(
+                where, f"{key!r} is not a valid environment variable name", "use A-Z, 0-9 and _"
+            )
+        if "\x00" in var.value:
+            yield Problem(where, "the value contains a NUL byte", "remove it")
+        if key == "VLLM_API_KEY":
+            yield Problem(
+                where,
+                "an API key must not be written into the config",
+                f"put VLLM_API_KEY=... in a 0600 file and set {base}.api_key_file to it",
+            )
+
+
+def _argv_sources(base: str, lane: LaneConfig) -> Iterator[tuple[str, str]]:
+    """Every string that reaches an argv, with its key path."""
+    for i, arg in enumerate(lane.args):
+        yield f"{base}.args[{i}]", arg.flag
+        if arg.value is not None:
+            yield f"{base}.args[{i}]", arg.value
+    if lane.exec is not None:
+        for i, part in enumerate(lane.exec.command):
+            yield f"{base}.exec.command[{i}]", part
+    for i, step in enumerate(lane.prepare):
+        for j, part in enumerate(step.command):
+            yield f"{base}.prepare[{i}].command[{j}]", part
+    if lane.container is not None:
+        spec = lane.container
+        for key in ("command", "podman_args", "devices", "security_opt", "volumes"):
+            for i, part in enumerate(getattr(spec, key)):
+                yield f"{base}.container.{key}[{i}]", part
+        for key in ("image", "entrypoint", "network", "ipc", "name"):
+            value = getattr(spec, key)
+            if value is not None:
+                yield f"{base}.container.{key}", value
+
+
+def _flag_of(text: str) -> str:
+    return text.split("=", 1)[0] if text.startswith("--") else text
+
+
+def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    for where, text in _argv_sources(base, lane):
+        if "\x00" in text:
+            yield Problem(where, "contains a NUL byte, which no argv can carry", "remove it")
+    engine_parts: list[tuple[str, str]] = [
+        (f"{base}.args[{i}]", a.flag) for i, a in enumerate(lane.args)
+    ]
+    if lane.exec is not None:
+        engine_parts += [(f"{base}.exec.command[{i}]", p) for i, p in enumerate(lane.exec.command)]
+    if lane.container is not None:
+        engine_parts += [
+            (f"{base}.container.command[{i}]", p) for i, p in enumerate(lane.container.command)
+        ]
+    seen: dict[str, str] = {}
+    for where, text in engine_parts:
+        flag = _flag_of(text)
+        if flag in OWNED_FLAGS:
+            key = OWNED_FLAGS[flag]
+            yield Problem(
+                where,
+                f"{flag} is set by laned from {base}.{key}",
+                f"remove it here; {base}.{key} is the single source of truth"
+                + (" and keeps the key out of every argv" if flag == "--api-key" else ""),
+            )
+        if flag == "--generation-config" and lane.sampling is not None:
+            yield Problem(
+                where,
+                "--generation-config conflicts with `sampling`",
+                f"laned passes its own --generation-config for {base}.sampling; drop one of the two",
+            )
+        if flag.startswith("--") and flag in seen:
+            yield Problem(
+                where,
+                f"{flag} is given twice (also at {seen[flag]})",
+                "the engine keeps only the last one; remove the other",
+                Severity.WARNING,
+            )
+        seen.setdefault(flag, where)
+    engram_disk = [k for k, v in lane.env.items() if k.endswith("ENGRAM_DISK") and v.value == "1"]
+    if engram_disk and "--enforce-eager" not in seen:
+        yield Problem(
+            f"{base}.args",
+            f"{engram_disk[0]}=1 needs --enforce-eager",
+            "CUDA graphs cannot capture the NVMe reads of engram-disk mode; add --enforce-eager",
+        )
+
+
+def _podman_flags(args: Iterable[str]) -> list[tuple[str, str | None]]:
+    """Pair podman options with their values (`--cap-add X` and `--cap-add=X` alike)."""
+    out: list[tuple[str, str | None]] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item.startswith("--") and "=" in item:
+            flag, value = item.split("=", 1)
+            out.append((flag, value))
+        elif item.startswith("-") and i + 1 < len(items) and not items[i + 1].startswith("-"):
+            out.append((item, items[i + 1]))
+            i += 1
+        else:
+            out.append((item, None))
+        i += 1
+    return out
+
+
+def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]:
+    spec = lane.container
+    assert spec is not None
+    where = f"{base}.container"
+    cname = container_name(name, lane)
+    if not CONTAINER_NAME.match(cname):
+        yield Problem(
+            f"{where}.name",
+            f"{cname!r} is not a valid container name",
+            "use letters, digits and _.-",
+        )
+    if not spec.image.strip() or CONTROL.search(spec.image):
+        yield Problem(
+            f"{where}.image", f"{spec.image!r} is not an image name", "name a locally built image"
+        )
+    for i, volume in enumerate(spec.volumes):
+        src = volume.split(":", 1)[0]
+        if ":" not in volume:
+            yield Problem(
+                f"{where}.volumes[{i}]",
+                f"{volume!r} is not SRC:DST[:OPTIONS]",
+                "e.g. /models:/models:ro",
+            )
+        elif not src.startswith("/"):
+            yield Problem(
+                f"{where}.volumes[{i}]",
+                f"host path {src!r} is not absolute",
+                "named volumes belong in podman_args; a bind mount starts with /, ~ or $XDG_*",
+            )
+    for key, path in spec.cache_env.items():
+        if not ENV_NAME.match(key):
+            yield Problem(
+                f"{where}.cache_env.{key}",
+                f"{key!r} is not a valid environment variable name",
+                "use A-Z, 0-9 and _",
+            )
+        elif not path.startswith("/") or CONTROL.search(path):
+            yield Problem(
+                f"{where}.cache_env.{key}",
+                f"{path!r} is not an absolute path inside the container",
+                "e.g. /laned/cache/b12x (the lane's cache directory is mounted at /laned/cache)",
+            )
+    flags = _podman_flags(spec.podman_args)
+    names = {flag for flag, _ in flags}
+    pargs = f"{where}.podman_args"
+    if "--shm-size" in names and spec.ipc == "host":
+        yield Problem(
+            pargs,
+            '--shm-size together with ipc = "host"',
+            "with the host's IPC namespace the container uses the host's /dev/shm; rootless podman "
+            "rejects the pair. Drop --shm-size",
+        )
+    cap_add = [v for f, v in flags if f == "--cap-add" and v and v.upper().endswith("IPC_LOCK")]
+    if cap_add:
+        disk = [k for k, v in lane.env.items() if k.endswith("ENGRAM_DISK") and v.value == "1"]
+        memlock = any(f == "--ulimit" and v and v.startswith("memlock") for f, v in flags)
+        if disk:
+            yield Problem(
+                pargs,
+                f"--cap-add IPC_LOCK with {disk[0]}=1",
+                "engram-disk mode pins nothing (the pinned mode is unused); drop --cap-add IPC_LOCK",
+            )
+        elif not memlock:
+            yield Problem(
+                pargs,
+                "--cap-add IPC_LOCK without --ulimit memlock",
+                "pinning needs a raised memlock limit (--ulimit memlock=-1:-1); without it drop IPC_LOCK",
+                Severity.WARNING,
+            )
+    if "--gpus" in names:
+        yield Problem(
+            pargs,
+            "--gpus is Docker's GPU flag",
+            'rootless podman uses CDI: devices = ["nvidia.com/gpu=all"]',
+            Severity.WARNING,
+        )
+    for flag, value in flags:
+        if flag in ("-e", "--env") and value and value.split("=", 1)[0] == "VLLM_API_KEY":
+            yield Problem(
+                pargs,
+                "the API key must not be passed in podman_args",
+                f"set {base}.api_key_file; laned passes the key by name only (-e VLLM_API_KEY)",
+            )
+        if flag in ("--name", "--rm"):
+            yield Problem(
+                pargs,
+                f"{flag} is set by laned",
+                f"use {where}.name instead"
+                if flag == "--name"
+                else "remove it: laned removes the container itself, after reading how it ended",
+            )
+    if spec.network == "host" and ("-p" in names or "--publish" in names):
+        yield Problem(
+            pargs,
+            'publishing ports with network = "host" has no effect',
+            "the engine already listens on the host's port; drop -p/--publish",
+            Severity.WARNING,
+        )

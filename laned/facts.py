@@ -1,0 +1,83 @@
+"""What preflight and fit look at, as plain data: findings, and the facts of a host and a lane."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from laned.errors import Severity
+from laned.gpus import GpuReading
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One preflight result."""
+
+    check: str
+    severity: Severity
+    message: str
+    hint: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        """As served by the API."""
+        return {
+            "check": self.check,
+            "severity": self.severity.value,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host has: GPUs (None where NVML is absent, with the reason) and memory."""
+
+    gpus: tuple[GpuReading, ...] | None
+    gpu_note: str = ""
+    mem_total_gib: float | None = None
+    mem_available_gib: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As served by /fit."""
+        return {
+            "gpus": None if self.gpus is None else [g.to_json() for g in self.gpus],
+            "gpu_note": self.gpu_note,
+            "mem_total_gib": self.mem_total_gib,
+            "mem_available_gib": self.mem_available_gib,
+        }
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    """The API key file as found: does it exist, its mode, does it define VLLM_API_KEY."""
+
+    exists: bool
+    mode: int = 0
+    defines_key: bool = False
+
+
+@dataclass(frozen=True)
+class LaneFacts:
+    """Everything the checks of one lane look at, gathered beforehand (see laned.host)."""
+
+    host: HostFacts
+    paths: dict[str, bool] = field(default_factory=dict)  # host path -> exists
+    disk_total_gib: float | None = None  # the filesystem of the model directory
+    key_file: KeyFile | None = None
+    port_busy: bool = False
+    port_peer: str | None = None  # a lane of the same group that runs on the port
+    command_found: bool | None = None  # exec lanes: the program is on PATH
+    image_id: str | None = None  # container lanes: the local image's id (None: not present)
+    image_error: str | None = None  # the podman API could not be asked
+    last_image_id: str | None = None  # at the lane's last good start
+
+
+def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:
+    """Findings as served and kept."""
+    return [f.to_json() for f in findings]
+
+
+def blocking(findings: Sequence[Finding]) -> list[Finding]:
+    """The findings that block an activation (errors)."""
+    return [f for f in findings if f.severity is Severity.ERROR]

@@ -1,0 +1,175 @@
+"""The front: what the API (and so the CLI) and the metrics use of a running laned.
+
+Requests go to the supervisor (the one owner); views, event subscriptions, logs and the
+host's fit are read here, so that no caller reaches into the supervisor's state or its
+adapters. The front changes no lane state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from laned import journal, policy
+from laned.config import load_config
+from laned.errors import LanedError, NotAContainer, PreflightFailed
+from laned.facts import HostFacts, blocking
+from laned.fit import fit_report
+from laned.host import meminfo
+from laned.lanes import Event, LaneStatus
+from laned.model import GATES
+from laned.names import container_name, unit_name
+from laned.preflight import refusal, report
+from laned.supervisor import Supervisor
+
+
+class Front:
+    """One running laned, as its callers see it."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def status(self, lane: str) -> LaneStatus:
+        """The lane's status; UnknownLane (with the configured names) otherwise."""
+        self.supervisor.spec(lane)
+        return self.supervisor.statuses[lane]
+
+    def lanes(self) -> list[str]:
+        """The configured lanes, sorted."""
+        return sorted(self.supervisor.statuses)
+
+    async def view(self, lane: str, host: str = "127.0.0.1") -> dict[str, Any]:
+        """Everything about one lane: state, desired, phase, restarts, where to reach it."""
+        sup = self.supervisor
+        status = self.status(lane)
+        spec = sup.config.lanes[lane]
+        return {
+            **status.to_json(),
+            "unit": unit_name(lane, spec),
+            "group": spec.group,
+            "port": spec.port,
+            "served_model_name": spec.served_model_name,
+            "base_url": f"http://{_bracketed(host)}:{spec.port}/v1",
+            "engine": sup.engine_summary(lane),
+            "startup": status.startup(sup.clock()),
+            "container": await self._container(lane),
+        }
+
+    async def _container(self, lane: str) -> dict[str, Any] | None:
+        spec = self.supervisor.config.lanes[lane]
+        host = self.supervisor.host
+        if spec.container is None or host is None:
+            return None
+        name = container_name(lane, spec)
+        try:
+            found = await host.podman.container(name)
+        except LanedError as exc:
+            # Only the view suffers: the lane itself runs under systemd, not through the API.
+            return {"name": name, "status": "unknown", "error": exc.message, "hint": exc.hint}
+        return {"name": name, "status": "absent"} if found is None else found.to_json()
+
+    def sd_targets(self, host: str = "127.0.0.1") -> list[dict[str, Any]]:
+        """Prometheus HTTP service discovery: the running lanes' engine /metrics endpoints."""
+        sup = self.supervisor
+        targets = []
+        for name, status in sorted(sup.statuses.items()):
+            if status.state not in policy.RUNNING_STATES:
+                continue
+            spec = sup.config.lanes[name]
+            labels = {"lane": name, "model": spec.served_model_name, "unit": unit_name(name, spec)}
+            targets.append({"targets": [f"{_bracketed(host)}:{spec.port}"], "labels": labels})
+        return targets
+
+    def events(self, lane: str | None = None, limit: int = 100) -> list[Event]:
+        """The last `limit` events (of one lane, or all), oldest first."""
+        if lane is not None:
+            self.status(lane)
+        return [e for e in self.supervisor.events if lane is None or e.lane == lane][-limit:]
+
+    @contextlib.contextmanager
+    def subscribe(
+        self, lane: str | None = None, size: int = 1000
+    ) -> Iterator[asyncio.Queue[Event]]:
+        """New events (of one lane, or all) as they happen; a slow reader loses the newest."""
+        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=size)
+
+        def listener(event: Event) -> None:
+            if (lane is None or event.lane == lane) and not queue.full():
+                queue.put_nowait(event)
+
+        self.supervisor.listeners.append(listener)
+        try:
+            yield queue
+        finally:
+            self.supervisor.listeners.remove(listener)
+
+    async def logs(self, lane: str, lines: int, source: str = "journal") -> list[str]:
+        """The engine's last log lines, from journald or the running container's own log."""
+        spec = self.supervisor.config.lanes[self.status(lane).name]
+        if source == "journal":
+            return await journal.tail(unit_name(lane, spec), lines)
+        host = self.supervisor.host
+        if spec.container is None or host is None:
+            raise NotAContainer(f"lane {lane} is not a container lane", "use source=journal")
+        return await host.podman.logs(container_name(lane, spec), lines)
+
+    async def fit(self) -> dict[str, Any]:
+        """Which configured lanes this host can run at all (needs against GPUs, memory, disks)."""
+        host = self.supervisor.host
+        if host is None:
+            memory = meminfo()
+            facts = HostFacts(
+                None, "not read: laned runs without its host adapter", memory.get("MemTotal")
+            )
+        else:
+            facts = await host.facts()
+        return fit_report(self.supervisor.config.lanes, facts)
+
+    async def preflight(self, lane: str) -> dict[str, Any]:
+        """Would the lane start now? Every finding, errors first."""
+        self.status(lane)
+        return report(lane, await self.supervisor.preflight(lane))
+
+    # --- requests ---------------------------------------------------------------------------
+
+    async def activate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
+        """Activate the lane; PreflightFailed at once (nothing stopped) when preflight refuses.
+
+        The early preflight lets a caller that does not wait hear why, too; the activation
+        then uses its findings instead of running preflight again."""
+        status = self.status(lane)
+        findings = None
+        if not force and not policy.already_active(status.state, status.desired):
+            findings = await self.supervisor.preflight(lane)
+            if blocking(findings):
+                message, hint = refusal(lane, findings)
+                raise PreflightFailed(message, hint, findings)
+        return self.supervisor.activate(lane, force=force, findings=findings)
+
+    def deactivate(self, lane: str) -> asyncio.Future[LaneStatus]:
+        """Stop the lane; never counted as a failure."""
+        self.status(lane)
+        return self.supervisor.deactivate(lane)
+
+    def restart(self, lane: str) -> asyncio.Future[LaneStatus]:
+        """Stop and start the lane again."""
+        self.status(lane)
+        return self.supervisor.restart(lane)
+
+    async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
+        """Run acceptance gates against the lane and keep the results."""
+        self.status(lane)
+        return await self.supervisor.check(lane, gates)
+
+    async def reload(self) -> dict[str, Any]:
+        """Re-read the config file and apply it (ConfigError, ConfigRefused: nothing changes)."""
+        new = await asyncio.to_thread(load_config, self.supervisor.config.source)
+        return await self.supervisor.reload(new)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

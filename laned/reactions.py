@@ -1,0 +1,423 @@
+"""The owner's reactions: what systemd, the watchers and the acceptance checks report about
+a lane's run, and the state the owner keeps for it.
+
+`Supervisor` (laned.supervisor) extends this class with the requests and operations; the two
+are one owner, split by what starts the work: a request, or a report. Every report is
+handled synchronously on the owner's loop, judged by `laned.policy`, and acted on here;
+a report about an older run of the lane (its run number) is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from laned import journal, policy, render, state, steps, watchers
+from laned.acceptance import GateResult, merge_run
+from laned.bus import BusKeeper
+from laned.errors import LanedError, LaneNotRunning
+from laned.host import Host
+from laned.lanes import Desired, Event, EventKind, LaneState, LaneStatus, LastExit, phase_durations
+from laned.ledger import Ledger, Listener
+from laned.liveness import EngineSample, tokens_per_second
+from laned.metrics import Recorder
+from laned.model import GATES, Config, LaneConfig
+from laned.names import exit_record_path, unit_name
+from laned.operations import Operation, Operations
+from laned.phases import ALMOST_READY, parse_phase
+from laned.policy import ExitAction, OpKind, RestartKind
+from laned.probes import Probe
+from laned.systemd import Systemd
+from laned.unit_state import UnitSnapshot
+from laned.units import RESTART_STEPS_SINCE
+
+log = logging.getLogger("laned.supervisor")
+
+
+class Reactions:
+    """The owner's state and its handlers for what happens to a lane's run."""
+
+    """Owns every lane's state; talks to systemd and the engines."""
+
+    def __init__(
+        self,
+        config: Config,
+        systemd: Systemd,
+        probe: Probe,
+        systemd_version: int = render.DEFAULT_SYSTEMD_VERSION,
+        host: Host | None = None,  # podman and NVML: preflight, the GPU gate, containers
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config, self.systemd, self.probe, self.host = config, systemd, probe, host
+        self.systemd_version, self.clock = systemd_version, clock
+        self.systemd_restarts = systemd_version >= RESTART_STEPS_SINCE
+        self._recorder = Recorder()
+        self.units = {unit_name(n, spec): n for n, spec in config.lanes.items()}
+        self.writer = state.StateWriter(config.daemon.state_dir, lambda: self.ledger.saved())
+        self.ledger = Ledger(config.lanes, clock, self.writer.mark)
+        self.ops = Operations(self._recorder)
+        self.bus = BusKeeper(systemd, lambda: self.units, self._on_unit_change, self._on_snapshot)
+        self.snapshots: dict[str, UnitSnapshot] = {}
+        self._runs: dict[str, int] = {}  # each lane's run number: reports of older runs drop
+        self._stopping: set[str] = set()  # lanes whose stop laned asked for, under way
+        self._follow: dict[str, asyncio.Task[None]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._started_at: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pokes: dict[str, asyncio.Event] = {}
+        self._log_task: asyncio.Task[None] | None = None
+        self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
+        self._check_degraded: set[str] = set()  # degraded by a failed check, still serving
+        self._closing = False
+
+    # --- reading ------------------------------------------------------------------------------
+
+    @property
+    def statuses(self) -> dict[str, LaneStatus]:
+        """Every lane's status (read-only for everyone but this class)."""
+        return self.ledger.statuses
+
+    @property
+    def events(self) -> deque[Event]:
+        """Recent events, oldest first."""
+        return self.ledger.events
+
+    @property
+    def listeners(self) -> list[Listener]:
+        """Called with every new event."""
+        return self.ledger.listeners
+
+    @property
+    def recorder(self) -> Recorder:
+        """Where what happens is counted (laned's metrics; a no-op by default)."""
+        return self._recorder
+
+    @recorder.setter
+    def recorder(self, recorder: Recorder) -> None:
+        self._recorder = self.ops.recorder = recorder
+
+    @property
+    def _ops(self) -> dict[str, Operation]:
+        return self.ops.current
+
+    def spec(self, lane: str) -> LaneConfig:
+        """The lane's config; UnknownLane with the known names otherwise."""
+        return self.config.lane(lane)
+
+    def engine_summary(self, lane: str) -> dict[str, float] | None:
+        """The engine's load from its /metrics (running lanes only), with tokens/s over a minute."""
+        window = self._samples.get(lane)
+        if not window or self.statuses[lane].state not in policy.RUNNING_STATES:
+            return None
+        last = window[-1][1]
+        return {
+            "requests_running": last.running,
+            "requests_waiting": last.waiting,
+            "kv_cache_usage": last.kv_cache_usage,
+            "generation_tokens_per_second": round(tokens_per_second(list(window)), 3),
+        }
+
+    # --- what systemd tells ---------------------------------------------------------------------
+
+    def _on_unit_change(self, unit: str, props: dict[str, object]) -> None:
+        lane = self.units.get(unit)
+        if lane is None or self._closing:
+            return
+        self._apply(lane, self.snapshots.get(lane, UnitSnapshot(unit)).update(props))
+
+    def _on_snapshot(self, unit: str, snap: UnitSnapshot) -> None:
+        lane = self.units.get(unit)
+        if lane is not None and not self._closing:
+            self._apply(lane, snap)
+
+    def _apply(self, lane: str, snap: UnitSnapshot) -> None:
+        """Compare a lane unit's new state with the last one seen and act on the difference."""
+        previous = self.snapshots.get(lane, UnitSnapshot(snap.name))
+        self.snapshots[lane] = snap
+        op = self.ops.of(self.config.lanes[lane].group)
+        by_laned = lane in self._timers or (
+            op is not None and op.lane == lane and op.kind is not OpKind.DEACTIVATE
+        )
+        change = policy.judge_unit_change(previous, snap, self.statuses[lane].state, by_laned)
+        if change is policy.UnitChange.EXITED:
+            self._on_exit(lane, snap)
+        elif change is policy.UnitChange.STARTED_OUTSIDE:
+            self._desire_only(lane)
+            self._begin_start(lane)
+            self.ledger.transition(lane, LaneState.STARTING, "started outside laned")
+            self._start_follow(lane)
+
+    def _on_exit(self, lane: str, snap: UnitSnapshot) -> None:
+        spec, status, now = self.config.lanes[lane], self.statuses[lane], self.clock()
+        record = steps.read_exit_record(exit_record_path(self.config, lane))
+        facts = policy.exit_facts(record, self._started_at.get(lane, 0), snap)
+        plan = policy.plan_exit(
+            spec,
+            facts,
+            stopping_by_laned=lane in self._stopping,
+            state=status.state,
+            desired=status.desired,
+            failures=status.failures,
+            now=now,
+            systemd_restarts=self.systemd_restarts,
+            sub_state=snap.sub_state,
+        )
+        status.last_exit = LastExit(facts.code, facts.signal, now, plan.verdict, facts.oom_killed)
+        self.recorder.exit(lane, facts.code, facts.signal, plan.verdict.value)
+        self._stop_follow(lane)
+        if plan.action is ExitAction.OWN_STOP:
+            self.writer.mark()
+            return  # laned's own stop: the operation makes the transition
+        if plan.action is ExitAction.STOPPED_OUTSIDE:
+            self._spawn(self._stopped_outside(lane, plan.reason))
+            return
+        status.failures[:] = plan.failures
+        if plan.action is ExitAction.SYSTEMD_RESTARTS:
+            status.restarts = max(status.restarts + 1, snap.n_restarts)
+            self.recorder.restart(lane, RestartKind.FAILURE.value)
+            self.ledger.transition(lane, LaneState.RESTARTING, plan.reason)
+            self._begin_start(lane)
+            self._start_follow(lane)
+        elif plan.action is ExitAction.RESTART_LATER:
+            self.ledger.transition(lane, LaneState.RESTARTING, plan.reason)
+            self._cancel_restart(lane)
+            loop = asyncio.get_running_loop()
+            self._timers[lane] = loop.call_later(plan.delay, self._restart_after_failure, lane)
+        else:  # FAIL (not desired) or CRASH_LOOP
+            self.ledger.transition(lane, LaneState.FAILED, plan.reason)
+            if plan.action is ExitAction.CRASH_LOOP:
+                self.ledger.fail_waiters(lane, plan.reason)
+
+    async def _stopped_outside(self, lane: str, what: str) -> None:
+        """A stop laned did not ask for: an operator's, unless the whole manager is going down."""
+        try:
+            stopping = await self.systemd.system_state() == "stopping"
+        except LanedError:
+            stopping = True  # the manager is unreachable: most likely on its way down
+        snap = self.snapshots.get(lane)
+        if lane not in self.statuses or self._closing or (snap is not None and snap.running):
+            return  # gone from the config, laned is stopping, or it was started again meanwhile
+        if stopping:
+            # Logout, reboot or `systemctl --user exit`: the lane should come back with laned.
+            self.ledger.transition(
+                lane, LaneState.INACTIVE, f"stopped with the user manager ({what})"
+            )
+            return
+        self.ledger.desire(lane, Desired.INACTIVE)
+        self.ledger.transition(lane, LaneState.INACTIVE, f"stopped outside laned ({what})")
+        self.ledger.fail_waiters(lane, "stopped outside laned")
+
+    # --- what the watchers observe -----------------------------------------------------------------
+
+    def _start_follow(self, lane: str) -> None:
+        self._stop_follow(lane)
+        task = asyncio.get_running_loop().create_task(self._follow_lane(lane, self._runs[lane]))
+        task.add_done_callback(self._task_done)
+        self._follow[lane] = task
+
+    def _stop_follow(self, lane: str) -> None:
+        task = self._follow.pop(lane, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _follow_lane(self, lane: str, run: int) -> None:
+        """Readiness (fast probing backing off over a long cold start), then liveness."""
+        spec = self.config.lanes[lane]
+        report = functools.partial(self._observe, lane, run)
+        poke = self._pokes.setdefault(lane, asyncio.Event())
+        if not await watchers.await_ready(self.probe, spec, poke, report):
+            return
+        image = await steps.running_image(self.host, lane, spec)
+        if report(watchers.Ready(image)):
+            await watchers.watch_liveness(self.probe, spec, report)
+
+    def _observe(self, lane: str, run: int, seen: watchers.Observation) -> bool:
+        """A watcher's report on one run of the lane; True: go on watching."""
+        if self._closing or self._runs.get(lane) != run or lane not in self.statuses:
+            return False
+        if isinstance(seen, watchers.Ready):
+            return self._became_ready(lane, seen.image_id)
+        if isinstance(seen, watchers.Tick):
+            return self._serving(lane)
+        if isinstance(seen, watchers.Sampled):
+            window = self._samples.setdefault(lane, deque())
+            window.append((seen.at, seen.sample))
+            while window and window[0][0] < seen.at - 60:
+                window.popleft()
+            return True
+        if isinstance(seen, watchers.ProbeFailed):
+            self.recorder.probe_failure(lane)
+            if seen.failures < seen.limit:
+                return True
+            reason = f"health: {seen.failures} consecutive probe failures"
+            self._degrade(lane, reason, RestartKind.HEALTH)
+        elif isinstance(seen, watchers.Stalled):
+            self.recorder.stall(lane)
+            s = seen.sample
+            reason = f"stalled: {s.running:g} running, {s.waiting:g} waiting and no token for {seen.after:g}s"
+            self._degrade(lane, reason, RestartKind.STALLED)
+        elif isinstance(seen, watchers.StartTimedOut):
+            self._spawn(
+                self._give_up(lane, run, f"start-timeout: not ready within {seen.after:g}s")
+            )
+        elif isinstance(seen, watchers.MemoryLow):
+            reason = f"memory-guard: MemAvailable {seen.available_gib:.1f} GiB below the floor"
+            self._spawn(self._give_up(lane, run, reason))
+        return False
+
+    def _became_ready(self, lane: str, image_id: str | None) -> bool:
+        spec, status = self.config.lanes[lane], self.statuses[lane]
+        if status.state is not LaneState.STARTING:
+            return False
+        now = self.clock()
+        status.last_cold_start = round(now - self._started_at.get(lane, now), 3)
+        self.recorder.cold_start(lane, status.last_cold_start)
+        if status.phases:
+            status.last_phases = dict(phase_durations(status.phases, now))
+        if image_id:
+            status.image_id = image_id  # of a good start: a different one later is drift
+        status.failures.clear()
+        self.ledger.transition(
+            lane, LaneState.READY, "health 200 and /v1/models lists " + spec.served_model_name
+        )
+        if spec.checks.after_activate:
+            self._spawn(self._auto_check(lane))
+        return True
+
+    def _serving(self, lane: str) -> bool:
+        """Ready, or degraded only by a failed acceptance check (it still serves; watch it)."""
+        now = self.statuses[lane].state
+        return now is LaneState.READY or (
+            now is LaneState.DEGRADED and lane in self._check_degraded
+        )
+
+    def _degrade(self, lane: str, reason: str, kind: RestartKind) -> None:
+        self.ledger.transition(lane, LaneState.DEGRADED, reason)
+        self._restart(lane, reason, kind)
+
+    async def _follow_logs(self) -> None:
+        """Startup phases of starting lanes, from their engines' log lines (one journalctl)."""
+        async for unit, line in journal.follow(self.units):
+            lane = self.units.get(unit)
+            status = self.statuses.get(lane) if lane else None
+            if lane is None or status is None or status.state is not LaneState.STARTING:
+                continue
+            found = parse_phase(line)
+            if found is None:
+                continue
+            status.phase, status.progress = found
+            if not status.phases or status.phases[-1][0] != found[0]:
+                status.phases.append((found[0], self.clock()))
+            if found[0] in ALMOST_READY:
+                self._pokes.setdefault(lane, asyncio.Event()).set()
+
+    # --- acceptance checks -------------------------------------------------------------------------
+
+    async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
+        """Run acceptance gates against the lane; keep, show and export the results.
+
+        LaneNotRunning at once when the lane is not serving."""
+        spec, status = self.spec(lane), self.statuses[lane]
+        if status.state not in (LaneState.READY, LaneState.DEGRADED):
+            raise LaneNotRunning(
+                f"lane {lane} is {status.state.value}, not serving: no gate can run",
+                f"activate it first: laned activate {lane} --wait",
+            )
+
+        def on_result(result: GateResult) -> None:
+            verdict = "passed" if result.passed else f"failed: {result.reason}"
+            self.ledger.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
+
+        results = await steps.run_checks(spec, gates, status.last_cold_start, on_result)
+        return self._record_checks(lane, results)
+
+    def _record_checks(self, lane: str, results: Sequence[GateResult]) -> dict[str, Any]:
+        status = self.statuses[lane]
+        digest = render.lane_digest(self.config, lane, self.systemd_version)
+        run = merge_run(lane, status.checks, digest, results, self.clock())
+        status.checks = run
+        try:
+            state.save_checks(self.config.daemon.state_dir, lane, run)
+        except LanedError as exc:
+            log.error("cannot save the check results of %s: %s", lane, exc)
+        failed = [r for r in results if not r.passed]
+        if failed and status.state is LaneState.READY:
+            # It serves, but not as it should (word salad, a broken tool parser...): a
+            # restart would not fix that, so the lane is degraded and left running.
+            self._check_degraded.add(lane)
+            reason = f"check {failed[0].gate}: {failed[0].reason}"
+            self.ledger.transition(lane, LaneState.DEGRADED, reason)
+        elif not failed and lane in self._check_degraded and status.state is LaneState.DEGRADED:
+            self._check_degraded.discard(lane)
+            self.ledger.transition(lane, LaneState.READY, "the acceptance checks pass again")
+        return run
+
+    async def _auto_check(self, lane: str) -> None:
+        try:
+            await self.check(lane, self.config.lanes[lane].checks.after_activate)
+        except LanedError as exc:
+            self.ledger.note(
+                lane, EventKind.CHECK, f"checks after activation did not run: {exc.message}"
+            )
+
+    # --- small helpers -----------------------------------------------------------------------------
+
+    def _desire_only(self, lane: str) -> None:
+        """`lane` desired active and its group peers not."""
+        for peer in policy.peers(self.config, lane):
+            self.ledger.desire(peer, Desired.INACTIVE)
+        self.ledger.desire(lane, Desired.ACTIVE)
+
+    def _begin_start(self, lane: str) -> None:
+        """A new run of the lane: its number, its clock and its phase timeline begin again."""
+        now = self.clock()
+        self._runs[lane] = self._runs.get(lane, 0) + 1
+        self._started_at[lane] = now
+        self.statuses[lane].started_at = now
+        self.statuses[lane].phases = []
+        self._check_degraded.discard(lane)
+
+    def _cancel_restart(self, lane: str) -> None:
+        timer = self._timers.pop(lane, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervisor task failed: %r", task.exception())
+
+    def _fail_start(self, lane: str, reason: str) -> None:
+        self.ledger.transition(lane, LaneState.FAILED, reason)
+        self.ledger.fail_waiters(lane, reason)
+
+    async def _give_up(self, lane: str, run: int, reason: str) -> None:
+        """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
+        self._stopping.add(lane)
+        try:
+            await self.systemd.stop_unit(unit_name(lane, self.config.lanes[lane]))
+        finally:
+            self._stopping.discard(lane)
+        if self._runs.get(lane) == run:  # not if a newer start owns the lane by now
+            self._fail_start(lane, reason)
+
+    # --- what the subclass (the requests' side) provides ---------------------------------------
+
+    def _restart(self, lane: str, reason: str, kind: RestartKind) -> None:
+        """Restart a desired lane as an operation of its group (see Supervisor)."""
+        raise NotImplementedError
+
+    def _restart_after_failure(self, lane: str) -> None:
+        """Start the lane again once its backoff is over (see Supervisor)."""
+        raise NotImplementedError

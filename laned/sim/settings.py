@@ -1,0 +1,43 @@
+"""What the simulated engine was started with: its command line and environment, parsed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Settings:
+    """Everything the engine was started with (command line, environment)."""
+
+    model: str
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: str = ""
+    api_key: str | None = None
+    max_model_len: int = 32768
+    max_num_seqs: int = 256
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_parser: str | None = None
+    auto_tool_choice: bool = False
+    num_spec_tokens: int = 0
+    enforce_eager: bool = False
+    startup: float = 3.0
+    decode_tps: float = 50.0
+    prefill_tps: float = 5000.0
+    fail_at_start: int | None = None
+    jit: float = 0.0  # seconds of kernel autotune/JIT at a cold start without a cache
+    shutdown: float = 0.0  # seconds between closing the port and exiting, after SIGTERM
+    cache_root: str | None = None  # VLLM_CACHE_ROOT: where the "compiled kernels" are kept
+    unknown: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The model name clients use."""
+        return self.served_model_name or self.model
+
+    @property
+    def kv_capacity(self) -> int:
+        """KV cache capacity in tokens."""
+        return max(self.max_model_len * 4, 1)

@@ -1,0 +1,81 @@
+"""What laned knows of a lane's systemd unit, as plain data (no D-Bus): the pure core's view.
+
+The systemd adapter fills these from GetAll and PropertiesChanged; policy reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+# ExecMainCode values (waitid's si_code): the process exited, or a signal ended it.
+CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
+
+
+class ActiveState(str, Enum):
+    """A unit's ActiveState (systemd's own words)."""
+
+    ACTIVE = "active"
+    RELOADING = "reloading"
+    INACTIVE = "inactive"
+    FAILED = "failed"
+    ACTIVATING = "activating"
+    DEACTIVATING = "deactivating"
+
+
+# The unit holds (or is about to hold) its process: active, starting, reloading.
+HOLDING = frozenset(
+    {ActiveState.ACTIVE.value, ActiveState.ACTIVATING.value, ActiveState.RELOADING.value}
+)
+# SubStates after the main process has gone.
+EXITED_SUBSTATES = frozenset({"dead", "failed", "auto-restart", "exited"})
+AUTO_RESTART = "auto-restart"
+
+_PROPERTIES = {
+    "ActiveState": "active_state",
+    "SubState": "sub_state",
+    "Result": "result",
+    "ExecMainCode": "exec_main_code",
+    "ExecMainStatus": "exec_main_status",
+    "NRestarts": "n_restarts",
+    "InvocationID": "invocation_id",
+}
+
+
+@dataclass(frozen=True)
+class UnitSnapshot:
+    """The properties of a lane unit laned cares about."""
+
+    name: str
+    active_state: str = ActiveState.INACTIVE.value
+    sub_state: str = "dead"
+    result: str = "success"
+    exec_main_code: int = 0
+    exec_main_status: int = 0
+    n_restarts: int = 0
+    invocation_id: str = ""
+
+    @property
+    def running(self) -> bool:
+        """Active, starting or about to restart: the unit holds (or will hold) the GPUs."""
+        return self.active_state in HOLDING or self.sub_state == AUTO_RESTART
+
+    @property
+    def ending(self) -> bool:
+        """Running, or its stop is under way (deactivating)."""
+        return self.running or self.active_state == ActiveState.DEACTIVATING.value
+
+    @property
+    def exited(self) -> bool:
+        """Its main process is gone (dead, failed, exited, or waiting to be restarted)."""
+        return self.sub_state in EXITED_SUBSTATES
+
+    def update(self, props: dict[str, Any]) -> UnitSnapshot:
+        """A copy with changed properties applied."""
+        values = dict(self.__dict__)
+        for key, attr in _PROPERTIES.items():
+            if key in props:
+                value = props[key]
+                values[attr] = value.hex() if isinstance(value, (bytes, bytearray)) else value
+        return UnitSnapshot(**values)

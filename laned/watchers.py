@@ -1,0 +1,129 @@
+"""Watchers: readiness, liveness (health, stall, memory floor) and startup phases.
+
+A watcher probes and reads, and reports what it saw to the owner as an observation; it
+never changes a lane's state. The owner answers each report with whether to go on watching
+(False once the run it watches is over or no longer serving).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from laned.host import meminfo
+from laned.liveness import EngineSample, MemoryFloor, StallDetector
+from laned.model import LaneConfig
+from laned.probes import Probe, read_api_key
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A liveness round begins (the owner may say the run is over)."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Health answers 200 and /v1/models lists the served model."""
+
+    image_id: str | None = None  # the image a container lane runs
+
+
+@dataclass(frozen=True)
+class StartTimedOut:
+    """Not ready within start_timeout."""
+
+    after: float
+
+
+@dataclass(frozen=True)
+class ProbeFailed:
+    """One health probe failed; `failures` in a row so far, `limit` allowed."""
+
+    failures: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One scrape of the engine's /metrics."""
+
+    sample: EngineSample
+    at: float  # monotonic
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """Requests running or waiting and no token moving for `after` seconds."""
+
+    sample: EngineSample
+    after: float
+
+
+@dataclass(frozen=True)
+class MemoryLow:
+    """The host's MemAvailable stayed below the lane's floor."""
+
+    available_gib: float
+
+
+Observation = Tick | Ready | StartTimedOut | ProbeFailed | Sampled | Stalled | MemoryLow
+Report = Callable[[Observation], bool]
+
+
+async def await_ready(probe: Probe, spec: LaneConfig, poke: asyncio.Event, report: Report) -> bool:
+    """Probe until the engine is ready (True) or start_timeout has passed (False, reported;
+    a Ready the caller reports, with what it learns about the run).
+
+    Probing backs off over a long cold start (×1.5 from start_interval_min to
+    start_interval_max), but `poke` — set when the engine logs that it is about to serve —
+    wakes it at once."""
+    started = time.monotonic()
+    interval = spec.probe.start_interval_min
+    key = read_api_key(spec.api_key_file)
+    while True:
+        if await probe.health(spec.port, spec.health_path):
+            models = await probe.models(spec.port, key)
+            if models is not None and spec.served_model_name in models:
+                return True
+        if time.monotonic() - started >= spec.start_timeout:
+            report(StartTimedOut(spec.start_timeout))
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(poke.wait(), interval)
+        poke.clear()
+        interval = min(interval * 1.5, spec.probe.start_interval_max)
+
+
+async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None:
+    """Every probe.interval: health, then /metrics (stall), then the host's memory floor.
+    Returns when the owner says stop, or after reporting a failure that ends the run."""
+    settings = spec.probe
+    stall = StallDetector(settings.stall_after)
+    floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)
+    failures = 0
+    while True:
+        await asyncio.sleep(settings.interval)
+        if not report(Tick()):
+            return
+        if not await probe.health(spec.port, spec.health_path):
+            failures += 1
+            if not report(ProbeFailed(failures, settings.failures)):
+                return
+            continue
+        failures = 0
+        sample = await probe.sample(spec.port)
+        now = time.monotonic()
+        if sample is not None:
+            if not report(Sampled(sample, now)):
+                return
+            if stall.observe(sample, now):
+                report(Stalled(sample, settings.stall_after))
+                return
+        if settings.memory_floor_gib > 0:
+            available = meminfo().get("MemAvailable")
+            if floor.observe(available, now) and available is not None:
+                report(MemoryLow(available))
+                return

@@ -1,0 +1,306 @@
+"""The supervisor's decisions (laned.policy, laned.liveness), without systemd or asyncio."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from laned import policy
+from laned.config import Config, parse_config
+from laned.lanes import Desired, LaneState, Verdict
+from laned.liveness import EngineSample, MemoryFloor, tokens_per_second
+from laned.policy import Admit, Current, ExitAction, ExitFacts, ExitRecord, OpKind, UnitChange
+from laned.unit_state import CLD_EXITED, CLD_KILLED, UnitSnapshot
+
+
+def config(extra: str = "", default_lane: str = "") -> Config:
+    daemon = f'[daemon]\ndefault_lane = "{default_lane}"\n' if default_lane else ""
+    text = daemon
+    for name, port in (("a", 8001), ("b", 8001), ("c", 8003)):
+        group = 'group = "other"\n' if name == "c" else ""
+        text += (
+            f'[lanes.{name}]\nport = {port}\nserved_model_name = "{name}"\n{group}{extra}'
+            f'[lanes.{name}.exec]\ncommand = ["/bin/engine"]\n'
+        )
+    return parse_config(text, "t.toml", {"HOME": "/home/op"})
+
+
+CONFIG = config('restart_sec = "1s"\nrestart_max_delay = "8s"\nstart_limit_burst = 3\n')
+SPEC = CONFIG.lanes["a"]
+ALL_STATES = list(LaneState)
+
+
+# --- groups, ports, "already active" --------------------------------------------------------
+
+
+def test_peers_are_the_other_lanes_of_the_group() -> None:
+    assert policy.peers(CONFIG, "a") == ["b"]
+    assert policy.peers(CONFIG, "c") == []
+
+
+@pytest.mark.parametrize("state", ALL_STATES)
+def test_already_active_means_desired_and_holding(state: LaneState) -> None:
+    assert policy.already_active(state, Desired.ACTIVE) is (state in policy.HOLDING_STATES)
+    assert policy.already_active(state, Desired.INACTIVE) is False
+
+
+def test_the_port_peer_is_the_group_lane_that_holds_the_port() -> None:
+    idle = dict.fromkeys(CONFIG.lanes, LaneState.INACTIVE)
+    assert policy.port_peer(CONFIG, "a", idle) is None
+    assert policy.port_peer(CONFIG, "a", {**idle, "b": LaneState.READY}) == "b"
+    assert policy.port_peer(CONFIG, "a", {**idle, "b": LaneState.RESTARTING}) == "b"
+    assert policy.port_peer(CONFIG, "a", {**idle, "a": LaneState.STARTING}) == "a"
+    assert policy.port_peer(CONFIG, "a", {**idle, "b": LaneState.FAILED}) is None
+
+
+# --- admitting requests ---------------------------------------------------------------------
+
+
+def test_an_activation_joins_its_twin_waits_when_running_and_else_replaces() -> None:
+    twin = Current("a", OpKind.ACTIVATE)
+    assert policy.admit_activate("a", twin, LaneState.INACTIVE, Desired.ACTIVE) is Admit.JOIN
+    assert policy.admit_activate("a", None, LaneState.READY, Desired.ACTIVE) is Admit.WAIT_READY
+    assert (
+        policy.admit_activate("a", None, LaneState.RESTARTING, Desired.ACTIVE) is Admit.WAIT_READY
+    )
+    for current in (None, Current("b", OpKind.ACTIVATE), Current("a", OpKind.DEACTIVATE)):
+        assert policy.admit_activate("a", current, LaneState.INACTIVE, Desired.INACTIVE) is (
+            Admit.REPLACE
+        )
+    # A restart of a peer (the lane is not desired): the activation wins.
+    peer = Current("b", OpKind.RESTART)
+    assert policy.admit_activate("a", peer, LaneState.INACTIVE, Desired.INACTIVE) is Admit.REPLACE
+
+
+@pytest.mark.parametrize("kind", list(OpKind))
+def test_a_deactivation_replaces_its_own_lanes_operation_whatever_it_is(kind: OpKind) -> None:
+    assert policy.admit_deactivate("a", Current("a", kind)) is Admit.REPLACE
+    assert policy.admit_deactivate("a", Current("b", kind)) is Admit.ALONGSIDE
+    assert policy.admit_deactivate("a", None) is Admit.REPLACE
+
+
+def test_a_restart_joins_a_start_of_its_lane_and_replaces_anything_else() -> None:
+    assert policy.admit_restart("a", Current("a", OpKind.ACTIVATE)) is Admit.JOIN
+    assert policy.admit_restart("a", Current("a", OpKind.RESTART)) is Admit.JOIN
+    assert policy.admit_restart("a", Current("a", OpKind.DEACTIVATE)) is Admit.REPLACE
+    assert policy.admit_restart("a", Current("b", OpKind.ACTIVATE)) is Admit.REPLACE
+    assert policy.admit_restart("a", None) is Admit.REPLACE
+
+
+# --- unit changes ---------------------------------------------------------------------------
+
+RUNNING = UnitSnapshot("a.service", "active", "running")
+DEAD = UnitSnapshot("a.service", "inactive", "dead")
+FAILED = UnitSnapshot("a.service", "failed", "failed", "exit-code", CLD_EXITED, 75)
+AUTO = UnitSnapshot("a.service", "activating", "auto-restart", "exit-code")
+STOPPING = UnitSnapshot("a.service", "deactivating", "stop-sigterm")
+
+
+def test_an_exit_is_the_main_process_going_from_a_unit_that_ran() -> None:
+    for after in (DEAD, FAILED, AUTO):
+        for before in (RUNNING, STOPPING):
+            assert policy.judge_unit_change(before, after, LaneState.READY, False) is (
+                UnitChange.EXITED
+            )
+    assert policy.judge_unit_change(DEAD, FAILED, LaneState.READY, False) is UnitChange.NOTHING
+    # An inactive unit that "exits" again (a reset-failed, a reload) is no exit.
+    assert policy.judge_unit_change(DEAD, DEAD, LaneState.READY, False) is UnitChange.NOTHING
+
+
+@pytest.mark.parametrize("state", ALL_STATES)
+def test_a_start_behind_laneds_back_is_seen_only_when_laned_starts_nothing(
+    state: LaneState,
+) -> None:
+    seen = policy.judge_unit_change(DEAD, RUNNING, state, starting_by_laned=False)
+    expected = UnitChange.STARTED_OUTSIDE if state in policy.SETTLED_STATES else UnitChange.NOTHING
+    assert seen is expected
+    assert policy.judge_unit_change(DEAD, RUNNING, state, True) is UnitChange.NOTHING
+
+
+# --- exits ------------------------------------------------------------------------------------
+
+
+def test_the_wrappers_record_of_this_run_wins_over_systemds_view() -> None:
+    record = ExitRecord(status=137, requested=False, at=100.0, oom_killed=True)
+    facts = policy.exit_facts(record, started_at=99.0, snap=FAILED)
+    assert facts == ExitFacts(None, 9, False, True)
+    assert "signal 9" in facts.describe() and "OOM" in facts.describe()
+    # A record older than this run (by more than 2 s of clock skew) is an earlier run's.
+    stale = policy.exit_facts(record, started_at=200.0, snap=FAILED)
+    assert stale == ExitFacts(75, None, False, False)
+    killed = UnitSnapshot("a.service", "failed", "failed", "signal", CLD_KILLED, 9)
+    assert policy.exit_facts(None, 0, killed) == ExitFacts(None, 9, False, False)
+    clean = UnitSnapshot("a.service", "inactive", "dead", "success", CLD_EXITED, 0)
+    assert policy.exit_facts(None, 0, clean).requested_by_systemd is True
+
+
+def test_parse_exit_record() -> None:
+    assert policy.parse_exit_record("status=0 requested=1 at=12.5 oom=0\n") == ExitRecord(
+        0, True, 12.5, False
+    )
+    assert policy.parse_exit_record("status=x requested=1 at=1") is None
+    assert policy.parse_exit_record("") is None
+
+
+def plan(
+    facts: ExitFacts,
+    *,
+    laned: bool = False,
+    state: LaneState = LaneState.READY,
+    desired: Desired = Desired.ACTIVE,
+    failures: tuple[float, ...] = (),
+    now: float = 1000.0,
+    systemd_restarts: bool = False,
+    sub_state: str = "failed",
+) -> policy.ExitPlan:
+    return policy.plan_exit(
+        SPEC,
+        facts,
+        stopping_by_laned=laned,
+        state=state,
+        desired=desired,
+        failures=failures,
+        now=now,
+        systemd_restarts=systemd_restarts,
+        sub_state=sub_state,
+    )
+
+
+STATUS_0 = ExitFacts(0, None, False, False)
+STOPPED = ExitFacts(0, None, True, False)
+
+
+def test_a_stop_somebody_asked_for_is_requested_and_nothing_else_is() -> None:
+    own = plan(STATUS_0, laned=True)
+    assert (own.verdict, own.action) == (Verdict.REQUESTED, ExitAction.OWN_STOP)
+    outside = plan(STOPPED)
+    assert (outside.verdict, outside.action) == (Verdict.REQUESTED, ExitAction.STOPPED_OUTSIDE)
+    # systemd stopped it, while laned was stopping or restarting it: laned's own.
+    for state in (LaneState.STOPPING, LaneState.RESTARTING):
+        assert plan(STOPPED, state=state).action is ExitAction.OWN_STOP
+    # Status 0 that nobody asked for is vLLM's API server dying with its engine.
+    dead = plan(STATUS_0)
+    assert dead.verdict is Verdict.FAILURE and dead.action is ExitAction.RESTART_LATER
+    assert "status 0" in dead.reason and dead.failures == (1000.0,)
+
+
+def test_a_failure_of_a_lane_nobody_wants_is_failed_not_restarted() -> None:
+    assert plan(STATUS_0, desired=Desired.INACTIVE).action is ExitAction.FAIL
+
+
+def test_systemds_own_restart_is_followed_where_systemd_restarts() -> None:
+    auto = plan(STATUS_0, systemd_restarts=True, sub_state="auto-restart")
+    assert auto.action is ExitAction.SYSTEMD_RESTARTS and "systemd restarts it" in auto.reason
+    assert plan(STATUS_0, sub_state="auto-restart").action is ExitAction.RESTART_LATER
+
+
+def test_the_burst_ends_in_a_crash_loop_and_old_failures_are_forgotten() -> None:
+    loop = plan(STATUS_0, failures=(990.0, 995.0))
+    assert loop.action is ExitAction.CRASH_LOOP and loop.reason.startswith("crash-loop: 3")
+    window = SPEC.start_limit_interval
+    old = plan(STATUS_0, failures=(1.0, 2.0), now=window + 10)  # outside start_limit_interval
+    assert old.action is ExitAction.RESTART_LATER and old.failures == (window + 10,)
+
+
+@given(
+    failures=st.lists(st.floats(0, 1000, allow_nan=False), max_size=6),
+    code=st.integers(0, 255),
+    laned=st.booleans(),
+    systemd=st.booleans(),
+    state=st.sampled_from(ALL_STATES),
+    desired=st.sampled_from(list(Desired)),
+)
+def test_exit_plans_hold_their_invariants(
+    failures: list[float],
+    code: int,
+    laned: bool,
+    systemd: bool,
+    state: LaneState,
+    desired: Desired,
+) -> None:
+    facts = ExitFacts(code, None, systemd, False)
+    got = plan(facts, laned=laned, state=state, desired=desired, failures=tuple(failures))
+    assert (got.verdict is Verdict.REQUESTED) is (laned or systemd)
+    if got.verdict is Verdict.FAILURE:
+        assert got.failures[-1] == 1000.0
+        assert all(1000.0 - t <= SPEC.start_limit_interval for t in got.failures)
+    if got.action is ExitAction.RESTART_LATER:
+        assert SPEC.restart_sec <= got.delay <= SPEC.restart_max_delay
+        assert desired is Desired.ACTIVE and len(got.failures) < SPEC.start_limit_burst
+    if got.action is ExitAction.CRASH_LOOP:
+        assert len(got.failures) >= SPEC.start_limit_burst
+
+
+@given(st.integers(1, 40), st.floats(0.1, 30), st.floats(1, 600))
+def test_backoff_grows_and_never_passes_the_cap(n: int, base: float, cap: float) -> None:
+    delay = policy.backoff_delay(base, n, cap)
+    assert delay <= cap
+    assert delay <= policy.backoff_delay(base, n + 1, cap)
+
+
+# --- reload, reconcile -----------------------------------------------------------------------
+
+
+def test_a_reload_may_not_remove_or_rename_a_lane_that_runs_or_is_under_way() -> None:
+    idle = dict.fromkeys(CONFIG.lanes, LaneState.INACTIVE)
+    smaller = config().model_copy(
+        update={"lanes": {k: v for k, v in config().lanes.items() if k != "b"}}
+    )
+    assert policy.reload_problems(CONFIG, smaller, idle) == []
+    running = {**idle, "b": LaneState.READY}
+    assert policy.reload_problems(CONFIG, smaller, running) == [
+        "lanes.b is ready: deactivate it before removing it"
+    ]
+    assert policy.reload_problems(CONFIG, smaller, idle, under_way=["b"]) == [
+        "lanes.b is inactive: deactivate it before removing it"
+    ]
+    moved = CONFIG.model_copy(
+        update={"daemon": CONFIG.daemon.model_copy(update={"listen": "127.0.0.1:9999"})}
+    )
+    assert policy.reload_problems(CONFIG, moved, idle) == [
+        "daemon.listen changed: restart laned to apply it"
+    ]
+
+
+def test_a_running_lane_whose_config_changed_needs_a_restart() -> None:
+    new = config('restart_sec = "2s"\nrestart_max_delay = "8s"\nstart_limit_burst = 3\n')
+    states = {"a": LaneState.READY, "b": LaneState.INACTIVE, "c": LaneState.RESTARTING}
+    assert policy.restart_needed(CONFIG, new, states) == ["a", "c"]
+    assert policy.restart_needed(CONFIG, CONFIG, states) == []
+
+
+def test_reconcile_adopts_what_runs_and_starts_what_is_desired() -> None:
+    idle = dict.fromkeys(CONFIG.lanes, LaneState.INACTIVE)
+    desired = {"a": Desired.ACTIVE, "b": Desired.INACTIVE, "c": Desired.ACTIVE}
+    got = policy.plan_reconcile(CONFIG, ["c"], desired, idle, first=False)
+    assert got.adopt == ("c",) and got.start == (("a", "restore the desired lane"),)
+    failed = policy.plan_reconcile(CONFIG, [], desired, {**idle, "a": LaneState.FAILED}, False)
+    assert failed.start == (("c", "restore the desired lane"),)
+    first = config(default_lane="b")
+    fresh = policy.plan_reconcile(first, [], {}, idle, first=True)
+    assert fresh.start == (("b", "default lane"),)
+    assert policy.plan_reconcile(first, ["a"], {}, idle, first=True).start == ()
+
+
+# --- liveness -------------------------------------------------------------------------------
+
+
+def test_the_memory_floor_needs_low_memory_for_the_whole_time() -> None:
+    floor = MemoryFloor(floor_gib=4, for_seconds=10)
+    assert not floor.observe(2.0, 0.0)
+    assert not floor.observe(2.0, 9.0)
+    assert not floor.observe(8.0, 9.5)  # recovered: the clock starts again
+    assert not floor.observe(2.0, 10.0)
+    assert floor.observe(2.0, 20.0)
+    assert not MemoryFloor(0, 10).observe(0.1, 100.0)  # disabled
+    assert not floor.observe(None, 30.0)  # unreadable: no verdict
+
+
+def test_tokens_per_second_over_a_window() -> None:
+    def sample(tokens: float) -> EngineSample:
+        return EngineSample(1, 0, tokens, 0)
+
+    assert tokens_per_second([]) == 0.0
+    assert tokens_per_second([(0.0, sample(0)), (2.0, sample(100))]) == 50.0
+    assert tokens_per_second([(0.0, sample(100)), (2.0, sample(0))]) == 0.0  # a restart

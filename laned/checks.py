@@ -102,6 +102,18 @@ def _check_path(key: str, value: str) -> Iterator[Problem]:
 
 def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
     base = f"lanes.{name}"
+    yield from _check_identity(base, name, lane)
+    yield from _check_text(base, lane)
+    yield from _check_gpus(base, lane)
+    yield from _check_timing(base, lane)
+    yield from check_env(base, lane)
+    yield from check_argv(base, lane)
+    if lane.container is not None:
+        yield from check_container(base, name, lane)
+
+
+def _check_identity(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]:
+    """The lane's name, its kind (container or exec), its unit and its group."""
     if not LANE_NAME.match(name):
         yield Problem(
             base,
@@ -130,6 +142,10 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
             f"{lane.group!r} is not a valid group name",
             "use lowercase letters, digits, - and _",
         )
+
+
+def _check_text(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    """Values that end up on a unit line or in a URL, and the paths the lane reads."""
     for key in ("description", "served_model_name", "health_path"):
         value = getattr(lane, key)
         if CONTROL.search(value):
@@ -153,6 +169,10 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
     for key in ("api_key_file", "model_dir"):
         if getattr(lane, key) is not None:
             yield from _check_path(f"{base}.{key}", getattr(lane, key))
+
+
+def _check_gpus(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    """The lane's GPU list against its needs, and the GPU-memory gate's settings."""
     if lane.gpus is not None:
         if any(index < 0 for index in lane.gpus) or len(set(lane.gpus)) != len(lane.gpus):
             yield Problem(
@@ -170,6 +190,10 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
         yield Problem(
             f"{base}.gpu_gate", "timeout and interval must be longer than zero", "e.g. 2m and 250ms"
         )
+
+
+def _check_timing(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    """Durations, probing, restarts, prepare steps and the acceptance checks' settings."""
     for i, gate in enumerate(lane.checks.after_activate):
         if gate not in GATES:
             close = difflib.get_close_matches(gate, GATES, n=1)
@@ -202,10 +226,6 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
             "is shorter than restart_sec",
             "the backoff cap must be >= restart_sec",
         )
-    yield from check_env(base, lane)
-    yield from check_argv(base, lane)
-    if lane.container is not None:
-        yield from check_container(base, name, lane)
 
 
 def _check_uniqueness(config: Config) -> Iterator[Problem]:

@@ -22,6 +22,7 @@ from laned import render
 from laned.api import ApiSettings, create_app
 from laned.checks import parse_listen
 from laned.errors import LanedError
+from laned.front import Front
 from laned.host import Host
 from laned.metrics import LanedMetrics
 from laned.model import Config
@@ -104,7 +105,7 @@ async def start_supervisor(
     supervisor = Supervisor(config, systemd, Probe(), systemd_version=version, host=host)
     if recorder is not None:
         supervisor.recorder = recorder
-        recorder.attach(supervisor)
+        recorder.attach(Front(supervisor))
     await supervisor.start()
     return supervisor
 

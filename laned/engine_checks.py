@@ -5,7 +5,7 @@ and its container (image, mounts, devices, podman flags). Pure: LaneConfig in, P
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from laned.errors import Problem, Severity
 from laned.model import LaneConfig
@@ -135,6 +135,7 @@ def _podman_flags(args: Iterable[str]) -> list[tuple[str, str | None]]:
 
 
 def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]:
+    """A container lane: its name, image, bind mounts, cache paths and podman flags."""
     spec = lane.container
     assert spec is not None
     where = f"{base}.container"
@@ -163,7 +164,13 @@ def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]
                 f"host path {src!r} is not absolute",
                 "named volumes belong in podman_args; a bind mount starts with /, ~ or $XDG_*",
             )
-    for key, path in spec.cache_env.items():
+    yield from _check_cache_env(where, spec.cache_env)
+    yield from _check_podman_args(base, where, lane)
+
+
+def _check_cache_env(where: str, cache_env: Mapping[str, str]) -> Iterator[Problem]:
+    """Where each engine keeps what it compiles, inside the container."""
+    for key, path in cache_env.items():
         if not ENV_NAME.match(key):
             yield Problem(
                 f"{where}.cache_env.{key}",
@@ -176,6 +183,12 @@ def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]
                 f"{path!r} is not an absolute path inside the container",
                 "e.g. /laned/cache/b12x (the lane's cache directory is mounted at /laned/cache)",
             )
+
+
+def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Problem]:
+    """Extra podman flags: the known-bad combinations, and flags laned owns."""
+    spec = lane.container
+    assert spec is not None
     flags = _podman_flags(spec.podman_args)
     names = {flag for flag, _ in flags}
     pargs = f"{where}.podman_args"

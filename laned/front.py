@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from laned import journal, policy
@@ -37,6 +38,15 @@ class Front:
         """The lane's status; UnknownLane (with the configured names) otherwise."""
         self.supervisor.spec(lane)
         return self.supervisor.statuses[lane]
+
+    @property
+    def statuses(self) -> Mapping[str, LaneStatus]:
+        """Every lane's status, read-only."""
+        return MappingProxyType(self.supervisor.statuses)
+
+    def engine_summary(self, lane: str) -> dict[str, float] | None:
+        """The lane's engine load from its /metrics (running lanes only)."""
+        return self.supervisor.engine_summary(lane)
 
     def lanes(self) -> list[str]:
         """The configured lanes, sorted."""

@@ -1,25 +1,34 @@
 """laned's own Prometheus metrics (prometheus_client, its own registry).
 
 Gauges that describe the present (lane state, desired, ready, the engine summary) are read
-from the supervisor at scrape time; counters and histograms of things that happened are fed
+at scrape time from a `LaneSource` (the front); counters and histograms of things that happened are fed
 by the supervisor through the `Recorder` methods. Labels are bounded: lane names come from
 the config, states and verdicts from fixed sets, exit codes are at most 0-255 and signals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from laned import __version__
-from laned.lanes import Desired, LaneState
+from laned.lanes import Desired, LaneState, LaneStatus
 
-if TYPE_CHECKING:
-    from laned.supervisor import Supervisor
+
+class LaneSource(Protocol):
+    """What the metrics read at a scrape: the lanes' statuses and their engines' load."""
+
+    @property
+    def statuses(self) -> Mapping[str, LaneStatus]:
+        """Every lane's status."""
+
+    def engine_summary(self, lane: str) -> dict[str, float] | None:
+        """The engine's load, for running lanes."""
+
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
 
@@ -119,9 +128,9 @@ class LanedMetrics(Recorder):
             registry=r,
         )
 
-    def attach(self, supervisor: Supervisor) -> None:
-        """Export the supervisor's present state at every scrape."""
-        self.registry.register(_StateCollector(supervisor))
+    def attach(self, source: LaneSource) -> None:
+        """Export the lanes' present state at every scrape."""
+        self.registry.register(_StateCollector(source))
 
     def render(self) -> bytes:
         """The exposition for one scrape."""
@@ -159,8 +168,8 @@ class LanedMetrics(Recorder):
 
 
 class _StateCollector(Collector):
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
+    def __init__(self, source: LaneSource) -> None:
+        self.source = source
 
     def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
         info = InfoMetricFamily("laned_build", "laned's version.")
@@ -202,7 +211,7 @@ class _StateCollector(Collector):
             "Duration of each startup phase of the lane's last good cold start.",
             labels=["lane", "phase"],
         )
-        for name, status in sorted(self.supervisor.statuses.items()):
+        for name, status in sorted(self.source.statuses.items()):
             for each in LaneState:
                 state.add_metric([name, each.value], 1.0 if status.state is each else 0.0)
             desired.add_metric([name], 1.0 if status.desired is Desired.ACTIVE else 0.0)
@@ -213,7 +222,7 @@ class _StateCollector(Collector):
                 for gate, result in sorted(status.checks.get("gates", {}).items()):
                     check_passed.add_metric([name, gate], 1.0 if result.get("passed") else 0.0)
             ready.add_metric([name], 1.0 if status.state is LaneState.READY else 0.0)
-            summary = self.supervisor.engine_summary(name)
+            summary = self.source.engine_summary(name)
             if summary is not None:
                 running.add_metric([name], summary["requests_running"])
                 waiting.add_metric([name], summary["requests_waiting"])

@@ -14,7 +14,7 @@ from enum import Enum
 from laned.lanes import Desired, LaneState, Verdict
 from laned.model import Config, LaneConfig
 from laned.names import unit_name
-from laned.unit_state import AUTO_RESTART, CLD_DUMPED, CLD_KILLED, UnitSnapshot
+from laned.unit_state import AUTO_RESTART, CLD_DUMPED, CLD_KILLED, ActiveState, UnitSnapshot
 
 # --- named state sets ---------------------------------------------------------------------
 
@@ -133,7 +133,7 @@ def judge_unit_change(
     previous: UnitSnapshot, now: UnitSnapshot, state: LaneState, starting_by_laned: bool
 ) -> UnitChange:
     """Compare a unit's new snapshot with the last one seen."""
-    if now.exited and not previous.exited and previous.active_state != "inactive":
+    if now.exited and not previous.exited and previous.active_state != ActiveState.INACTIVE:
         return UnitChange.EXITED
     if now.running and not previous.running and state in SETTLED_STATES and not starting_by_laned:
         return UnitChange.STARTED_OUTSIDE

@@ -26,7 +26,7 @@ def create_app(
     front = Front(supervisor)
     if metrics is None:
         metrics = LanedMetrics()
-        metrics.attach(supervisor)
+        metrics.attach(front)
     app = FastAPI(
         title="laned",
         version=__version__,

@@ -15,7 +15,6 @@ activation that arrives while a restart waits at its start gate stops it from st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Coroutine
@@ -317,9 +316,10 @@ class Supervisor(Reactions):
         """The backoff after a failure is over (a timer): start the lane again, within the
         operation that wants it ready, or as a restart operation of its own."""
         self._timers.pop(lane, None)
-        status, group = self.statuses.get(lane), self.config.lanes[lane].group
+        status = self.statuses.get(lane)
         if status is None or status.desired is not Desired.ACTIVE:
             return
+        group = self.config.lanes[lane].group
         if status.state is not LaneState.RESTARTING or self._closing:
             return
         status.restarts += 1
@@ -340,11 +340,12 @@ class Supervisor(Reactions):
 
     async def _start_within(self, op: Operation, reason: str) -> None:
         """A start inside an operation that already waits for the lane to be ready."""
-        with contextlib.suppress(Superseded, ActivationFailed):  # its waiters have heard
-            try:
-                await self._clear_and_start(op, reason)
-            except LanedError as exc:
-                log.error("%s: %s failed: %s", op.lane, reason, exc)
+        try:
+            await self._clear_and_start(op, reason)
+        except (Superseded, ActivationFailed):
+            pass  # superseded, or refused at the gate: the lane's waiters have heard
+        except LanedError as exc:
+            log.error("%s: %s failed: %s", op.lane, reason, exc)
 
     async def _clear_and_start(self, op: Operation, reason: str) -> None:
         """The one way a lane starts: the start gate (prepare, GPU memory, port), a check that

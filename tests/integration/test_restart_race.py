@@ -9,14 +9,18 @@ started the lane anyway: desired inactive but running, or two lanes of one group
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from laned.config import Config
 from laned.gpus import GIB, GpuReading
 from laned.lanes import LaneState
+from laned.supervisor import Supervisor
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
@@ -78,45 +82,66 @@ class Sampler:
         return [s for s in self.samples if sum(state in running for state in s) > 1]
 
 
-async def _crash_and_hold(sup: object, port: int, gpus: HeldGpus) -> None:
-    """a is ready; shut the gate, crash a's engine, and wait until its restart waits at the gate."""
-    gpus.held.set()
-    before = gpus.reads_while_held
-    async with httpx.AsyncClient() as client:
-        await client.post(f"http://127.0.0.1:{port}/sim/fault", json={"kind": "crash"})
-    await until(lambda: gpus.reads_while_held > before, 15, "the restart held at the GPU gate")
+@dataclass
+class Race:
+    """Lanes a and b of one group behind a GPU gate the test holds."""
+
+    harness: Harness
+    port: int
+    config: Config
+    units: list[str]
+    gpus: HeldGpus = field(default_factory=HeldGpus)
 
 
-def _started_after(sup: object, lane: str, index: int) -> list[str]:
-    events = list(sup.events)[index:]  # type: ignore[attr-defined]
-    return [e.reason for e in events if e.lane == lane and e.to_state is LaneState.STARTING]
+def race(harness: Harness, units: Units, tmp_path: Path) -> Race:
+    port = free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST + GATE, "b": FAST + GATE}, port)
+    return Race(harness, port, config, [f"{units.name(n)}.service" for n in "ab"])
+
+
+@contextlib.asynccontextmanager
+async def held_restart(r: Race) -> AsyncIterator[Supervisor]:
+    """a is ready; then its engine crashes with the gate shut, and its restart waits there."""
+    async with supervising(r.harness, r.config, host=True, gpus=r.gpus) as sup:
+        await sup.activate("a")
+        r.gpus.held.set()
+        before = r.gpus.reads_while_held
+        async with httpx.AsyncClient() as client:
+            await client.post(f"http://127.0.0.1:{r.port}/sim/fault", json={"kind": "crash"})
+        await until(lambda: r.gpus.reads_while_held > before, 15, "the restart held at the gate")
+        yield sup
+
+
+def assert_a_never_started(r: Race, sup: Supervisor, mark: int, sampler: Sampler) -> None:
+    """After `mark` (an index into the events) a was never started, and is not running."""
+    started = [
+        e.reason
+        for e in list(sup.events)[mark:]
+        if e.lane == "a" and e.to_state is LaneState.STARTING
+    ]
+    assert started == [], f"a was started after the newer request: {started}"
+    assert sup.statuses["a"].state is LaneState.INACTIVE
+    assert r.harness.show(r.units[0], "ActiveState")["ActiveState"] in ("inactive", "failed")
+    assert sampler.samples and not sampler.overlaps(), sampler.overlaps()[:3]
 
 
 def test_deactivate_during_a_held_restart_keeps_the_lane_inactive(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = lane_config(harness, units, tmp_path, {"a": FAST + GATE, "b": FAST + GATE}, port)
-    unit_a, unit_b = (f"{units.name(n)}.service" for n in "ab")
-    gpus = HeldGpus()
+    r = race(harness, units, tmp_path)
 
     async def scenario() -> None:
-        async with supervising(harness, config, host=True, gpus=gpus) as sup:
-            await sup.activate("a")
-            await _crash_and_hold(sup, port, gpus)
+        async with held_restart(r) as sup:
             assert sup.statuses["a"].state is LaneState.RESTARTING
             await sup.deactivate("a")
             mark = len(sup.events)
             assert sup.statuses["a"].state is LaneState.INACTIVE
-            with Sampler(harness, [unit_a, unit_b]) as sampler:
-                gpus.held.clear()  # the gate opens: a restart still waiting there would go on
+            with Sampler(harness, r.units) as sampler:
+                r.gpus.held.clear()  # the gate opens: a restart still waiting there would go on
                 # A later request that needs the gate too: by the time b is ready, a restart
                 # left waiting at the gate (polled every 50 ms) would have started a.
                 await sup.activate("b")
-            assert _started_after(sup, "a", mark) == [], "the deactivated lane was started"
-            assert sup.statuses["a"].state is LaneState.INACTIVE
-            assert harness.show(unit_a, "ActiveState")["ActiveState"] in ("inactive", "failed")
-            assert sampler.samples and not sampler.overlaps()
+            assert_a_never_started(r, sup, mark, sampler)
 
     run(scenario())
 
@@ -124,17 +149,12 @@ def test_deactivate_during_a_held_restart_keeps_the_lane_inactive(
 def test_a_peer_activated_during_a_held_restart_wins(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = lane_config(harness, units, tmp_path, {"a": FAST + GATE, "b": FAST + GATE}, port)
-    unit_a, unit_b = (f"{units.name(n)}.service" for n in "ab")
-    gpus = HeldGpus()
+    r = race(harness, units, tmp_path)
 
     async def scenario() -> None:
-        async with supervising(harness, config, host=True, gpus=gpus) as sup:
-            await sup.activate("a")
-            await _crash_and_hold(sup, port, gpus)
+        async with held_restart(r) as sup:
             mark = len(sup.events)
-            with Sampler(harness, [unit_a, unit_b]) as sampler:
+            with Sampler(harness, r.units) as sampler:
                 activation = sup.activate("b")
                 # b's own activation waits at the same gate; then the gate opens for both.
                 await until(
@@ -145,17 +165,13 @@ def test_a_peer_activated_during_a_held_restart_wins(
                     10,
                     "a stopped by the swap",
                 )
-                gpus.held.clear()
+                r.gpus.held.clear()
                 status = await asyncio.wait_for(activation, 30)
                 assert status.state is LaneState.READY
-                # Give a restart that escaped its supersession the time it would need: b is
-                # ready, and a check of b's health proves the engine on the port is b's.
+                # The engine on the shared port is b's.
                 async with httpx.AsyncClient() as client:
-                    models = (await client.get(f"http://127.0.0.1:{port}/v1/models")).json()
+                    models = (await client.get(f"http://127.0.0.1:{r.port}/v1/models")).json()
                 assert models["data"][0]["id"] == "b"
-            assert _started_after(sup, "a", mark) == [], "the superseded restart started a"
-            assert sup.statuses["a"].state is LaneState.INACTIVE
-            assert harness.show(unit_a, "ActiveState")["ActiveState"] in ("inactive", "failed")
-            assert sampler.samples and not sampler.overlaps(), sampler.overlaps()[:3]
+            assert_a_never_started(r, sup, mark, sampler)
 
     run(scenario())

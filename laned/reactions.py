@@ -42,8 +42,6 @@ log = logging.getLogger("laned.supervisor")
 class Reactions:
     """The owner's state and its handlers for what happens to a lane's run."""
 
-    """Owns every lane's state; talks to systemd and the engines."""
-
     def __init__(
         self,
         config: Config,

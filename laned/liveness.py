@@ -72,3 +72,14 @@ def tokens_per_second(window: list[tuple[float, EngineSample]]) -> float:
     if t1 <= t0:
         return 0.0
     return max((last.generation_tokens - first.generation_tokens) / (t1 - t0), 0.0)
+
+
+def engine_summary(window: list[tuple[float, EngineSample]]) -> dict[str, float]:
+    """The engine's load as the lane's view shows it: the last sample, and tokens/s."""
+    last = window[-1][1]
+    return {
+        "requests_running": last.running,
+        "requests_waiting": last.waiting,
+        "kv_cache_usage": last.kv_cache_usage,
+        "generation_tokens_per_second": round(tokens_per_second(window), 3),
+    }

@@ -17,19 +17,19 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from laned import journal, policy, render, state, steps, watchers
+from laned import policy, render, state, steps, watchers
 from laned.acceptance import GateResult, merge_run
 from laned.bus import BusKeeper
 from laned.errors import LanedError, LaneNotRunning
 from laned.host import Host
 from laned.lanes import Desired, Event, EventKind, LaneState, LaneStatus, LastExit, phase_durations
 from laned.ledger import Ledger, Listener
-from laned.liveness import EngineSample, tokens_per_second
+from laned.liveness import EngineSample, engine_summary
 from laned.metrics import Recorder
 from laned.model import GATES, Config, LaneConfig
 from laned.names import exit_record_path, unit_name
 from laned.operations import Operation, Operations
-from laned.phases import ALMOST_READY, parse_phase
+from laned.phases import ALMOST_READY
 from laned.policy import ExitAction, OpKind, RestartKind
 from laned.probes import Probe
 from laned.systemd import Systemd
@@ -112,13 +112,7 @@ class Reactions:
         window = self._samples.get(lane)
         if not window or self.statuses[lane].state not in policy.RUNNING_STATES:
             return None
-        last = window[-1][1]
-        return {
-            "requests_running": last.running,
-            "requests_waiting": last.waiting,
-            "kv_cache_usage": last.kv_cache_usage,
-            "generation_tokens_per_second": round(tokens_per_second(list(window)), 3),
-        }
+        return engine_summary(list(window))
 
     # --- what systemd tells ---------------------------------------------------------------------
 
@@ -300,38 +294,49 @@ class Reactions:
 
     async def _follow_logs(self) -> None:
         """Startup phases of starting lanes, from their engines' log lines (one journalctl)."""
-        async for unit, line in journal.follow(self.units):
-            lane = self.units.get(unit)
-            status = self.statuses.get(lane) if lane else None
-            if lane is None or status is None or status.state is not LaneState.STARTING:
-                continue
-            found = parse_phase(line)
-            if found is None:
-                continue
-            status.phase, status.progress = found
-            if not status.phases or status.phases[-1][0] != found[0]:
-                status.phases.append((found[0], self.clock()))
-            if found[0] in ALMOST_READY:
-                self._pokes.setdefault(lane, asyncio.Event()).set()
+        await watchers.follow_phases(lambda: self.units, self._phase_seen)
+
+    def _phase_seen(self, unit: str, phase: str, progress: float | None) -> None:
+        lane = self.units.get(unit)
+        status = self.statuses.get(lane) if lane else None
+        if lane is None or status is None or status.state is not LaneState.STARTING:
+            return
+        status.phase, status.progress = phase, progress
+        if not status.phases or status.phases[-1][0] != phase:
+            status.phases.append((phase, self.clock()))
+        if phase in ALMOST_READY:
+            self._pokes.setdefault(lane, asyncio.Event()).set()
 
     # --- acceptance checks -------------------------------------------------------------------------
 
     async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
         """Run acceptance gates against the lane; keep, show and export the results.
 
-        LaneNotRunning at once when the lane is not serving."""
+        LaneNotRunning at once when the lane is not serving, and when it stopped (a swap, a
+        restart) while the gates ran: a gate cut short by a stop says nothing of the engine."""
         spec, status = self.spec(lane), self.statuses[lane]
         if status.state not in (LaneState.READY, LaneState.DEGRADED):
             raise LaneNotRunning(
                 f"lane {lane} is {status.state.value}, not serving: no gate can run",
                 f"activate it first: laned activate {lane} --wait",
             )
+        run = self._runs.get(lane)
+
+        def still_serving() -> bool:
+            return self._runs.get(lane) == run and self._serving(lane)
 
         def on_result(result: GateResult) -> None:
-            verdict = "passed" if result.passed else f"failed: {result.reason}"
-            self.ledger.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
+            if still_serving():
+                verdict = "passed" if result.passed else f"failed: {result.reason}"
+                self.ledger.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
 
         results = await steps.run_checks(spec, gates, status.last_cold_start, on_result)
+        if not still_serving():
+            raise LaneNotRunning(
+                f"lane {lane} stopped serving while its gates ran ({status.state.value}): "
+                "the results are not kept",
+                f"run them again once it is ready: laned check {lane}",
+            )
         return self._record_checks(lane, results)
 
     def _record_checks(self, lane: str, results: Sequence[GateResult]) -> dict[str, Any]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from laned import journal
 from laned.host import meminfo
 from laned.liveness import EngineSample, MemoryFloor, StallDetector
 from laned.model import LaneConfig
+from laned.phases import parse_phase
 from laned.probes import Probe, read_api_key
 
 
@@ -127,3 +129,13 @@ async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None
             if floor.observe(available, now) and available is not None:
                 report(MemoryLow(available))
                 return
+
+
+async def follow_phases(
+    units: Callable[[], Mapping[str, str]], report: Callable[[str, str, float | None], None]
+) -> None:
+    """Report (unit, phase, percent) for every startup-phase line of the lane units' logs."""
+    async for unit, line in journal.follow(units()):
+        found = parse_phase(line)
+        if found is not None:
+            report(unit, *found)

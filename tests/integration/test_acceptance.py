@@ -17,6 +17,7 @@ import pytest
 from laned.config import GATES
 from laned.errors import LaneNotRunning
 from laned.lanes import EventKind, LaneState
+from laned.probes import parse_engine_metrics
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
@@ -140,6 +141,38 @@ def test_a_stalled_engine_fails_the_gates_on_their_deadlines(
                     result["reason"] == "no answer within its 2s deadline (is the engine stalled?)"
                 )
             assert took < 30, "the gates must end on their deadlines, not hang"
+
+    run(scenario())
+
+
+def test_gates_cut_short_by_a_stop_are_not_kept(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    """A swap or deactivate while the gates run (as when a lane is swapped away right after
+    it became ready, with checks.after_activate) says nothing of the engine: no result is
+    kept, and no gate is reported failed."""
+    port = free_port()
+    lane = GOOD + 'checks = { deadline = "60s" }\n'
+    config = lane_config(harness, units, tmp_path, {"a": lane}, port, env={"a": FAST_ENGINE})
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                await client.post("/sim/fault", json={"kind": "stall"})
+                checking = asyncio.ensure_future(sup.check("a", ["chat"]))
+                # The gate's request has reached the (stalled) engine: the gates are running.
+                deadline = time.monotonic() + 10
+                while (
+                    sample := parse_engine_metrics((await client.get("/metrics")).text)
+                ).running + sample.waiting < 1:
+                    assert time.monotonic() < deadline, "the chat gate never reached the engine"
+                    await asyncio.sleep(0.05)
+            await sup.deactivate("a")
+            with pytest.raises(LaneNotRunning, match="stopped serving while its gates ran"):
+                await asyncio.wait_for(checking, 30)
+            assert sup.statuses["a"].checks is None
+            assert not [e for e in sup.events if e.kind is EventKind.CHECK]
 
     run(scenario())
 

@@ -92,11 +92,11 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
                 f"remove it here; {base}.{key} is the single source of truth"
                 + (" and keeps the key out of every argv" if flag == "--api-key" else ""),
             )
-        if flag == "--generation-config" and lane.sampling is not None:
+        if flag == "--override-generation-config" and lane.sampling is not None:
             yield Problem(
                 where,
-                "--generation-config conflicts with `sampling`",
-                f"laned passes its own --generation-config for {base}.sampling; drop one of the two",
+                "--override-generation-config conflicts with `sampling`",
+                f"laned passes {base}.sampling as --override-generation-config; keep one of the two",
             )
         if flag.startswith("--") and flag in seen:
             yield Problem(

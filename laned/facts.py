@@ -71,6 +71,8 @@ class LaneFacts:
     image_id: str | None = None  # container lanes: the local image's id (None: not present)
     image_error: str | None = None  # the podman API could not be asked
     last_image_id: str | None = None  # at the lane's last good start
+    model_generation_config: dict[str, Any] | None = None  # the model's generation_config.json
+    flag_generation_config: dict[str, Any] | None = None  # that of a --generation-config DIR
 
 
 def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:

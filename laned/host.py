@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import shutil
 import socket
 import stat
 import time
 from collections.abc import Callable
+from typing import Any
 
 from laned import proc
 from laned.errors import CommandFailed, LaneError, PodmanError
@@ -22,7 +24,7 @@ from laned.gpus import GIB, GateResult, Nvml, wait_released
 from laned.model import Config, LaneConfig, gpu_indices
 from laned.names import container_name
 from laned.podman import Podman
-from laned.preflight import evaluate, model_path, paths_to_check
+from laned.preflight import evaluate, generation_config_path, model_path, paths_to_check
 from laned.probes import read_api_key
 
 
@@ -66,6 +68,18 @@ def port_busy(port: int, host: str = "0.0.0.0") -> bool:
         except OSError as exc:
             return exc.errno == errno.EADDRINUSE
     return False
+
+
+def read_generation_config(directory: str | None) -> dict[str, Any] | None:
+    """DIR/generation_config.json as a dict; None when there is none (or it is unreadable)."""
+    if directory is None:
+        return None
+    try:
+        with open(os.path.join(directory, "generation_config.json"), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def key_file(path: str) -> KeyFile:
@@ -148,6 +162,8 @@ class Host:
             image_id=image_id,
             image_error=image_error,
             last_image_id=last_image_id,
+            model_generation_config=read_generation_config(model),
+            flag_generation_config=read_generation_config(generation_config_path(spec)),
         )
 
     async def preflight(

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from laned.model import Config, LaneConfig
 
 DAEMON_UNIT = "laned.service"
-GENERATION_CONFIG_MOUNT = "/laned/generation-config"
 CACHE_MOUNT = "/laned/cache"
 
 # Where engines keep what they compile at a cold start, inside the container; each points
@@ -56,11 +55,6 @@ def wrapper_path(config: Config, lane: str) -> str:
 def lane_state_dir(config: Config, lane: str) -> str:
     """laned's own directory for one lane under state_dir."""
     return f"{config.daemon.state_dir}/lanes/{lane}"
-
-
-def generation_config_dir(config: Config, lane: str) -> str:
-    """The laned-owned directory holding the lane's generation_config.json."""
-    return f"{lane_state_dir(config, lane)}/generation-config"
 
 
 def cache_dir(config: Config, lane: str) -> str:

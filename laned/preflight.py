@@ -37,7 +37,20 @@ def model_path(spec: LaneConfig) -> str | None:
     )
     if "serve" not in words or words.index("serve") + 1 >= len(words):
         return None
-    target = words[words.index("serve") + 1]
+    return host_path(spec, words[words.index("serve") + 1])
+
+
+def generation_config_path(spec: LaneConfig) -> str | None:
+    """The host path of a `--generation-config DIR` in the lane's arguments (not auto/vllm)."""
+    value = spec.engine_arg("--generation-config")
+    if value is None or value in ("auto", "vllm"):
+        return None
+    return host_path(spec, value)
+
+
+def host_path(spec: LaneConfig, target: str) -> str | None:
+    """Where an absolute path the engine sees is on the host: itself for exec lanes, mapped
+    back through the bind mounts for containers; None when it is inside the image."""
     if not target.startswith("/"):
         return None
     if spec.exec is not None:
@@ -53,7 +66,7 @@ def model_path(spec: LaneConfig) -> str | None:
         if inside and (best is None or len(dst) > len(best[1])):
             best = (src, dst)
     if best is None:
-        return None  # the model is inside the image
+        return None
     return posixpath.normpath(best[0] + "/" + target[len(best[1]) :])
 
 
@@ -78,6 +91,7 @@ def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
         *_port(lane, spec, facts),
         *fit(lane, spec, facts.host, facts.disk_total_gib),
         *_engine(lane, spec),
+        *_sampling(lane, spec, facts),
     ]
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.NOTE: 2}
     return sorted(found, key=lambda f: order[f.severity])
@@ -255,7 +269,22 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
             f"shutdown (~{graceful:g} s): systemd would SIGKILL it mid-shutdown",
             f'set {base}.stop_timeout = "{graceful:.0f}s" or more',
         )
-    if spec.sampling is None and "--generation-config" not in spec.engine_args():
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+def _sampling(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    """Whether the sampling defaults take effect as written, and the stop ids stay.
+
+    vLLM (vllm/config/model.py) reads the model's generation_config.json — or a
+    `--generation-config DIR`'s *instead* — as a diff against Hugging Face's defaults, then
+    merges --override-generation-config (laned's `sampling`) over it; the stop ids
+    (`eos_token_id`) come from the same file."""
+    base = f"lanes.{lane}"
+    flag = spec.engine_arg("--generation-config")
+    model, chosen = facts.model_generation_config, facts.flag_generation_config
+    if spec.sampling is None and flag is None:
         yield Finding(
             "sampling",
             Severity.WARNING,
@@ -263,3 +292,26 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
             "model's raw defaults (seed 000: top_p 1.0 on a 2-bit quant is word salad)",
             f"set {base}.sampling = {{ temperature = ..., top_p = ... }} from the model card",
         )
+    model_eos = (model or {}).get("eos_token_id")
+    if chosen is not None and model_eos and chosen.get("eos_token_id") != model_eos:
+        yield Finding(
+            "stop-ids",
+            Severity.WARNING,
+            f"{base}.args: --generation-config {flag} replaces the model's generation_config.json, "
+            f"and its eos_token_id ({chosen.get('eos_token_id')}) is not the model's ({model_eos}): "
+            "turns may never stop (vLLM #45591)",
+            f"drop --generation-config and set {base}.sampling (laned merges it over the "
+            "model's config), or copy the model's eos_token_id into that file",
+        )
+    if spec.sampling is not None and flag in (None, "auto") and model:
+        written = spec.sampling.as_json_dict()
+        extra = {k: model[k] for k in SAMPLING_KEYS if k in model and k not in written}
+        if extra:
+            shown = ", ".join(f"{k}={v}" for k, v in extra.items())
+            yield Finding(
+                "sampling",
+                Severity.NOTE,
+                f"the model's generation_config.json also sets {shown}: vLLM applies it under "
+                f"{base}.sampling",
+                f"set it in {base}.sampling to change it",
+            )

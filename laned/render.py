@@ -18,7 +18,7 @@ from enum import Enum
 from laned.errors import RenderError
 from laned.files import write_atomic
 from laned.model import Config
-from laned.names import generation_config_dir, unit_path, wrapper_path
+from laned.names import unit_path, wrapper_path
 from laned.units import GENERATED_MARK, lane_unit
 from laned.wrapper import render_wrapper
 
@@ -50,29 +50,20 @@ def plan(config: Config, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> list
     """Every file the config renders to, for a user manager of `systemd_version`, in a stable order."""
     files: list[GeneratedFile] = []
     for lane in sorted(config.lanes):
-        spec = config.lanes[lane]
         files.append(
             GeneratedFile(unit_path(config, lane), lane_unit(config, lane, systemd_version), 0o644)
         )
         files.append(GeneratedFile(wrapper_path(config, lane), render_wrapper(config, lane), 0o755))
-        if spec.sampling is not None:
-            text = json.dumps(spec.sampling.as_json_dict(), indent=2) + "\n"
-            path = f"{generation_config_dir(config, lane)}/generation_config.json"
-            files.append(GeneratedFile(path, text, 0o644))
     return files
 
 
 def lane_digest(config: Config, lane: str, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> str:
-    """A short hash of everything rendered for one lane (unit, wrapper, generation config):
-    acceptance results are kept with it, so a result of another configuration shows as such."""
-    mine = {
-        unit_path(config, lane),
-        wrapper_path(config, lane),
-        generation_config_dir(config, lane),
-    }
+    """A short hash of everything rendered for one lane (its unit and wrapper): acceptance
+    results are kept with it, so a result of another configuration shows as such."""
+    mine = {unit_path(config, lane), wrapper_path(config, lane)}
     digest = hashlib.sha256()
     for item in plan(config, systemd_version):
-        if item.path in mine or item.path.startswith(generation_config_dir(config, lane) + "/"):
+        if item.path in mine:
             digest.update(item.path.encode() + b"\0" + item.content.encode() + b"\0")
     return digest.hexdigest()[:16]
 

@@ -11,6 +11,7 @@ Every value is quoted with shlex.quote; a `why` becomes comment lines, each pref
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Iterable
 
@@ -18,11 +19,9 @@ from laned.model import Config, LaneConfig
 from laned.names import (
     CACHE_MOUNT,
     DEFAULT_CACHE_ENV,
-    GENERATION_CONFIG_MOUNT,
     cache_dir,
     container_name,
     exit_record_path,
-    generation_config_dir,
     unit_name,
     wrapper_name,
 )
@@ -67,13 +66,6 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         lines += [(None, ["-v", v]) for v in c.volumes]
         lines += [(var.why, ["-e", f"{key}={var.value}"]) for key, var in spec.env.items()]
         lines += _cache_lines(config, lane)
-        if spec.sampling is not None:
-            lines.append(
-                (
-                    f"server-side sampling defaults from {base}.sampling (laned-owned, read-only)",
-                    ["-v", f"{generation_config_dir(config, lane)}:{GENERATION_CONFIG_MOUNT}:ro"],
-                )
-            )
         if spec.api_key_file:
             lines.append(
                 (
@@ -86,17 +78,17 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         if c.entrypoint:
             lines.append((None, ["--entrypoint", c.entrypoint]))
         lines.append((None, [c.image, *c.command]))
-        generation_dir = GENERATION_CONFIG_MOUNT
     else:
         assert spec.exec is not None
         lines.append((None, list(spec.exec.command)))
-        generation_dir = generation_config_dir(config, lane)
     lines += [(arg.why, arg.argv()) for arg in spec.args]
     if spec.sampling is not None:
+        sampling = json.dumps(spec.sampling.as_json_dict(), separators=(",", ":"))
         lines.append(
             (
-                "defaults for requests that send no sampling parameters (the seed's word-salad fix)",
-                ["--generation-config", generation_dir],
+                f"{base}.sampling: defaults for requests that send none (the seed's word-salad "
+                "fix), merged over the model's generation_config.json, whose stop ids stay",
+                ["--override-generation-config", sampling],
             )
         )
     lines.append(

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from laned.errors import EngineError
+from laned.sim import generation
 from laned.sim.engine import VERSION, Engine, log
 from laned.sim.http import Server
 from laned.sim.settings import Settings
@@ -104,8 +105,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         "--api-key": lambda v: setattr(settings, "api_key", v),
         "--max-model-len": lambda v: setattr(settings, "max_model_len", _int(v, "--max-model-len")),
         "--max-num-seqs": lambda v: setattr(settings, "max_num_seqs", _int(v, "--max-num-seqs")),
-        "--generation-config": lambda v: setattr(
-            settings, "generation_defaults", _generation_config(v)
+        "--generation-config": lambda v: setattr(settings, "generation_config", v or "auto"),
+        "--override-generation-config": lambda v: setattr(
+            settings, "override_generation_config", _json(v, "--override-generation-config")
         ),
         "--default-chat-template-kwargs": lambda v: setattr(
             settings, "chat_template_kwargs", _json(v, "--default-chat-template-kwargs")
@@ -132,6 +134,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         raise EngineError(
             f"--max-model-len {settings.max_model_len} is too small", "use at least 16"
         )
+    settings.generation = generation.effective(
+        settings.model, settings.generation_config, settings.override_generation_config
+    )
     settings.startup = _float(env, "LANED_SIM_STARTUP", 3.0)
     settings.decode_tps = _float(env, "LANED_SIM_DECODE_TPS", 50.0)
     settings.prefill_tps = _float(env, "LANED_SIM_PREFILL_TPS", 5000.0)
@@ -142,22 +147,6 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     if fail:
         settings.fail_at_start = _int(fail, "LANED_SIM_FAIL_AT_START")
     return settings
-
-
-def _generation_config(directory: str) -> dict[str, Any]:
-    if directory in ("auto", "vllm"):
-        return {}
-    path = os.path.join(directory, "generation_config.json")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise EngineError(
-            f"--generation-config: cannot read {path}: {exc}",
-            "pass a directory with generation_config.json",
-        ) from exc
-    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
-    return {k: data[k] for k in keys if k in data}
 
 
 def _bar(done: int, total: int) -> str:
@@ -284,11 +273,13 @@ async def serve(settings: Settings) -> int:
     log("INFO", "utils.py:1", f"non-default args: {shown}")
     for flag in settings.unknown:
         log("INFO", "sim.py:1", f"accepted vLLM flag {flag} (no effect in the simulator)")
-    if settings.generation_defaults:
+    if settings.generation.defaults:
+        # vllm/entrypoints/openai/serving_chat.py says where the defaults came from.
         log(
             "INFO",
             "serving_chat.py:1",
-            f"Using default chat sampling params from model: {settings.generation_defaults}",
+            f"Using default chat sampling params from {settings.generation.source}: "
+            f"{settings.generation.defaults}",
         )
     if not await _startup(settings, stop):
         log("INFO", "launcher.py:1", "Shutting down during startup.")

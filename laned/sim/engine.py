@@ -129,7 +129,10 @@ class Engine:
             "model": self.settings.model,
             "served_model_name": self.settings.name,
             "max_model_len": self.settings.max_model_len,
-            "generation_defaults": self.settings.generation_defaults,
+            "generation_defaults": self.settings.generation.defaults,
+            "generation_source": self.settings.generation.source,
+            "stop_ids": sorted(self.settings.generation.stop_ids),
+            "turn_end_id": self.settings.generation.turn_end,
             "decode_tps": self.settings.decode_tps,
             "prefill_tps": self.settings.prefill_tps,
             "unknown_flags": self.settings.unknown,
@@ -255,7 +258,8 @@ class Engine:
             limit = min(limit, LONG_ANSWER_TOKENS)
             answer.long = False
             answer.content = " ".join([answer.content.strip()] * (LONG_ANSWER_TOKENS // 40))
-        pieces = self._pieces(answer, thinking, limit, bool(body.get("ignore_eos")))
+        runs_on = chat and not s.generation.turn_stops
+        pieces = self._pieces(answer, thinking, limit, bool(body.get("ignore_eos")), runs_on)
         job = Job(
             prompt_text, prompt_tokens, pieces[:limit], answer.tool_calls, len(pieces) > limit
         )
@@ -271,7 +275,12 @@ class Engine:
         return await responses.collect(self._run(job), job, chat, self.settings.name)
 
     def _pieces(
-        self, answer: answers.Answer, thinking: bool, limit: int, ignore_eos: bool
+        self,
+        answer: answers.Answer,
+        thinking: bool,
+        limit: int,
+        ignore_eos: bool,
+        runs_on: bool = False,
     ) -> list[tuple[str, str]]:
         """The tokens to emit, tagged `reasoning`, `content` or `tool`; one past `limit` when cut."""
         s = self.settings
@@ -287,7 +296,12 @@ class Engine:
         for call in answer.tool_calls:
             pieces += [("tool", t) for t in answers.split_output(call["function"]["arguments"])]
         pieces += [("content", t) for t in answers.split_output(answer.content)]
-        if answer.long or ignore_eos:
+        if runs_on and not answer.long:
+            # The id the model ends its turn with is no stop id here (a --generation-config
+            # DIR without the model's eos_token_id list): the turn marker comes out as text
+            # and the model writes the next turn itself, until max_tokens (vLLM #45591).
+            pieces.append(("content", "<|user|>"))
+        if answer.long or ignore_eos or runs_on:
             filler = answers.split_output(answers.FILLER)
             while len(pieces) <= limit:
                 pieces += [("content", t) for t in filler[: limit + 1 - len(pieces)]]

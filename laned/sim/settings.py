@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from laned.sim.generation import Effective
+
 
 @dataclass
 class Settings:
@@ -17,7 +19,9 @@ class Settings:
     api_key: str | None = None
     max_model_len: int = 32768
     max_num_seqs: int = 256
-    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    generation_config: str = "auto"  # --generation-config: auto, vllm or a directory
+    override_generation_config: dict[str, Any] = field(default_factory=dict)
+    generation: Effective = field(default_factory=Effective)  # what the two amount to
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_parser: str | None = None
     auto_tool_choice: bool = False

@@ -153,7 +153,7 @@ class Sim:
 def start_sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
     started: list[Sim] = []
 
-    def start(*args: str, ready: bool = True, **env: str) -> Sim:
+    def start(*args: str, ready: bool = True, model: str = "/models/sim", **env: str) -> Sim:
         port = free_port()
         log_path = tmp_path / f"sim-{port}.log"
         argv = [
@@ -162,7 +162,7 @@ def start_sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object
             "laned",
             "sim",
             "serve",
-            "/models/sim",
+            model,
             "--port",
             str(port),
             "--host",

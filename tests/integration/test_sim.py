@@ -241,18 +241,29 @@ def test_decode_is_paced_at_the_configured_rate(start_sim: Any) -> None:
     assert elapsed >= 49 / 100
 
 
-def test_generation_config_defaults_are_read(start_sim: Any, tmp_path: Path) -> None:
+def test_a_generation_config_directory_behaves_as_vllms(start_sim: Any, tmp_path: Path) -> None:
+    """--generation-config DIR replaces the model's config (its stop ids too) and drops values
+    equal to Hugging Face's defaults: a GLM-like turn then runs on past its end marker."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "generation_config.json").write_text(
+        '{"eos_token_id": [151329, 151336, 151338]}'
+    )
     (tmp_path / "gen").mkdir()
     (tmp_path / "gen" / "generation_config.json").write_text(
         '{"temperature": 1.0, "top_p": 0.95, "x": 1}'
     )
-    sim = start_sim("--generation-config", str(tmp_path / "gen"))
+    sim = start_sim("--generation-config", str(tmp_path / "gen"), model=str(tmp_path / "model"))
     with sim.client() as client:
-        assert client.get("/sim/state").json()["generation_defaults"] == {
-            "temperature": 1.0,
-            "top_p": 0.95,
-        }
-    assert "Using default chat sampling params from model" in sim.log()
+        state = client.get("/sim/state").json()
+        assert state["generation_defaults"] == {"top_p": 0.95}
+        assert 151338 not in state["stop_ids"]
+        reply = client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40},
+        ).json()
+        assert reply["choices"][0]["finish_reason"] == "length"
+        assert "<|user|>" in reply["choices"][0]["message"]["content"]
+    assert f"Using default chat sampling params from {tmp_path / 'gen'}" in sim.log()
 
 
 @pytest.mark.parametrize("code", [0, 3])

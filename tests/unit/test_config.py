@@ -162,7 +162,7 @@ def test_missing_and_wrong_types_name_the_key() -> None:
         ("stop_timeout = 0", "lanes.a.stop_timeout", "longer than zero"),
         ("env = { DSV41_ENGRAM_DISK = 1 }", "lanes.a.args", "--enforce-eager"),
         (
-            'sampling = { temperature = 1.0 }\nargs = [{flag = "--generation-config", value = "/x"}]',
+            'sampling = { temperature = 1.0 }\nargs = [{flag = "--override-generation-config", value = "{}"}]',
             "lanes.a.args[0]",
             "conflicts with `sampling`",
         ),

@@ -265,3 +265,38 @@ command = ["/opt/vllm", "serve", "org/model"]
     warned = [p for p in parse_config(text, "t.toml", ENV).warnings if p.path == "lanes.c.gpus"]
     assert len(warned) == 1 and "other groups" in warned[0].message
     assert not [p for p in parse_config(text, "t.toml", ENV).warnings if p.path == "lanes.d.gpus"]
+
+
+GLM_CONFIG = {"eos_token_id": [151329, 151336, 151338], "top_k": 40, "temperature": 1.0}
+
+
+def test_the_models_own_sampling_keys_are_noted_under_the_lanes_sampling() -> None:
+    found = evaluate("c", lane(), replace(GOOD, model_generation_config=GLM_CONFIG))
+    notes = [f for f in found if f.check == "sampling"]
+    assert [f.severity for f in notes] == [Severity.NOTE]
+    assert "top_k=40" in notes[0].message and "temperature" not in notes[0].message
+    assert "stop-ids" not in checks(found, Severity.WARNING)
+
+
+def test_a_generation_config_dir_without_the_models_stop_ids_is_warned() -> None:
+    spec = lane('args = [{ flag = "--generation-config", value = "/models/gen" }]\n')
+    facts = replace(
+        GOOD,
+        model_generation_config=GLM_CONFIG,
+        flag_generation_config={"temperature": 1.0, "top_p": 0.95},
+    )
+    found = evaluate("c", spec, facts)
+    warned = [f for f in found if f.check == "stop-ids"]
+    assert warned and warned[0].severity is Severity.WARNING
+    assert "#45591" in warned[0].message and "eos_token_id" in warned[0].hint
+    # The same directory with the model's stop ids is fine.
+    keeps = replace(facts, flag_generation_config={**GLM_CONFIG, "top_p": 0.95})
+    assert "stop-ids" not in checks(evaluate("c", spec, keeps), Severity.WARNING)
+
+
+def test_the_generation_config_dir_is_found_through_the_bind_mounts() -> None:
+    from laned.preflight import generation_config_path
+
+    spec = lane('args = [{ flag = "--generation-config", value = "/models/gen" }]\n')
+    assert generation_config_path(spec) == "/srv/models/gen"
+    assert generation_config_path(lane('args = ["--generation-config", "vllm"]\n')) is None

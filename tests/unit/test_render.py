@@ -56,12 +56,12 @@ podman run --rm --name dsv41-flash-exl3 \
   --speculative-config '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic"}' \
   --served-model-name deepseek-v4.1-flash
 """
-# What laned adds, on purpose: the key by name, the sampling defaults (seed section 1)
-# from a laned-owned directory instead of a file written into the read-only model dir, and
-# the persistent compile cache (seed 001: nothing is cached across --rm containers).
+# What laned adds, on purpose: the key by name, the sampling defaults (seed section 1) as
+# --override-generation-config, merged over the model's own generation_config.json (whose
+# stop ids stay) instead of a file written into the read-only model dir, and the persistent
+# compile cache (seed 001: nothing is cached across --rm containers).
 LANED_ADDITIONS_PODMAN = [
     ("-e", "VLLM_API_KEY"),
-    ("-v", "/home/op/.local/state/laned/lanes/dsv41/generation-config:/laned/generation-config:ro"),
     ("-v", "/home/op/.cache/laned/lanes/dsv41:/laned/cache"),
     ("-e", "VLLM_ENGINE_READY_TIMEOUT_S=3600"),  # seed 001's fix for long cold starts
     *[("-e", f"{k}={v}") for k, v in sorted(DEFAULT_CACHE_ENV.items())],
@@ -69,7 +69,7 @@ LANED_ADDITIONS_PODMAN = [
 # What laned drops, on purpose: --rm, because the wrapper reads how the container ended
 # (podman's OOMKilled) before it removes the container itself.
 LANED_REMOVALS_PODMAN = [("--rm", None)]
-LANED_ADDITIONS_ENGINE = [("--generation-config", "/laned/generation-config")]
+LANED_ADDITIONS_ENGINE = [("--override-generation-config", '{"temperature":1.0,"top_p":0.95}')]
 
 
 def pairs(argv: list[str]) -> list[tuple[str, str | None]]:
@@ -224,16 +224,15 @@ def test_render_writes_atomically_with_modes_and_is_idempotent(
     path = lane_config(tmp_path, "sampling = { temperature = 0.7 }", "a b")
     assert main(["--config", path, "render"]) == 0
     out = capsys.readouterr().out
-    assert out.count("created") == 6
+    assert out.count("created") == 4
     unit = tmp_path / "units" / "laned-a.service"
     wrapper = tmp_path / "bin" / "laned-a-serve"
     assert stat.S_IMODE(unit.stat().st_mode) == 0o644
     assert stat.S_IMODE(wrapper.stat().st_mode) == 0o755
-    assert (tmp_path / "state/lanes/a/generation-config/generation_config.json").read_text() == (
-        '{\n  "temperature": 0.7\n}\n'
-    )
+    # The sampling defaults travel as an override over the model's own generation config.
+    assert "--override-generation-config '{\"temperature\":0.7}'" in wrapper.read_text()
     assert main(["--config", path, "render"]) == 0
-    assert "unchanged: 6 file(s)" in capsys.readouterr().out
+    assert "unchanged: 4 file(s)" in capsys.readouterr().out
     assert main(["--config", path, "render", "--check"]) == 0
     assert not list((tmp_path / "units").glob(".laned-*"))  # no temp files left behind
 

@@ -18,23 +18,33 @@ class EngineSample:
     generation_tokens: float
     prompt_tokens: float
     kv_cache_usage: float = 0.0
+    steps: float = 0.0  # engine steps taken (vllm:iteration_tokens_total's count), where exported
+
+    def progress(self) -> tuple[float, float, float, float]:
+        """What moves while an engine works: tokens, steps, KV-cache usage.
+
+        vLLM counts a request's prompt tokens only when its prefill ends
+        (vllm/v1/metrics/stats.py), so a 500K-token prefill at 4096 tokens a step runs for
+        minutes with both token counters flat; its steps and its KV-cache usage still grow."""
+        return (self.generation_tokens, self.prompt_tokens, self.steps, self.kv_cache_usage)
 
 
 @dataclass
 class StallDetector:
-    """Requests running or waiting while no token moves, for `after` seconds, is a stall (vLLM #39863)."""
+    """Requests running or waiting while nothing moves — no token, no engine step, no change
+    of the KV cache — for `after` seconds is a stall (vLLM #39863)."""
 
     after: float
     since: float | None = None
-    tokens: tuple[float, float] | None = None
+    progress: tuple[float, ...] | None = None
 
     def observe(self, sample: EngineSample, now: float) -> bool:
         """Feed one sample; True once the engine has been stalled for `after` seconds."""
         busy = sample.running + sample.waiting > 0
-        tokens = (sample.generation_tokens, sample.prompt_tokens)
-        if not busy or tokens != self.tokens:
+        progress = sample.progress()
+        if not busy or progress != self.progress:
             self.since = now if busy else None
-            self.tokens = tokens
+            self.progress = progress
             return False
         if self.since is None:
             self.since = now
@@ -42,7 +52,7 @@ class StallDetector:
 
     def reset(self) -> None:
         """Forget what was seen (after a restart)."""
-        self.since, self.tokens = None, None
+        self.since, self.progress = None, None
 
 
 @dataclass

@@ -78,25 +78,30 @@ class Probe:
 
 
 def parse_engine_metrics(text: str) -> EngineSample:
-    """Sum vLLM's gauges and counters across engines (and models) into one sample."""
-    wanted = {
+    """One sample of vLLM's /metrics: gauges and counters summed across engines (and models),
+    the KV-cache usage as the fullest engine's — `vllm:kv_cache_usage_perc`, else the older
+    `vllm:gpu_cache_usage_perc` (vLLM 0.9 and 0.10 export both, with the same value: they are
+    never added) — and the engine steps taken (`vllm:iteration_tokens_total`'s count)."""
+    sums = {
         "vllm:num_requests_running": "running",
         "vllm:num_requests_waiting": "waiting",
         "vllm:generation_tokens_total": "generation_tokens",
         "vllm:prompt_tokens_total": "prompt_tokens",
-        "vllm:kv_cache_usage_perc": "kv_cache_usage",
-        "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # vLLM before V1's rename
+        "vllm:iteration_tokens_total_count": "steps",
     }
+    usage = {"vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "gpu"}
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            key = wanted.get(sample.name)
-            if key is not None:
+            if (key := sums.get(sample.name)) is not None:
                 values[key] = values.get(key, 0.0) + float(sample.value)
+            elif (key := usage.get(sample.name)) is not None:
+                values[key] = max(values.get(key, 0.0), float(sample.value))
     return EngineSample(
         running=values.get("running", 0.0),
         waiting=values.get("waiting", 0.0),
         generation_tokens=values.get("generation_tokens", 0.0),
         prompt_tokens=values.get("prompt_tokens", 0.0),
-        kv_cache_usage=values.get("kv_cache_usage", 0.0),
+        kv_cache_usage=values.get("kv", values.get("gpu", 0.0)),
+        steps=values.get("steps", 0.0),
     )

@@ -105,6 +105,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         "--api-key": lambda v: setattr(settings, "api_key", v),
         "--max-model-len": lambda v: setattr(settings, "max_model_len", _int(v, "--max-model-len")),
         "--max-num-seqs": lambda v: setattr(settings, "max_num_seqs", _int(v, "--max-num-seqs")),
+        "--max-num-batched-tokens": lambda v: setattr(
+            settings, "max_num_batched_tokens", _int(v, "--max-num-batched-tokens")
+        ),
         "--generation-config": lambda v: setattr(settings, "generation_config", v or "auto"),
         "--override-generation-config": lambda v: setattr(
             settings, "override_generation_config", _json(v, "--override-generation-config")
@@ -143,6 +146,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.jit = _float(env, "LANED_SIM_JIT", 0.0)
     settings.shutdown = _float(env, "LANED_SIM_SHUTDOWN", 0.0)
     settings.cache_root = env.get("VLLM_CACHE_ROOT") or None
+    settings.legacy_metrics = env.get("LANED_SIM_LEGACY_METRICS", "") not in ("", "0")
     fail = env.get("LANED_SIM_FAIL_AT_START")
     if fail:
         settings.fail_at_start = _int(fail, "LANED_SIM_FAIL_AT_START")

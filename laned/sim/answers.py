@@ -224,3 +224,33 @@ def compose_text(question: str, context: str, thinking: bool, model: str) -> Ans
         content=f"This is {model}, served by laned's simulated engine. Your question was received.",
         reasoning="A short, direct answer is enough here.",
     )
+
+
+def pieces(
+    answer: Answer,
+    thinking: bool,
+    reasoning_parser: str | None,
+    limit: int,
+    ignore_eos: bool,
+    runs_on: bool = False,
+) -> list[tuple[str, str]]:
+    """The tokens to emit, tagged `reasoning`, `content` or `tool`; one past `limit` when cut."""
+    out: list[tuple[str, str]] = []
+    if thinking and answer.reasoning:
+        if reasoning_parser:
+            out += [("reasoning", t) for t in split_output(answer.reasoning)]
+        else:  # no parser: the thinking stays inline, as vLLM leaves it
+            out += [("content", t) for t in split_output(f"<think>{answer.reasoning}</think> ")]
+    for call in answer.tool_calls:
+        out += [("tool", t) for t in split_output(call["function"]["arguments"])]
+    out += [("content", t) for t in split_output(answer.content)]
+    if runs_on and not answer.long:
+        # The id the model ends its turn with is no stop id here (a --generation-config
+        # DIR without the model's eos_token_id list): the turn marker comes out as text
+        # and the model writes the next turn itself, until max_tokens (vLLM #45591).
+        out.append(("content", "<|user|>"))
+    if answer.long or ignore_eos or runs_on:
+        filler = split_output(FILLER)
+        while len(out) <= limit:
+            out += [("content", t) for t in filler[: limit + 1 - len(out)]]
+    return out

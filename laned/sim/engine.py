@@ -49,7 +49,10 @@ class Engine:
         self.settings = settings
         self.on_exit = on_exit
         self.metrics = Metrics(
-            settings.name, settings.num_spec_tokens > 0, settings.num_spec_tokens
+            settings.name,
+            settings.num_spec_tokens > 0,
+            settings.num_spec_tokens,
+            legacy=settings.legacy_metrics,
         )
         self.dead = False
         self.stalled = False
@@ -259,7 +262,10 @@ class Engine:
             answer.long = False
             answer.content = " ".join([answer.content.strip()] * (LONG_ANSWER_TOKENS // 40))
         runs_on = chat and not s.generation.turn_stops
-        pieces = self._pieces(answer, thinking, limit, bool(body.get("ignore_eos")), runs_on)
+        parser = s.reasoning_parser
+        pieces = answers.pieces(
+            answer, thinking, parser, limit, bool(body.get("ignore_eos")), runs_on
+        )
         job = Job(
             prompt_text, prompt_tokens, pieces[:limit], answer.tool_calls, len(pieces) > limit
         )
@@ -273,39 +279,6 @@ class Engine:
                 ),
             )
         return await responses.collect(self._run(job), job, chat, self.settings.name)
-
-    def _pieces(
-        self,
-        answer: answers.Answer,
-        thinking: bool,
-        limit: int,
-        ignore_eos: bool,
-        runs_on: bool = False,
-    ) -> list[tuple[str, str]]:
-        """The tokens to emit, tagged `reasoning`, `content` or `tool`; one past `limit` when cut."""
-        s = self.settings
-        pieces: list[tuple[str, str]] = []
-        if thinking and answer.reasoning:
-            if s.reasoning_parser:
-                pieces += [("reasoning", t) for t in answers.split_output(answer.reasoning)]
-            else:  # no parser: the thinking stays inline, as vLLM leaves it
-                pieces += [
-                    ("content", t)
-                    for t in answers.split_output(f"<think>{answer.reasoning}</think> ")
-                ]
-        for call in answer.tool_calls:
-            pieces += [("tool", t) for t in answers.split_output(call["function"]["arguments"])]
-        pieces += [("content", t) for t in answers.split_output(answer.content)]
-        if runs_on and not answer.long:
-            # The id the model ends its turn with is no stop id here (a --generation-config
-            # DIR without the model's eos_token_id list): the turn marker comes out as text
-            # and the model writes the next turn itself, until max_tokens (vLLM #45591).
-            pieces.append(("content", "<|user|>"))
-        if answer.long or ignore_eos or runs_on:
-            filler = answers.split_output(answers.FILLER)
-            while len(pieces) <= limit:
-                pieces += [("content", t) for t in filler[: limit + 1 - len(pieces)]]
-        return pieces
 
     async def _admit(self) -> float:
         """Wait for a running slot (max_num_seqs); return the time spent waiting."""
@@ -347,21 +320,34 @@ class Engine:
             await asyncio.sleep(3600)
 
     async def _run(self, job: Job) -> AsyncGenerator[tuple[str, str], None]:
-        """Admit, prefill, then yield the pieces at the decode rate; account everything."""
+        """Admit, prefill in chunks, then yield the pieces at the decode rate, counting as
+        vLLM counts (vllm/v1/metrics/stats.py): a generated token at its step, the prompt's
+        tokens only when its prefill ends, and every engine step in iteration_tokens_total
+        (a prefill-only chunk as 0). So during a long prefill the token counters stay flat
+        while the step count and the KV-cache usage grow."""
         s, m = self.settings, self.metrics
         prompt_tokens, pieces = job.prompt_tokens, job.pieces
         arrived = time.monotonic()
         queue_time = await self._admit()
-        emitted, reason = 0, "abort"
-        self.kv_tokens += prompt_tokens
-        self._update_kv()
+        emitted, reason, held = 0, "abort", 0
+        prefill_start = decode_start = arrived
         try:
-            hits = self._cache_lookup(job.prompt_text)
+            hits = min(self._cache_lookup(job.prompt_text), prompt_tokens)
             m.add("prefix_cache_queries", prompt_tokens)
             m.add("prefix_cache_hits", hits)
             prefill_start = time.monotonic()
-            await self._hold_if_stalled()
-            await asyncio.sleep(max(prompt_tokens - hits, 0) / s.prefill_tps)
+            held = self._hold_kv(hits)  # cached blocks are the request's at once
+            todo = prompt_tokens - hits
+            while todo > 0:  # chunked prefill: one engine step per --max-num-batched-tokens
+                await self._hold_if_stalled()
+                if self.dead:
+                    raise EngineDead
+                chunk = min(todo, s.max_num_batched_tokens)
+                await asyncio.sleep(chunk / s.prefill_tps)
+                todo -= chunk
+                held += self._hold_kv(chunk)
+                if todo > 0:
+                    m.observe("iteration_tokens_total", 0)  # no output yet: no token counted
             decode_start = time.monotonic()
             last = decode_start
             for index, piece in enumerate(pieces):
@@ -372,23 +358,23 @@ class Engine:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 now = time.monotonic()
-                if index == 0:
+                if index == 0:  # the step that ends the prefill samples the first token
+                    m.add("prompt_tokens", prompt_tokens)
+                    m.observe("iteration_tokens_total", prompt_tokens + 1)
                     m.observe("time_to_first_token_seconds", now - arrived)
                 else:
+                    m.observe("iteration_tokens_total", 1)
                     m.observe("inter_token_latency_seconds", now - last)
+                m.add("generation_tokens", 1)
                 last = now
                 emitted += 1
-                self.kv_tokens += 1
-                self._update_kv()
+                held += self._hold_kv(1)
                 yield piece
             reason = "length" if job.truncated else "stop"
         finally:
             end = time.monotonic()
-            self.kv_tokens -= prompt_tokens + emitted
-            self._update_kv()
+            self._hold_kv(-held)
             await self._release()
-            m.add("prompt_tokens", prompt_tokens)
-            m.add("generation_tokens", emitted)
             m.finished[reason if reason in m.finished else "abort"] += 1
             m.observe("e2e_request_latency_seconds", end - arrived)
             m.observe("request_queue_time_seconds", queue_time)
@@ -398,6 +384,12 @@ class Engine:
                 m.observe("request_prefill_time_seconds", decode_start - prefill_start)
                 m.observe("request_decode_time_seconds", end - decode_start)
             self._account_spec(emitted)
+
+    def _hold_kv(self, tokens: int) -> int:
+        """Take (or give back, negative) KV-cache room for `tokens`; returns `tokens`."""
+        self.kv_tokens += tokens
+        self.metrics.kv_usage = min(max(self.kv_tokens, 0) / self.settings.kv_capacity, 1.0)
+        return tokens
 
     def _account_spec(self, emitted: int) -> None:
         k = self.settings.num_spec_tokens
@@ -411,6 +403,3 @@ class Engine:
         m.add("spec_decode_num_accepted_tokens", drafts * accepted)
         for pos in range(accepted):
             m.accepted_per_pos[pos] += drafts
-
-    def _update_kv(self) -> None:
-        self.metrics.kv_usage = min(max(self.kv_tokens, 0) / self.settings.kv_capacity, 1.0)

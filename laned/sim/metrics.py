@@ -88,6 +88,7 @@ class Metrics:
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
+    legacy: bool = False  # also vllm:gpu_cache_usage_perc, as vLLM 0.9 and 0.10 export it
     counters: dict[str, float] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
     accepted_per_pos: list[int] = field(default_factory=list)
@@ -130,6 +131,12 @@ class Metrics:
         "request_decode_time_seconds": (
             "Histogram of time spent in DECODE phase for request.",
             LATENCY_BUCKETS,
+        ),
+        # Observed every engine step, prefill-only chunks too (with 0: their prompt tokens are
+        # counted when the prefill ends) — vllm/v1/metrics/loggers.py.
+        "iteration_tokens_total": (
+            "Histogram of number of tokens per engine_step.",
+            (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
         ),
         "request_prompt_tokens": ("Number of prefill tokens processed.", TOKEN_BUCKETS),
         "request_generation_tokens": ("Number of generation tokens processed.", TOKEN_BUCKETS),
@@ -184,6 +191,14 @@ class Metrics:
             "KV-cache usage. 1 means 100 percent usage.",
             [("kv_cache_usage_perc", base, self.kv_usage)],
         )
+        if self.legacy:
+            family(
+                "gpu_cache_usage_perc",
+                "gauge",
+                "GPU KV-cache usage. 1 means 100 percent usage."
+                "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+                [("gpu_cache_usage_perc", base, self.kv_usage)],
+            )
         counters = dict(self.COUNTERS)
         if self.spec_decode:
             counters.update(self.SPEC_COUNTERS)

@@ -19,6 +19,10 @@ class Settings:
     api_key: str | None = None
     max_model_len: int = 32768
     max_num_seqs: int = 256
+    # vLLM's default for its API server on GPUs of 70 GiB or more (vllm/engine/arg_utils.py):
+    # a prefill runs as chunks of this many tokens, one engine step each.
+    max_num_batched_tokens: int = 8192
+    legacy_metrics: bool = False  # also export vllm:gpu_cache_usage_perc (vLLM 0.9, 0.10)
     generation_config: str = "auto"  # --generation-config: auto, vllm or a directory
     override_generation_config: dict[str, Any] = field(default_factory=dict)
     generation: Effective = field(default_factory=Effective)  # what the two amount to

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -115,13 +116,16 @@ def test_metrics_parse_and_promtool_accepts_them(start_sim: Any, tmp_path: Path)
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True
     )
     # promtool parses the exposition (exit 1 when it cannot) and then lints it (exit 3).
-    # vLLM's own names carry the `vllm:` prefix, which the linter flags on real vLLM too;
-    # that is the only finding allowed.
+    # vLLM's own names carry the `vllm:` prefix, and its histogram of tokens per engine step
+    # is named vllm:iteration_tokens_total (vllm/v1/metrics/loggers.py): the linter flags
+    # both on real vLLM too, and they are the only findings allowed.
     findings = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert result.returncode in (0, 3), findings
-    assert findings and all(f.endswith("metric names should not contain ':'") for f in findings), (
-        findings
+    allowed = (
+        "metric names should not contain ':'",
+        'vllm:iteration_tokens_total non-counter metrics should not have "_total" suffix',
     )
+    assert findings and all(f.endswith(allowed) for f in findings), findings
 
 
 def test_tokens_counted_equal_tokens_returned(start_sim: Any) -> None:
@@ -239,6 +243,43 @@ def test_decode_is_paced_at_the_configured_rate(start_sim: Any) -> None:
         elapsed = time.monotonic() - started
     assert body["usage"]["completion_tokens"] == 50
     assert elapsed >= 49 / 100
+
+
+def test_a_long_prefill_counts_as_vllm_does(start_sim: Any) -> None:
+    """Prompt tokens are counted when the prefill ends; meanwhile every chunk is an engine
+    step (vllm:iteration_tokens_total) and the KV cache fills (vllm/v1/metrics/stats.py)."""
+    sim = start_sim("--max-num-batched-tokens", "256", LANED_SIM_PREFILL_TPS="2000")
+    prompt = "The river bends slowly around the old mill. " * 400  # ~3,600 tokens, ~1.8 s
+    with sim.client() as client, ThreadPoolExecutor(1) as pool:
+        before = metric(client, "vllm:iteration_tokens_total_count")
+        reply = pool.submit(
+            client.post,
+            "/v1/completions",
+            json={"prompt": prompt, "max_tokens": 4},
+        )
+        steps, kv, prompt_counted = [], [], []
+        deadline = time.monotonic() + 10
+        while not reply.done() and time.monotonic() < deadline:
+            steps.append(metric(client, "vllm:iteration_tokens_total_count"))
+            kv.append(metric(client, "vllm:kv_cache_usage_perc"))
+            prompt_counted.append(metric(client, "vllm:prompt_tokens_total"))
+            time.sleep(0.1)
+        usage = reply.result().json()["usage"]
+        assert len(steps) > 5, "the prefill should have lasted a while"
+        mid = len(steps) // 2
+        assert prompt_counted[mid] == 0, "prompt tokens are counted only when the prefill ends"
+        assert steps[mid] > before and steps[-1] > steps[mid], "chunks are engine steps"
+        assert kv[mid] > 0 and kv[-1] >= kv[mid], "the KV cache fills chunk by chunk"
+        assert metric(client, "vllm:prompt_tokens_total") == usage["prompt_tokens"]
+        assert metric(client, "vllm:generation_tokens_total") == usage["completion_tokens"]
+
+
+def test_older_vllm_exports_both_kv_usage_gauges(start_sim: Any) -> None:
+    sim = start_sim(LANED_SIM_LEGACY_METRICS="1")
+    with sim.client() as client:
+        assert metric(client, "vllm:gpu_cache_usage_perc") == metric(
+            client, "vllm:kv_cache_usage_perc"
+        )
 
 
 def test_a_generation_config_directory_behaves_as_vllms(start_sim: Any, tmp_path: Path) -> None:

@@ -126,3 +126,44 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
     assert loaded.to_json() == saved.to_json()
     (tmp_path / "state.json").write_text("{not json")
     assert state.load(str(tmp_path)).desired == {}
+
+
+def test_kv_usage_is_never_added_across_its_two_names_or_its_engines() -> None:
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5\n'
+        'vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.5\n'
+    )
+    assert parse_engine_metrics(text).kv_cache_usage == 0.5
+    older = 'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.3\n'
+    assert parse_engine_metrics(older).kv_cache_usage == 0.3
+
+
+def test_engine_steps_are_read_from_the_iteration_histogram() -> None:
+    text = (
+        "# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.\n"
+        "# TYPE vllm:iteration_tokens_total histogram\n"
+        'vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="m"} 3.0\n'
+        'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="m"} 7.0\n'
+        'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 7.0\n'
+        'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 90.0\n'
+    )
+    assert parse_engine_metrics(text).steps == 7
+
+
+def test_a_long_prefill_is_no_stall_and_a_frozen_engine_is() -> None:
+    detector = StallDetector(after=10)
+    # A prefill: one request running, both token counters flat for a minute, but every
+    # chunk is an engine step and takes KV-cache blocks.
+    for second in range(60):
+        sample = EngineSample(1, 0, 500, 8000, kv_cache_usage=0.01 * second, steps=second)
+        assert not detector.observe(sample, float(second))
+    # Without the step count (a vLLM that does not export it), the KV cache still grows.
+    for second in range(60, 120):
+        sample = EngineSample(1, 0, 500, 8000, kv_cache_usage=0.01 * second, steps=0)
+        assert not detector.observe(sample, float(second))
+    frozen = EngineSample(1, 0, 500, 8000, kv_cache_usage=0.5, steps=60)
+    assert not detector.observe(frozen, 120.0)
+    assert not detector.observe(frozen, 129.0)
+    assert detector.observe(frozen, 130.0)

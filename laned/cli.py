@@ -210,7 +210,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         unit = view["unit"]
         match = [f"_SYSTEMD_USER_UNIT={unit}", "+", f"_SYSTEMD_UNIT={unit}"]
         os.execvp(
-            "journalctl", ["journalctl", "--follow", "--lines=0", "--output=short-iso", *match]
+            "journalctl",
+            ["journalctl", "--follow", "--lines=0", "--output=short-iso", "--all", *match],
         )
     return EXIT_OK
 

@@ -68,9 +68,11 @@ def table(lanes: list[dict[str, Any]]) -> str:
     for lane in lanes:
         state = lane["state"]
         if lane.get("phase"):
+            notes = ((lane.get("startup") or {}).get("notes")) or []
             state += (
                 f" ({lane['phase']}"
                 + (f" {lane['progress']:.0f}%" if lane.get("progress") is not None else "")
+                + "".join(f"; {note}" for note in notes)
                 + ")"
             )
         rows.append((lane["name"], state, lane["desired"], str(lane["port"]), lane["served_model_name"],
@@ -161,7 +163,8 @@ def follow_start(client: Client, lane: str, timeout: float | None) -> dict[str, 
             if view.get("last_cold_start")
             else ""
         )
-        line = f"{lane}: {phase}{percent}, {elapsed:.0f}s{expected}"
+        notes = "".join(f" [{note}]" for note in startup.get("notes") or [])
+        line = f"{lane}: {phase}{percent}{notes}, {elapsed:.0f}s{expected}"
         if tty:
             sys.stderr.write("\r\x1b[K" + line)
         elif line.split(",")[0] != last_line.split(",")[0]:

@@ -20,9 +20,12 @@ def _match(unit: str) -> list[str]:
 
 async def follow(
     units: Iterable[str], since: float | None = None
-) -> AsyncIterator[tuple[str, str]]:
-    """Yield (unit, message) for log lines of any of `units` from `since` (epoch seconds;
-    default: from now), until cancelled.
+) -> AsyncIterator[tuple[str, str, float]]:
+    """Yield (unit, message, when journald received it) for log lines of any of `units` from
+    `since` (epoch seconds; default: from now), until cancelled.
+
+    A message with a control character — tqdm's `\r` redraws — comes as a list of bytes
+    in journalctl's JSON (and as "[blob data]" in its text output without --all).
 
     One journalctl process serves every lane for the supervisor's whole life. Starting
     from a time, not from "the end", keeps the lines an engine writes while journalctl is
@@ -36,8 +39,10 @@ async def follow(
     for unit in names:
         matches += [*(["+"] if matches else []), *_match(unit)]
     process = await proc.start(
+        # --all: without it journalctl's JSON gives a field over 4096 bytes as null, and a
+        # closed tqdm bar (DeepGEMM's warmup redraws thousands of times) is far longer.
         [journalctl, "--follow", f"--since=@{time.time() if since is None else since:.6f}",
-         "--output=json", "--no-pager", *matches],
+         "--output=json", "--all", "--no-pager", *matches],
         limit=1024 * 1024,
     )  # fmt: skip
     async for raw in proc.lines(process):
@@ -47,9 +52,13 @@ async def follow(
             continue
         unit = record.get("_SYSTEMD_USER_UNIT") or record.get("_SYSTEMD_UNIT") or ""
         message = record.get("MESSAGE", "")
-        if isinstance(message, list):  # journald's form for non-UTF-8 text
+        if isinstance(message, list):  # journald's form for unprintable or non-UTF-8 text
             message = bytes(message).decode("utf-8", errors="replace")
-        yield str(unit), str(message)
+        try:
+            at = int(record["__REALTIME_TIMESTAMP"]) / 1e6
+        except (KeyError, ValueError, TypeError):
+            at = time.time()
+        yield str(unit), str(message), at
 
 
 async def tail(unit: str, lines: int) -> list[str]:

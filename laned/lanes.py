@@ -74,6 +74,7 @@ class EventKind(str, Enum):
     GATE = "gate"
     PREPARE = "prepare"
     CHECK = "check"
+    STARTUP = "startup"  # what the engine said of its start: a compile cache hit, a skipped step
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class LaneStatus:
     last_cold_start: float | None = None  # seconds, of the last start that became ready
     started_at: float | None = None  # when the current start began (clock time)
     phases: list[tuple[str, float]] = field(default_factory=list)  # this start: (phase, since)
+    notes: list[str] = field(default_factory=list)  # this start: "compile cache hit (...)"
     last_phases: dict[str, float] = field(default_factory=dict)  # last good start: phase -> s
     image_id: str | None = None  # container lanes: the image of the last good start
     checks: dict[str, Any] | None = None  # the last acceptance run (see laned.acceptance)
@@ -164,6 +166,7 @@ class LaneStatus:
                 {"phase": name, "seconds": seconds}
                 for name, seconds in phase_durations(self.phases, now)
             ],
+            "notes": list(self.notes),
         }
 
 

@@ -239,9 +239,11 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
         yield Finding(
             "ready-timeout",
             Severity.WARNING,
-            f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S is unset: vLLM gives up on its engine after "
-            f"{VLLM_READY_TIMEOUT_DEFAULT} s, shorter than start_timeout ({spec.start_timeout:g} s)",
-            f'set {base}.env.VLLM_ENGINE_READY_TIMEOUT_S = "{spec.start_timeout:.0f}" (seed 001 sets 3600)',
+            f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S is unset: older vLLM (0.16 and earlier at least) and any vLLM with "
+            f"--api-server-count > 1, gives up on an engine not ready within "
+            f"{VLLM_READY_TIMEOUT_DEFAULT} s, shorter than start_timeout ({spec.start_timeout:g} s); "
+            "a current single API server does not enforce it (vLLM #48031)",
+            f'set {base}.env.VLLM_ENGINE_READY_TIMEOUT_S = "{spec.start_timeout:.0f}" (seed 001 sets 3600): harmless where it is not enforced',
         )
     elif ready is not None:
         try:
@@ -253,7 +255,8 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
                 "ready-timeout",
                 Severity.WARNING,
                 f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S = {ready.value!r} is shorter than "
-                f"start_timeout ({spec.start_timeout:g} s): vLLM would kill a long cold start",
+                f"start_timeout ({spec.start_timeout:g} s): a vLLM that enforces it (0.16 and earlier at least, or "
+                "several API servers) would end a long cold start (vLLM #48031)",
                 f'set it to at least "{spec.start_timeout:.0f}"',
             )
     graceful = GRACEFUL_STOP_MIN

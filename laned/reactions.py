@@ -29,7 +29,7 @@ from laned.metrics import Recorder
 from laned.model import GATES, Config, LaneConfig
 from laned.names import exit_record_path, unit_name
 from laned.operations import Operation, Operations
-from laned.phases import ALMOST_READY
+from laned.phases import ALMOST_READY, Seen, add_mark
 from laned.policy import ExitAction, OpKind, RestartKind
 from laned.probes import Probe
 from laned.systemd import Systemd
@@ -296,15 +296,21 @@ class Reactions:
         """Startup phases of starting lanes, from their engines' log lines (one journalctl)."""
         await watchers.follow_phases(lambda: self.units, self._phase_seen)
 
-    def _phase_seen(self, unit: str, phase: str, progress: float | None) -> None:
+    def _phase_seen(self, unit: str, seen: Seen, at: float) -> None:
         lane = self.units.get(unit)
         status = self.statuses.get(lane) if lane else None
         if lane is None or status is None or status.state is not LaneState.STARTING:
             return
-        status.phase, status.progress = phase, progress
-        if not status.phases or status.phases[-1][0] != phase:
-            status.phases.append((phase, self.clock()))
-        if phase in ALMOST_READY:
+        if seen.note and seen.note not in status.notes:
+            status.notes.append(seen.note)
+            self.ledger.note(lane, EventKind.STARTUP, seen.note)
+        if seen.phase is None:
+            return
+        status.phase, status.progress = seen.phase, seen.progress
+        # A bar reaches the journal when it closes: it began its elapsed time before.
+        since = at - (seen.elapsed or 0.0)
+        status.phases = add_mark(status.phases, seen.phase, max(since, status.started_at or 0))
+        if seen.phase in ALMOST_READY:
             self._pokes.setdefault(lane, asyncio.Event()).set()
 
     # --- acceptance checks -------------------------------------------------------------------------
@@ -383,6 +389,7 @@ class Reactions:
         self._started_at[lane] = now
         self.statuses[lane].started_at = now
         self.statuses[lane].phases = []
+        self.statuses[lane].notes = []
         self._check_degraded.discard(lane)
 
     def _cancel_restart(self, lane: str) -> None:
@@ -401,20 +408,6 @@ class Reactions:
         if not task.cancelled() and task.exception() is not None:
             log.error("supervisor task failed: %r", task.exception())
 
-    def _fail_start(self, lane: str, reason: str) -> None:
-        self.ledger.transition(lane, LaneState.FAILED, reason)
-        self.ledger.fail_waiters(lane, reason)
-
-    async def _give_up(self, lane: str, run: int, reason: str) -> None:
-        """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
-        self._stopping.add(lane)
-        try:
-            await self.systemd.stop_unit(unit_name(lane, self.config.lanes[lane]))
-        finally:
-            self._stopping.discard(lane)
-        if self._runs.get(lane) == run:  # not if a newer start owns the lane by now
-            self._fail_start(lane, reason)
-
     # --- what the subclass (the requests' side) provides ---------------------------------------
 
     def _restart(self, lane: str, reason: str, kind: RestartKind) -> None:
@@ -423,4 +416,8 @@ class Reactions:
 
     def _restart_after_failure(self, lane: str) -> None:
         """Start the lane again once its backoff is over (see Supervisor)."""
+        raise NotImplementedError
+
+    async def _give_up(self, lane: str, run: int, reason: str) -> None:
+        """Stop the lane and leave it failed (see Supervisor)."""
         raise NotImplementedError

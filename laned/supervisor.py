@@ -396,3 +396,17 @@ class Supervisor(Reactions):
             self._stopping.discard(lane)
         if status.state is LaneState.STOPPING:
             self.ledger.transition(lane, LaneState.INACTIVE, reason)
+
+    def _fail_start(self, lane: str, reason: str) -> None:
+        self.ledger.transition(lane, LaneState.FAILED, reason)
+        self.ledger.fail_waiters(lane, reason)
+
+    async def _give_up(self, lane: str, run: int, reason: str) -> None:
+        """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
+        self._stopping.add(lane)
+        try:
+            await self.systemd.stop_unit(unit_name(lane, self.config.lanes[lane]))
+        finally:
+            self._stopping.discard(lane)
+        if self._runs.get(lane) == run:  # not if a newer start owns the lane by now
+            self._fail_start(lane, reason)

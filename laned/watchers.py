@@ -17,7 +17,7 @@ from laned import journal
 from laned.host import meminfo
 from laned.liveness import EngineSample, MemoryFloor, StallDetector
 from laned.model import LaneConfig
-from laned.phases import parse_phase
+from laned.phases import Seen, read_line
 from laned.probes import Probe, read_api_key
 
 
@@ -132,10 +132,11 @@ async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None
 
 
 async def follow_phases(
-    units: Callable[[], Mapping[str, str]], report: Callable[[str, str, float | None], None]
+    units: Callable[[], Mapping[str, str]], report: Callable[[str, Seen, float], None]
 ) -> None:
-    """Report (unit, phase, percent) for every startup-phase line of the lane units' logs."""
-    async for unit, line in journal.follow(units()):
-        found = parse_phase(line)
-        if found is not None:
-            report(unit, *found)
+    """Report (unit, what it says, when it was logged) for every startup line of the lane
+    units' logs."""
+    async for unit, line, at in journal.follow(units()):
+        seen = read_line(line)
+        if seen is not None:
+            report(unit, seen, at)

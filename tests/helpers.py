@@ -63,6 +63,7 @@ def journal(unit: str, lines: int = 200) -> str:
             "--no-pager",
             "-o",
             "short-precise",
+            "--all",  # lines with tqdm's \r redraws in full, not "[blob data]"
             "-n",
             str(lines),
             f"_SYSTEMD_UNIT={unit}",

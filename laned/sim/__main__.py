@@ -18,14 +18,15 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from laned.errors import EngineError
-from laned.sim import generation
-from laned.sim.engine import VERSION, Engine, log
-from laned.sim.http import Server
+from laned.sim import generation, startup
+from laned.sim.engine import VERSION, Engine
+from laned.sim.http import Server, bind_socket
 from laned.sim.settings import Settings
+from laned.sim.startup import log
 
 # vLLM flags that take no value: anything else unknown that is followed by a word takes it.
 _SWITCHES = {
@@ -118,6 +119,13 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         "--reasoning-parser": lambda v: setattr(settings, "reasoning_parser", v or None),
         "--enable-auto-tool-choice": lambda v: setattr(settings, "auto_tool_choice", True),
         "--enforce-eager": lambda v: setattr(settings, "enforce_eager", True),
+        "--load-format": lambda v: setattr(settings, "load_format", v),
+        "--shutdown-timeout": lambda v: setattr(
+            settings, "shutdown_timeout", float(_int(v, "--shutdown-timeout"))
+        ),
+        "--no-enable-flashinfer-autotune": lambda v: setattr(
+            settings, "flashinfer_autotune", False
+        ),
         "--speculative-config": lambda v: setattr(
             settings,
             "num_spec_tokens",
@@ -147,116 +155,15 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.shutdown = _float(env, "LANED_SIM_SHUTDOWN", 0.0)
     settings.cache_root = env.get("VLLM_CACHE_ROOT") or None
     settings.legacy_metrics = env.get("LANED_SIM_LEGACY_METRICS", "") not in ("", "0")
+    settings.old_api_line = env.get("LANED_SIM_OLD_API_LINE", "") not in ("", "0")
+    settings.keep_alive_on_engine_death = env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "") not in (
+        "",
+        "0",
+    )
     fail = env.get("LANED_SIM_FAIL_AT_START")
     if fail:
         settings.fail_at_start = _int(fail, "LANED_SIM_FAIL_AT_START")
     return settings
-
-
-def _bar(done: int, total: int) -> str:
-    filled = done * 10 // max(total, 1)
-    return "█" * filled + " " * (10 - filled)
-
-
-async def _compile_kernels(s: Settings, pause: Callable[[float], Awaitable[bool]]) -> bool:
-    """FlashInfer autotune and DeepGEMM JIT, or their results from the cache of an earlier start."""
-    if s.jit <= 0:
-        return True
-    marker = os.path.join(s.cache_root, "laned-sim-kernels.json") if s.cache_root else None
-    if marker and os.path.exists(marker):
-        log(
-            "INFO",
-            "autotuner.py:1",
-            f"FlashInfer autotune: loaded cached results from {s.cache_root}",
-        )
-        log("INFO", "deep_gemm.py:1", "DeepGEMM JIT: all kernels found in the cache")
-        return True
-    steps = 8
-    for i in range(steps + 1):
-        log("INFO", "autotuner.py:1", f"FlashInfer autotune: tuning kernels {i}/{steps}")
-        if i < steps and not await pause(s.jit * 0.6 / steps):
-            return False
-    for i in range(5):
-        log("INFO", "deep_gemm.py:1", f"DeepGEMM JIT: compiling kernels {i}/4")
-        if i < 4 and not await pause(s.jit * 0.1):
-            return False
-    if marker:
-        os.makedirs(os.path.dirname(marker), exist_ok=True)
-        with open(marker, "w", encoding="utf-8") as handle:
-            json.dump({"model": s.model, "tuned": steps}, handle)
-    return True
-
-
-async def _startup(s: Settings, stop: asyncio.Event) -> bool:
-    """Log vLLM's startup phases over LANED_SIM_STARTUP seconds; False when told to stop."""
-
-    async def pause(seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=max(seconds, 0))
-            return False
-        except asyncio.TimeoutError:
-            return True
-
-    shards = 8
-    weights_time = s.startup * 0.5
-    log("INFO", "model_runner.py:1", f"Starting to load model {s.model}...")
-    for i in range(shards + 1):
-        pct = i * 100 // shards
-        print(
-            f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {i}/{shards} [00:00<00:00]",
-            file=sys.stderr,
-            flush=True,
-        )
-        if i < shards and not await pause(weights_time / shards):
-            return False
-        if s.fail_at_start is not None and i == shards // 2:
-            log("ERROR", "core.py:700", "EngineCore failed to start.")
-            log(
-                "ERROR",
-                "core.py:700",
-                "RuntimeError: simulated startup failure (LANED_SIM_FAIL_AT_START)",
-            )
-            sys.stderr.flush()
-            os._exit(s.fail_at_start)
-    log("INFO", "default_loader.py:262", f"Loading weights took {weights_time:.2f} seconds")
-    log(
-        "INFO",
-        "gpu_model_runner.py:1",
-        f"Model loading took 42.17 GiB and {weights_time:.2f} seconds",
-    )
-    if not await pause(s.startup * 0.2):
-        return False
-    if not await _compile_kernels(s, pause):
-        return False
-    kv_gib = s.kv_capacity * 2 / 1024**2
-    log("INFO", "gpu_worker.py:276", f"Available KV cache memory: {kv_gib:.2f} GiB")
-    log("INFO", "kv_cache_utils.py:1", f"GPU KV cache size: {s.kv_capacity:,} tokens")
-    log(
-        "INFO",
-        "kv_cache_utils.py:1",
-        f"Maximum concurrency for {s.max_model_len:,} tokens per request: {s.kv_capacity / s.max_model_len:.2f}x",
-    )
-    if s.enforce_eager:
-        if not await pause(s.startup * 0.3):
-            return False
-    else:
-        graphs = 10
-        for i in range(graphs + 1):
-            print(
-                f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {i * 100 // graphs:3d}%|{_bar(i, graphs)}| "
-                f"{i}/{graphs} [00:00<00:00]",
-                file=sys.stderr,
-                flush=True,
-            )
-            if i < graphs and not await pause(s.startup * 0.3 / graphs):
-                return False
-        log(
-            "INFO",
-            "gpu_model_runner.py:1",
-            f"Graph capturing finished in {s.startup * 0.3:.0f} secs",
-        )
-    log("INFO", "api_server.py:1", f"Starting vLLM API server 0 on http://{s.host}:{s.port}")
-    return True
 
 
 async def serve(settings: Settings) -> int:
@@ -285,9 +192,19 @@ async def serve(settings: Settings) -> int:
             f"Using default chat sampling params from {settings.generation.source}: "
             f"{settings.generation.defaults}",
         )
-    if not await _startup(settings, stop):
+    # vLLM binds its socket before the engine starts and listens only once it is up
+    # (create_server_socket in vllm/entrypoints/openai/api_server.py): a port taken by a
+    # listener without SO_REUSEPORT fails at once, not after a 20-minute cold start.
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        log("ERROR", "api_server.py:1", f"[Errno {exc.errno}] error while attempting to bind on address ('{settings.host}', {settings.port}): {exc.strerror}")  # fmt: skip
+        return 1
+    if not await startup.cold_start(settings, stop):
         log("INFO", "launcher.py:1", "Shutting down during startup.")
+        sock.close()
         return 0
+    startup.api_server_lines(settings)
 
     def exit_now(code: int) -> None:
         log("INFO", "launcher.py:1", "Shutting down FastAPI HTTP server.")
@@ -296,21 +213,19 @@ async def serve(settings: Settings) -> int:
 
     engine = Engine(settings, exit_now)
     server = Server(engine.handle)
-    try:
-        await server.start(settings.host, settings.port)
-    except OSError as exc:
-        log(
-            "ERROR",
-            "api_server.py:1",
-            f"[Errno {exc.errno}] error while attempting to bind on address "
-            f"('{settings.host}', {settings.port}): {exc.strerror}",
-        )
-        return 1
+    await server.start(sock)
     print(f"INFO:     Started server process [{pid}]", file=sys.stderr, flush=True)
     print("INFO:     Waiting for application startup.", file=sys.stderr, flush=True)
     print("INFO:     Application startup complete.", file=sys.stderr, flush=True)
     await stop.wait()
     print("INFO:     Shutting down", file=sys.stderr, flush=True)
+    if settings.shutdown_timeout > 0:
+        # --shutdown-timeout: new connections are refused, requests in flight may finish for
+        # up to that long; the default (0) aborts them at once.
+        server.stop_listening()
+        deadline = loop.time() + settings.shutdown_timeout
+        while engine.metrics.running + engine.metrics.waiting > 0 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
     await server.close()
     if settings.shutdown > 0:
         # The port is closed; the engine itself takes a while to end (engine-core processes,

@@ -24,16 +24,12 @@ from laned.sim.http import Request, Response
 from laned.sim.metrics import Metrics
 from laned.sim.responses import EngineDead, Job, error
 from laned.sim.settings import Settings
+from laned.sim.startup import log
 
 VERSION = "0.11.0+laned.sim"
 BLOCK = 16  # tokens per KV block, for prefix-cache accounting
-LONG_ANSWER_TOKENS = 200  # length of a "write an essay" answer when the request sets no cap
-
-
-def log(level: str, where: str, message: str) -> None:
-    """Write one line the way vLLM's logger does: `INFO 12-02 10:00:00 [file.py:12] message`."""
-    stamp = time.strftime("%m-%d %H:%M:%S")
-    print(f"{level} {stamp} [{where}] {message}", file=sys.stderr, flush=True)
+LONG_ANSWER_TOKENS = 200
+WATCHDOG_SECONDS = 5.0  # VLLM_WATCHDOG_TIME_S in vllm/entrypoints/launcher.py (a constant)  # length of a "write an essay" answer when the request sets no cap
 
 
 def _hog_memory() -> None:
@@ -60,6 +56,7 @@ class Engine:
         self.kv_tokens = 0
         self.slot_free = asyncio.Condition()
         self.started = time.time()
+        self.serving_since = time.monotonic()  # the watchdog's clock starts with the server
 
     # --- routing ---------------------------------------------------------------------
 
@@ -173,7 +170,7 @@ class Engine:
             return Response(200, b'{"fault":"crash"}', after=crash)
         if kind == "engine-dead":
             self.dead = True
-            asyncio.get_running_loop().call_later(0.2, self._log_engine_death)
+            self._log_engine_death()
             return Response.json({"fault": "engine-dead"})
         if kind == "stall":
             self.stalled = True
@@ -195,18 +192,29 @@ class Engine:
             "async_llm.py:480",
             "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
         )
-        # vLLM's API server then shuts itself down and exits with status 0 (vLLM #48966).
-        asyncio.get_running_loop().call_later(2.0, lambda: self.on_exit(0))
+        # vLLM's API server then shuts itself down and exits with status 0 (vLLM #48966) at
+        # its watchdog's next look, every 5 s (watchdog_loop, vllm/entrypoints/launcher.py).
+        since = (time.monotonic() - self.serving_since) % WATCHDOG_SECONDS
+        asyncio.get_running_loop().call_later(WATCHDOG_SECONDS - since, self._terminate)
+
+    def _terminate(self) -> None:
+        """terminate_if_errored: exit 0 once the engine is dead, unless told to stay up."""
+        if self.dead and not self.settings.keep_alive_on_engine_death:
+            self.on_exit(0)
 
     # --- completions -----------------------------------------------------------------
 
     async def _completion(self, request: Request, chat: bool) -> Response:
         if self.dead:
-            return error(
+            # A request that meets the dead engine ends the server at once (its exception
+            # handler calls terminate_if_errored), after the answer.
+            failed = error(
                 "EngineCore encountered an issue. See stack trace for the root cause.",
                 500,
                 "EngineDeadError",
             )
+            failed.after = self._terminate
+            return failed
         try:
             body = request.json()
         except ValueError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -100,6 +101,21 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind without listening, with SO_REUSEADDR and SO_REUSEPORT, as vLLM's
+    create_server_socket does: connections are refused until the server listens."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class Server:
     """Serves one handler; tracks connections so that shutdown can close them."""
 
@@ -109,11 +125,14 @@ class Server:
         self.server: asyncio.base_events.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
 
-    async def start(self, host: str, port: int) -> None:
-        """Bind and listen (SO_REUSEPORT like vLLM's uvicorn socket)."""
-        self.server = await asyncio.start_server(
-            self._serve, host, port, reuse_address=True, reuse_port=True
-        )
+    async def start(self, sock: socket.socket) -> None:
+        """Listen on a socket bound earlier (bind_socket) and serve."""
+        self.server = await asyncio.start_server(self._serve, sock=sock)
+
+    def stop_listening(self) -> None:
+        """Refuse new connections; the open ones go on (a graceful shutdown's drain)."""
+        if self.server is not None:
+            self.server.close()
 
     async def close(self) -> None:
         """Stop listening and drop open connections."""

@@ -22,6 +22,12 @@ class Settings:
     # vLLM's default for its API server on GPUs of 70 GiB or more (vllm/engine/arg_utils.py):
     # a prefill runs as chunks of this many tokens, one engine step each.
     max_num_batched_tokens: int = 8192
+    load_format: str = "auto"  # fastsafetensors and runai_streamer print no shard bar
+    flashinfer_autotune: bool = True  # --no-enable-flashinfer-autotune: skipped, and said so
+    old_api_line: bool = (
+        False  # "Starting vLLM API server 0 on" (before 0.11) instead of "server on"
+    )
+    keep_alive_on_engine_death: bool = False  # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: no exit after death
     legacy_metrics: bool = False  # also export vllm:gpu_cache_usage_perc (vLLM 0.9, 0.10)
     generation_config: str = "auto"  # --generation-config: auto, vllm or a directory
     override_generation_config: dict[str, Any] = field(default_factory=dict)
@@ -36,6 +42,7 @@ class Settings:
     prefill_tps: float = 5000.0
     fail_at_start: int | None = None
     jit: float = 0.0  # seconds of kernel autotune/JIT at a cold start without a cache
+    shutdown_timeout: float = 0.0  # --shutdown-timeout: drain in-flight requests this long
     shutdown: float = 0.0  # seconds between closing the port and exiting, after SIGTERM
     cache_root: str | None = None  # VLLM_CACHE_ROOT: where the "compiled kernels" are kept
     unknown: list[str] = field(default_factory=list)

@@ -131,7 +131,9 @@ class Sim:
         return f"http://127.0.0.1:{self.port}"
 
     def log(self) -> str:
-        return self.log_path.read_text()
+        """The engine's output as written: tqdm's `\r` redraws kept (no newline translation)."""
+        with self.log_path.open(encoding="utf-8", newline="") as handle:
+            return handle.read()
 
     def wait_ready(self, timeout: float = 30) -> None:
         wait_until(

@@ -96,6 +96,10 @@ def test_container_lanes_swap_both_ways_reusing_their_compile_cache(
                 assert model["data"][0]["id"] == new
             second = sup.statuses["a"].last_cold_start
             assert second is not None and second < first - 1.5, (first, second)
+            # The engine said where its compile cache served it, and laned shows it.
+            said = notes(sup, "a", EventKind.STARTUP)
+            assert "compile cache hit (torch.compile)" in said, said
+            assert "compile cache hit (FlashInfer autotune)" in said, said
             cache = Path(config.daemon.cache_dir) / "lanes" / "a" / "vllm"
             assert (cache / "laned-sim-kernels.json").exists()
 
@@ -159,7 +163,7 @@ def test_a_stale_container_is_cleaned_and_the_lane_starts(
             state = await sup.host.podman.container(name)
             assert state is not None and state.status == "running"
             lines = await sup.host.podman.logs(name, 50)
-            assert any("Starting vLLM API server" in line for line in lines)
+            assert any("Starting vLLM server on" in line for line in lines)
             # Following: a request the engine logs shows up as a new line.
             follow = sup.host.podman.follow_logs(name)
 

@@ -335,6 +335,32 @@ def test_fault_engine_dead_is_503_then_500_then_exit_0(start_sim: Any) -> None:
     assert "EngineDeadError" in sim.log()
 
 
+def test_engine_death_ends_at_the_watchdogs_next_look_or_stays_when_told(start_sim: Any) -> None:
+    """vLLM's watchdog looks every 5 s (vllm/entrypoints/launcher.py): with no request failing,
+    the exit comes within 5 s; VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps the server up."""
+    sim = start_sim()
+    with sim.client() as client:
+        client.post("/sim/fault", json={"kind": "engine-dead"})
+    assert sim.wait_exit(timeout=10) == 0
+    kept = start_sim(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH="1")
+    with kept.client() as client:
+        client.post("/sim/fault", json={"kind": "engine-dead"})
+        client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]})
+        wait_until(lambda: "Engine core proc" in kept.log(), 5, "the death logged")
+        assert kept.process.poll() is None and client.get("/health").status_code == 503
+
+
+def test_a_taken_port_fails_at_once_not_after_the_cold_start(start_sim: Any) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        sim = start_sim("--port", str(port), ready=False, LANED_SIM_STARTUP="30")
+        assert sim.wait_exit(timeout=10) == 1
+    assert "Address already in use" in sim.log()
+    assert "Loading safetensors" not in sim.log()
+
+
 def test_fault_stall_keeps_health_but_freezes_work(start_sim: Any) -> None:
     sim = start_sim("--max-num-seqs", "2")
     with sim.client() as client:
@@ -412,3 +438,91 @@ def test_bad_arguments_are_refused_with_a_reason(start_sim: Any) -> None:
             env={"PATH": os.environ["PATH"], **env},
         )
         assert result.returncode == 2 and words in result.stderr, result.stderr
+
+
+# Startup lines that say nothing about a phase, and why they are allowed to.
+NOT_PHASES = (
+    "vLLM API server version",  # the banner
+    "non-default args",  # the arguments
+    "accepted vLLM flag",  # the simulator's own note on a flag it ignores
+    "Using default chat sampling params",  # the generation config (checked elsewhere)
+    "Maximum concurrency for",  # part of the memory profile, after its first line
+    "Route: ",  # the routes the API server lists after "Available routes are:"
+    "Started server process",  # uvicorn, between the API server's start and serving
+    "Waiting for application startup",  # uvicorn, likewise
+)
+
+
+def startup_lines(log: str) -> list[str]:
+    head = log.split("Application startup complete.")[0]
+    return [line for line in head.split("\n")[:-1] if line.strip()]  # the last: "INFO:     "
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        ((), {"LANED_SIM_JIT": "0.5"}),
+        (("--load-format", "fastsafetensors", "--no-enable-flashinfer-autotune"), {"LANED_SIM_JIT": "0.5", "LANED_SIM_OLD_API_LINE": "1"}),
+        (("--enforce-eager",), {}),
+    ],
+    ids=["cold", "no-shard-bar-no-autotune-old-api-line", "eager"],
+)  # fmt: skip
+def test_laneds_phase_table_knows_every_startup_line(
+    start_sim: Any, tmp_path: Path, args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    from laned.phases import last_segment, read_line
+
+    for round_ in ("first", "cached"):
+        sim = start_sim(*args, VLLM_CACHE_ROOT=str(tmp_path / "cache"), **env)
+        lines = startup_lines(sim.log())
+        unknown = [
+            line
+            for line in lines
+            if read_line(line) is None and not any(n in last_segment(line) for n in NOT_PHASES)
+        ]
+        assert unknown == [], f"{round_} start: lines laned's phase table does not know"
+        sim.process.terminate()
+        sim.wait_exit(timeout=10)
+
+
+def test_startup_prints_as_vllm_does(start_sim: Any, tmp_path: Path) -> None:
+    from laned.phases import read_line
+
+    cache = str(tmp_path / "cache")
+    cold = start_sim(VLLM_CACHE_ROOT=cache, LANED_SIM_JIT="0.5")
+    log = cold.log()
+    # tqdm redraws with \r and ends a bar with a newline; the shard bar ends each redraw with one.
+    graphs = next(line for line in log.split("\n") if "Capturing CUDA graphs" in line)
+    assert graphs.count("\r") > 5 and graphs.rstrip().endswith("it/s]")
+    assert read_line(graphs) is not None and read_line(graphs).progress == 100.0  # type: ignore[union-attr]
+    assert sum("DeepGemm(fp8_gemm_nt) warmup" in line for line in log.split("\n")) == 3
+    for text in ("Autotuning process starts", "Compiling a graph for", "init engine (profile, create kv cache, warmup model) took", "Supported tasks:", "Starting vLLM server on http://", "Available routes are:"):  # fmt: skip
+        assert text in log, text
+    cold.process.terminate()
+    cold.wait_exit(timeout=10)
+    warm = start_sim(VLLM_CACHE_ROOT=cache, LANED_SIM_JIT="0.5").log()
+    assert "Directly load the compiled graph(s) for compile range (1, 8192) from the cache" in warm
+    assert "Using FlashInfer autotune cache file" in warm and "Autotuning process" not in warm
+
+
+@pytest.mark.parametrize("drain", [True, False], ids=["shutdown-timeout", "default-aborts"])
+def test_shutdown_timeout_drains_requests_in_flight(start_sim: Any, drain: bool) -> None:
+    """--shutdown-timeout N: after SIGTERM new connections are refused and requests in flight
+    may finish for up to N s; without it they are cut at once."""
+    args = ("--shutdown-timeout", "10") if drain else ()
+    sim = start_sim(*args, LANED_SIM_DECODE_TPS="20")
+    with sim.client() as client, ThreadPoolExecutor(1) as pool:
+        running = pool.submit(
+            client.post,
+            "/v1/completions",
+            json={"prompt": "hi", "max_tokens": 40, "ignore_eos": True},
+        )
+        wait_until(lambda: metric(client, "vllm:generation_tokens_total") >= 5, 10, "decoding")
+        sim.process.send_signal(signal.SIGTERM)
+        if drain:
+            wait_until(lambda: not port_open(sim.port), 5, "new connections refused")
+            assert running.result(timeout=15).json()["usage"]["completion_tokens"] == 40
+        else:
+            with pytest.raises(httpx.HTTPError):
+                running.result(timeout=15)
+    assert sim.wait_exit(timeout=15) == 0

@@ -162,7 +162,7 @@ def test_an_engine_exit_is_a_failure_restarted_and_counted(
     sig: int | None,
 ) -> None:
     port = free_port()
-    # Probe failures are tolerated long enough for engine-dead's exit 0 (2 s after its 503s)
+    # Probe failures are tolerated long enough for engine-dead's exit 0 (within 5 s of its 503s)
     # to be what laned sees; test_health_failures_degrade_the_lane covers the 503s.
     slow_health = FAST.replace('interval = "200ms"', 'interval = "200ms", failures = 100')
     config = lane_config(harness, units, tmp_path, {"a": slow_health}, port)
@@ -194,7 +194,10 @@ def test_an_engine_exit_is_a_failure_restarted_and_counted(
 
 def test_health_failures_degrade_the_lane(harness: Harness, units: Units, tmp_path: Path) -> None:
     port = free_port()
-    config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
+    # The engine stays up answering 503 (vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH): what is
+    # judged is the health probe, not the exit that would otherwise follow within 5 s.
+    keep = {"a": {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}}
+    config = lane_config(harness, units, tmp_path, {"a": FAST}, port, env=keep)
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:

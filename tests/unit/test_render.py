@@ -333,3 +333,18 @@ def test_restart_policy_follows_the_managers_version(example: object) -> None:
     assert "StartLimitBurst=5" in new and "StartLimitIntervalSec=1800" in new
     old = render.plan(example, systemd_version=252)[0].content  # type: ignore[arg-type]
     assert "Restart=no" in old and "RestartSteps" not in old and "StartLimitIntervalSec=0" in old
+
+
+def test_the_generation_config_file_of_an_older_laned_is_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """laned once wrote sampling to state_dir/lanes/NAME/generation-config/ and passed
+    --generation-config; now it passes --override-generation-config, and cleans the file up."""
+    path = lane_config(tmp_path, "sampling = { temperature = 0.7 }", "a")
+    old = tmp_path / "state/lanes/a/generation-config/generation_config.json"
+    old.parent.mkdir(parents=True)
+    old.write_text('{\n  "temperature": 0.7\n}\n')
+    (tmp_path / "state/generated.json").write_text(f'{{"files": ["{old}"]}}\n')
+    assert main(["--config", path, "render"]) == 0
+    assert f"removed   {old}" in capsys.readouterr().out
+    assert not old.exists()

@@ -77,25 +77,28 @@ class Probe:
             return None
 
 
+# The engine's samples laned reads (vllm/v1/metrics/loggers.py names them).
+SUMMED = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:iteration_tokens_total_count": "steps",
+}
+KV_USAGE = {"vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "gpu"}
+
+
 def parse_engine_metrics(text: str) -> EngineSample:
     """One sample of vLLM's /metrics: gauges and counters summed across engines (and models),
     the KV-cache usage as the fullest engine's — `vllm:kv_cache_usage_perc`, else the older
     `vllm:gpu_cache_usage_perc` (vLLM 0.9 and 0.10 export both, with the same value: they are
     never added) — and the engine steps taken (`vllm:iteration_tokens_total`'s count)."""
-    sums = {
-        "vllm:num_requests_running": "running",
-        "vllm:num_requests_waiting": "waiting",
-        "vllm:generation_tokens_total": "generation_tokens",
-        "vllm:prompt_tokens_total": "prompt_tokens",
-        "vllm:iteration_tokens_total_count": "steps",
-    }
-    usage = {"vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "gpu"}
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if (key := sums.get(sample.name)) is not None:
+            if (key := SUMMED.get(sample.name)) is not None:
                 values[key] = values.get(key, 0.0) + float(sample.value)
-            elif (key := usage.get(sample.name)) is not None:
+            elif (key := KV_USAGE.get(sample.name)) is not None:
                 values[key] = max(values.get(key, 0.0), float(sample.value))
     return EngineSample(
         running=values.get("running", 0.0),

@@ -526,3 +526,33 @@ def test_shutdown_timeout_drains_requests_in_flight(start_sim: Any, drain: bool)
             with pytest.raises(httpx.HTTPError):
                 running.result(timeout=15)
     assert sim.wait_exit(timeout=15) == 0
+
+
+# Sample names real vLLM exports (vllm/v1/metrics/loggers.py, PrometheusStatLogger; counters
+# gain `_total` from prometheus_client, histograms `_count`/`_sum`/`_bucket`).
+# gpu_cache_usage_perc: exported by 0.9 and 0.10 beside kv_cache_usage_perc, hidden since.
+VLLM_SAMPLES = {
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:iteration_tokens_total_count",
+    "vllm:iteration_tokens_total_sum",
+}
+
+
+def test_every_engine_metric_laned_reads_is_vllms_and_the_simulators(start_sim: Any) -> None:
+    from laned.probes import KV_USAGE, SUMMED
+
+    read = set(SUMMED) | set(KV_USAGE)
+    assert read <= VLLM_SAMPLES, f"laned reads names vLLM does not export: {read - VLLM_SAMPLES}"
+    sim = start_sim(LANED_SIM_LEGACY_METRICS="1")
+    with sim.client() as client:
+        exported = {
+            s.name
+            for family in text_string_to_metric_families(client.get("/metrics").text)
+            for s in family.samples
+        }
+    assert read <= exported, f"the simulator does not export {read - exported}"

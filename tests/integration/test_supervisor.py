@@ -271,10 +271,16 @@ def test_a_stalled_engine_is_degraded_then_restarted(
                 await client.post(f"http://127.0.0.1:{port}/sim/fault", json={"kind": "stall"})
             thread = threading.Thread(target=hang)
             thread.start()
+            busy_since = time.time()
             await until(lambda: saw(sup, "a", LaneState.DEGRADED), 15, "the stall to be detected")
             assert any(
                 s == "degraded" and r.startswith("stalled") for s, r in transitions(sup, "a")
             )
+            degraded = next(
+                e for e in sup.events if e.lane == "a" and e.to_state is LaneState.DEGRADED
+            )
+            # stall_after (1 s) + one probe (0.2 s); the rest is slack for a loaded machine.
+            assert degraded.at - busy_since < 1.0 + 0.2 + 3.0
             await until(lambda: sup.statuses["a"].state is LaneState.READY, 30, "the restart")
             assert sup.statuses["a"].restarts == 1
             assert sup.statuses["a"].last_exit is not None

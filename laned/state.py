@@ -141,6 +141,8 @@ class StateWriter:
             await asyncio.to_thread(self._save, number, saved)
         except LanedError as exc:
             log.error("cannot save state: %s", exc)
+        except Exception:  # a bug must not end the writer: the next change tries again
+            log.exception("cannot save state")
 
     def _save(self, number: int, saved: Saved) -> None:
         with self._lock:

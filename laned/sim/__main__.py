@@ -1,14 +1,17 @@
 """`laned sim serve MODEL [vLLM flags]` (also `python -m laned.sim serve ...`, and `vllm` in the image).
 
-Startup is paced like vLLM's: the port stays closed while the engine "loads", and the
-log shows vLLM's own phase lines with progress. Tuning comes from the environment so
+Startup is paced like vLLM's: the port is bound at once but refuses connections while the
+engine "loads", and the log shows vLLM's own lines in their shapes (laned/sim/startup.py). Tuning comes from the environment so
 that units and containers can set it: LANED_SIM_STARTUP (seconds, default 3),
 LANED_SIM_DECODE_TPS (50), LANED_SIM_PREFILL_TPS (5000), LANED_SIM_FAIL_AT_START
 (an exit code to die with during startup), LANED_SIM_JIT (seconds of FlashInfer autotune
 and DeepGEMM JIT at a cold start, default 0; skipped when VLLM_CACHE_ROOT already holds
 the results of an earlier start, as a persistent compile cache makes it),
 LANED_SIM_SHUTDOWN (seconds between closing the port and exiting after SIGTERM, default 0:
-a real engine spends them ending its engine-core processes and releasing GPU memory).
+a real engine spends them ending its engine-core processes and releasing GPU memory),
+LANED_SIM_LEGACY_METRICS (also vllm:gpu_cache_usage_perc), LANED_SIM_OLD_API_LINE (the
+pre-0.11 "Starting vLLM API server 0 on" line) and vLLM's own
+VLLM_KEEP_ALIVE_ON_ENGINE_DEATH. docs/simulator.md maps each behaviour to vLLM's source.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
             f"{name}={value!r} must be positive", f"set {name} to a number such as {default:g}"
         )
     return number
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """An environment switch: set to anything but "" or "0"."""
+    return env.get(name, "") not in ("", "0")
 
 
 def _json(text: str, flag: str) -> dict[str, Any]:
@@ -154,12 +162,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.jit = _float(env, "LANED_SIM_JIT", 0.0)
     settings.shutdown = _float(env, "LANED_SIM_SHUTDOWN", 0.0)
     settings.cache_root = env.get("VLLM_CACHE_ROOT") or None
-    settings.legacy_metrics = env.get("LANED_SIM_LEGACY_METRICS", "") not in ("", "0")
-    settings.old_api_line = env.get("LANED_SIM_OLD_API_LINE", "") not in ("", "0")
-    settings.keep_alive_on_engine_death = env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "") not in (
-        "",
-        "0",
-    )
+    settings.legacy_metrics = _flag(env, "LANED_SIM_LEGACY_METRICS")
+    settings.old_api_line = _flag(env, "LANED_SIM_OLD_API_LINE")
+    settings.keep_alive_on_engine_death = _flag(env, "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")
     fail = env.get("LANED_SIM_FAIL_AT_START")
     if fail:
         settings.fail_at_start = _int(fail, "LANED_SIM_FAIL_AT_START")

@@ -299,12 +299,14 @@ class Reactions:
     def _phase_seen(self, unit: str, seen: Seen, at: float) -> None:
         lane = self.units.get(unit)
         status = self.statuses.get(lane) if lane else None
-        if lane is None or status is None or status.state is not LaneState.STARTING:
-            return
-        if seen.note and seen.note not in status.notes:
+        if lane is None or status is None or at < (status.started_at or 0):
+            return  # not a lane's, or an earlier run's
+        # journald can hand a line over after the engine already answered (a container's
+        # output arrives in bursts): what it said of this start is still this start's.
+        if seen.note and seen.note not in status.notes and status.state in policy.HOLDING_STATES:
             status.notes.append(seen.note)
             self.ledger.note(lane, EventKind.STARTUP, seen.note)
-        if seen.phase is None:
+        if seen.phase is None or status.state is not LaneState.STARTING:
             return
         status.phase, status.progress = seen.phase, seen.progress
         # A bar reaches the journal when it closes: it began its elapsed time before.

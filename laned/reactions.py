@@ -1,10 +1,8 @@
-"""The owner's reactions: what systemd, the watchers and the acceptance checks report about
-a lane's run, and the state the owner keeps for it.
+"""The owner's reactions to what systemd, the watchers and the checks report of a lane's run.
 
-`Supervisor` (laned.supervisor) extends this class with the requests and operations; the two
-are one owner, split by what starts the work: a request, or a report. Every report is
-handled synchronously on the owner's loop, judged by `laned.policy`, and acted on here;
-a report about an older run of the lane (its run number) is dropped.
+`Supervisor` extends this class with the requests and operations: one owner, split by what
+starts the work. A report is handled on the owner's loop, judged by `laned.policy`, acted on
+here; a report about an older run of the lane (its run number) is dropped.
 """
 
 from __future__ import annotations
@@ -306,14 +304,20 @@ class Reactions:
         if seen.note and seen.note not in status.notes and status.state in policy.HOLDING_STATES:
             status.notes.append(seen.note)
             self.ledger.note(lane, EventKind.STARTUP, seen.note)
-        if seen.phase is None or status.state is not LaneState.STARTING:
+        if seen.phase is None or status.state not in policy.HOLDING_STATES:
             return
-        status.phase, status.progress = seen.phase, seen.progress
         # A bar reaches the journal when it closes: it began its elapsed time before.
-        since = at - (seen.elapsed or 0.0)
-        status.phases = add_mark(status.phases, seen.phase, max(since, status.started_at or 0))
-        if seen.phase in ALMOST_READY:
-            self._pokes.setdefault(lane, asyncio.Event()).set()
+        since = max(at - (seen.elapsed or 0.0), status.started_at or 0)
+        if status.state is LaneState.STARTING:
+            status.phase, status.progress = seen.phase, seen.progress
+            status.phases = add_mark(status.phases, seen.phase, since)
+            if seen.phase in ALMOST_READY:
+                self._pokes.setdefault(lane, asyncio.Event()).set()
+        elif status.started_at is not None and status.last_cold_start is not None:
+            ready_at = status.started_at + status.last_cold_start
+            if since < ready_at:  # late, but of this start: its timeline gets it
+                status.phases = add_mark(status.phases, seen.phase, since)
+                status.last_phases = dict(phase_durations(status.phases, ready_at))
 
     # --- acceptance checks -------------------------------------------------------------------------
 

@@ -245,6 +245,9 @@ def test_decode_is_paced_at_the_configured_rate(start_sim: Any) -> None:
     assert elapsed >= 49 / 100
 
 
+SAMPLE_EVERY = 0.1  # seconds between two scrapes while a prefill runs
+
+
 def test_a_long_prefill_counts_as_vllm_does(start_sim: Any) -> None:
     """Prompt tokens are counted when the prefill ends; meanwhile every chunk is an engine
     step (vllm:iteration_tokens_total) and the KV cache fills (vllm/v1/metrics/stats.py)."""
@@ -263,7 +266,7 @@ def test_a_long_prefill_counts_as_vllm_does(start_sim: Any) -> None:
             steps.append(metric(client, "vllm:iteration_tokens_total_count"))
             kv.append(metric(client, "vllm:kv_cache_usage_perc"))
             prompt_counted.append(metric(client, "vllm:prompt_tokens_total"))
-            time.sleep(0.1)
+            time.sleep(SAMPLE_EVERY)  # a sampling period, not a wait: the loop ends on done()
         usage = reply.result().json()["usage"]
         # The samples taken while the prompt's tokens were not counted yet: the prefill.
         during = [(st, k) for st, k, p in zip(steps, kv, prompt_counted, strict=True) if p == 0]

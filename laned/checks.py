@@ -146,6 +146,9 @@ def _check_identity(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]
 
 def _check_text(base: str, lane: LaneConfig) -> Iterator[Problem]:
     """Values that end up on a unit line or in a URL, and the paths the lane reads."""
+    for i, alias in enumerate(lane.aliases):
+        if not alias.strip() or CONTROL.search(alias):
+            yield Problem(f"{base}.aliases[{i}]", f"{alias!r} is not a model name", 'e.g. "glm"')
     for key in ("description", "served_model_name", "health_path"):
         value = getattr(lane, key)
         if CONTROL.search(value):

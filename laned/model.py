@@ -256,6 +256,7 @@ class LaneConfig(_Model):
     port: int = Field(ge=1, le=65535)
     health_path: str = "/health"
     served_model_name: str
+    aliases: tuple[str, ...] = ()  # more model names laned's OpenAI endpoint routes here
     api_key_file: str | None = None
     start_timeout: Duration = 3600.0
     stop_timeout: Duration = 120.0

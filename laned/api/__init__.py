@@ -1,19 +1,24 @@
 """The control API (FastAPI), served by `laned serve` on daemon.listen.
 
-Routers: `lanes` (the lanes' endpoints) and `daemon` (health, fit, reload, metrics, service
-discovery, events), both over the front (`laned.front`); `guard` decides who may call;
+Routers: `lanes` (the lanes' endpoints), `daemon` (health, fit, reload, metrics, service
+discovery, events), both over the front (`laned.front`), and `openai` (the OpenAI endpoint,
+`laned.proxy`); `guard` decides who may call;
 `errors` holds the one error envelope and the table from laned's errors to HTTP statuses.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from fastapi import FastAPI
 
 from laned import __version__
-from laned.api import daemon, errors, lanes
+from laned.api import daemon, errors, lanes, openai
 from laned.api.guard import ApiSettings, guard
 from laned.front import Front
 from laned.metrics import LanedMetrics
+from laned.proxy import Proxy
 from laned.supervisor import Supervisor
 
 __all__ = ["ApiSettings", "create_app"]
@@ -27,13 +32,22 @@ def create_app(
     if metrics is None:
         metrics = LanedMetrics()
         metrics.attach(front)
+    proxy = Proxy(front)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await proxy.close()
+
     app = FastAPI(
         title="laned",
         version=__version__,
-        description="Control API of laned, the inference lane daemon.",
+        description="Control API of laned, the inference lane daemon, and its OpenAI endpoint.",
+        lifespan=lifespan,
     )
     errors.install(app)
     app.middleware("http")(guard(settings))
     app.include_router(lanes.router(front))
     app.include_router(daemon.router(front, metrics))
+    app.include_router(openai.router(proxy))
     return app

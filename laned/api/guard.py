@@ -69,8 +69,13 @@ def guard(settings: ApiSettings) -> Callable[[Request, Next], Awaitable[Response
                     "cross-site requests may not change lanes",
                     "use curl or the laned CLI",
                 )
-        if settings.token is not None and (
-            mutating or (settings.token_for_reads and request.url.path != "/healthz")
+        # The OpenAI endpoint's Authorization is the lane's API key, for the engine to judge:
+        # laned's token is not asked for there (the Host and cross-site checks still hold).
+        openai = request.url.path.startswith("/v1/")
+        if (
+            settings.token is not None
+            and not openai
+            and (mutating or (settings.token_for_reads and request.url.path != "/healthz"))
         ):
             given = request.headers.get("authorization", "")
             if not given:

@@ -20,6 +20,7 @@ def lane_config(
     port: int,
     daemon: str = "",
     env: dict[str, dict[str, str]] | None = None,
+    ports: dict[str, int] | None = None,
 ) -> Config:
     """Render lanes (name -> extra lane-level TOML) into the harness's unit dir; daemon-reload.
 
@@ -32,7 +33,7 @@ def lane_config(
     )
     for name, extra in lanes.items():
         text += (
-            f'[lanes.{name}]\nunit = "{units.name(name)}.service"\nport = {port}\nserved_model_name = "{name}"\n'
+            f'[lanes.{name}]\nunit = "{units.name(name)}.service"\nport = {(ports or {}).get(name, port)}\nserved_model_name = "{name}"\n'
             f'stop_timeout = "20s"\n{extra}\n'
         )
         if "restart_sec" not in extra:

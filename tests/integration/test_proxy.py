@@ -1,0 +1,134 @@
+"""laned's OpenAI endpoint against two real lanes (simulator engines) in different groups."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from laned.probes import parse_engine_metrics
+from tests.helpers import free_port
+from tests.integration.conftest import Harness, Units
+from tests.integration.lanes import FAST, lane_config
+from tests.integration.test_api import api_server
+from tests.integration.test_supervisor import run
+
+KEY = "sk-lane-b-7f3a"
+
+
+def test_one_url_routes_by_model_streams_and_says_why_a_lane_does_not_serve(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port_a, port_b, port_c, api_port = free_port(), free_port(), free_port(), free_port()
+    key_file = tmp_path / "b.env"
+    key_file.write_text(f"VLLM_API_KEY={KEY}\n")
+    key_file.chmod(0o600)
+    lanes = {
+        "a": FAST + 'aliases = ["alpha"]\n',
+        "b": FAST + f'group = "other"\napi_key_file = "{key_file}"\n',
+        "c": FAST + 'group = "third"\n',
+    }
+    config = lane_config(
+        harness, units, tmp_path, lanes, port_a, ports={"b": port_b, "c": port_c},
+        env={"b": {"LANED_SIM_DECODE_TPS": "40"}},
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{api_port}"
+
+    async def scenario() -> None:
+        async with (
+            api_server(harness, config, api_port) as sup,
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            await sup.activate("a")
+            await sup.activate("b")
+            # Routed by model: the engine that answers says whose it is.
+            for model, lane in (("a", "a"), ("alpha", "a")):
+                reply = await client.post(
+                    "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 3}
+                )
+                assert reply.status_code == 200, reply.text
+                assert reply.json()["model"] == lane
+            # The lane's key travels as the client sends it, and the engine judges it.
+            ask = {"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+            refused = await client.post("/v1/chat/completions", json=ask)
+            assert refused.status_code == 401
+            auth = {"Authorization": f"Bearer {KEY}"}
+            assert (
+                await client.post("/v1/chat/completions", json=ask, headers=auth)
+            ).status_code == 200
+            # Streaming passes through chunk by chunk, not buffered to the end.
+            stream = {**ask, "stream": True, "max_tokens": 40, "ignore_eos": True}
+            arrivals: list[float] = []
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=stream, headers=auth
+            ) as sse:
+                assert sse.status_code == 200
+                assert sse.headers["content-type"].startswith("text/event-stream")
+                async for line in sse.aiter_lines():
+                    if line.startswith("data: "):
+                        arrivals.append(time.monotonic())
+            assert len(arrivals) >= 40 and arrivals[-1] - arrivals[0] > 0.5  # 40 tokens at 40/s
+            # A model nobody serves, and a lane that does not run.
+            unknown = await client.post("/v1/chat/completions", json={**ask, "model": "gpt-4o"})
+            assert unknown.status_code == 404
+            assert "alpha" in unknown.json()["error"]["message"]
+            idle = await client.post("/v1/chat/completions", json={**ask, "model": "c"})
+            assert idle.status_code == 503 and int(idle.headers["retry-after"]) >= 1
+            error = idle.json()["error"]
+            assert (
+                error["laned"]["state"] == "inactive"
+                and "/lanes/c/activate" in error["laned"]["hint"]
+            )
+            listed = (await client.get("/v1/models")).json()["data"]
+            assert {(m["id"], m["laned"]["state"]) for m in listed} == {
+                ("a", "ready"), ("alpha", "ready"), ("b", "ready"), ("c", "inactive"),
+            }  # fmt: skip
+            # The key is in no event and no metric.
+            events = (await client.get("/events", params={"limit": 500})).text
+            assert KEY not in events and KEY not in (await client.get("/metrics")).text
+
+    run(scenario())
+
+
+def test_a_client_that_goes_away_ends_the_engines_request(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    port, api_port = free_port(), free_port()
+    config = lane_config(
+        harness, units, tmp_path, {"a": FAST}, port, env={"a": {"LANED_SIM_DECODE_TPS": "20"}}
+    )
+    ask = {"model": "a", "prompt": "hi", "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+    async def running() -> float:
+        async with httpx.AsyncClient() as engine:
+            text = (await engine.get(f"http://127.0.0.1:{port}/metrics")).text
+        return parse_engine_metrics(text).running
+
+    async def scenario() -> None:
+        async with api_server(harness, config, api_port) as sup:
+            await sup.activate("a")
+            async with (
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}") as client,
+                client.stream("POST", "/v1/completions", json=ask) as sse,
+            ):
+                seen = 0
+                async for line in sse.aiter_lines():
+                    seen += line.startswith("data: ")
+                    if seen == 3:
+                        break  # the client goes away mid-answer (20 s of it left)
+            # Closing the stream closed the proxy's connection to the engine: vLLM (and the
+            # simulator) abort a request whose connection goes away.
+            await until_async(running, 0.0, 10)
+
+    run(scenario())
+
+
+async def until_async(read: Any, value: float, timeout: float) -> None:
+    """Wait until an async reading equals `value`, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while (got := await read()) != value:
+        assert time.monotonic() < deadline, f"still {got} after {timeout}s"
+        await asyncio.sleep(0.05)

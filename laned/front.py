@@ -48,6 +48,11 @@ class Front:
         """The lane's engine load from its /metrics (running lanes only)."""
         return self.supervisor.engine_summary(lane)
 
+    def wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
+        """A future that resolves when the lane is ready, or fails with why it will not be."""
+        self.status(lane)
+        return self.supervisor.ledger.wait_ready(lane)
+
     def lanes(self) -> list[str]:
         """The configured lanes, sorted."""
         return sorted(self.supervisor.statuses)

@@ -55,6 +55,15 @@ def _expand_path(value: str | None, info: ValidationInfo) -> str | None:
     return None if value is None else paths.expand(value, env)
 
 
+class ProxyConfig(_Model):
+    """`[daemon.proxy]` (or `[lanes.X.proxy]`): requests for a lane that is starting wait."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    queue_limit: int = Field(default=64, ge=0)  # requests waiting for one lane, at most
+    queue_timeout: Duration = 1800.0  # how long one waits for its lane to be ready
+
+
 class DaemonConfig(_Model):
     """`[daemon]`: where laned listens and where it writes what it renders."""
 
@@ -68,6 +77,7 @@ class DaemonConfig(_Model):
     token_file: str | None = None
     token_for_reads: bool = False
     default_lane: str | None = None
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
 
     @field_validator("unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket")
     @classmethod
@@ -257,6 +267,7 @@ class LaneConfig(_Model):
     health_path: str = "/health"
     served_model_name: str
     aliases: tuple[str, ...] = ()  # more model names laned's OpenAI endpoint routes here
+    proxy: ProxyConfig | None = None  # this lane's queue, instead of daemon.proxy
     api_key_file: str | None = None
     start_timeout: Duration = 3600.0
     stop_timeout: Duration = 120.0

@@ -6,12 +6,15 @@ names, byte for byte and chunk by chunk (SSE passes through unbuffered); the cli
 serve answers 503 with Retry-After, in OpenAI's error shape, saying its state and how to
 activate it. One pooled connection set to the engines, no new connection per request.
 
-This is the endpoint's first part (issue 13): waiting through a cold start, activation on
-demand and draining before a stop come next; docs/proxy.md says what works today.
+A request for a lane that is on its way to serving (starting, restarting, a swap towards
+it) waits in a bounded queue (`proxy.queue_limit`, `proxy.queue_timeout`) and goes through
+once it is ready; a lane that fails meanwhile answers its waiters at once. Activation on
+demand and draining before a stop come next (issue 13); docs/proxy.md says what works today.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -22,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from laned import policy
+from laned.errors import LanedError
 from laned.front import Front
 from laned.lanes import Desired, LaneState, LaneStatus
 from laned.model import Config
@@ -48,6 +52,17 @@ def route(config: Config, statuses: Mapping[str, LaneStatus], model: str) -> str
     return next(iter(desired or running or named), None)
 
 
+def worth_waiting(status: LaneStatus) -> bool:
+    """A request for a lane that is on its way to serving waits for it: starting, restarting,
+    or desired active while the swap towards it stops its peers."""
+    return status.desired is Desired.ACTIVE and status.state in (
+        LaneState.STARTING,
+        LaneState.RESTARTING,
+        LaneState.INACTIVE,
+        LaneState.STOPPING,
+    )
+
+
 def openai_error(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
     """OpenAI's error shape, as vLLM answers it, with laned's detail under `laned`."""
     body: dict[str, Any] = {
@@ -64,6 +79,7 @@ class Proxy:
 
     def __init__(self, front: Front) -> None:
         self.front = front
+        self.queued: dict[str, int] = {}  # requests waiting for each lane
         # Pooled connections given up before the engine's 5 s idle close (as the probes do);
         # no read timeout: a long answer streams for as long as it takes.
         self.client = httpx.AsyncClient(
@@ -117,7 +133,11 @@ class Proxy:
             )
         status = self.front.status(lane)
         if status.state not in SERVING:
-            return self._not_serving(lane, status)
+            if not worth_waiting(status):
+                return self._not_serving(lane, status)
+            refused = await self._wait(lane, status)
+            if refused is not None:
+                return refused
         spec = config.lanes[lane]
         if model != spec.served_model_name and isinstance(parsed, dict):
             # An alias is laned's name: the engine knows the lane's served model name.
@@ -148,15 +168,60 @@ class Proxy:
             background=BackgroundTask(answer.aclose),
         )
 
+    async def _wait(self, lane: str, status: LaneStatus) -> JSONResponse | None:
+        """Wait in the lane's queue until it is ready; an answer that says why not, or None."""
+        config = self.front.supervisor.config
+        settings = config.lanes[lane].proxy or config.daemon.proxy
+        waiting = self.queued.get(lane, 0)
+        if waiting >= settings.queue_limit:
+            return openai_error(
+                503,
+                "ServiceUnavailableError",
+                f"lane {lane} is {status.state.value} and {waiting} request(s) already wait for it "
+                f"(queue_limit {settings.queue_limit})",
+                lane=lane,
+                state=status.state.value,
+                retry_after=30,
+                hint="try again later, or raise proxy.queue_limit",
+            )
+        self.queued[lane] = waiting + 1
+        try:
+            ready = self.front.wait_ready(lane)
+            await asyncio.wait_for(asyncio.shield(ready), settings.queue_timeout)
+        except asyncio.TimeoutError:
+            now = self.front.status(lane)
+            return openai_error(
+                504,
+                "GatewayTimeoutError",
+                f"lane {lane} was not ready within queue_timeout ({settings.queue_timeout:g} s): "
+                f"it is {now.state.value}",
+                lane=lane,
+                state=now.state.value,
+                phase=now.phase,
+                hint=f"laned status; laned events --lane {lane}",
+            )
+        except LanedError as exc:  # it failed, or a newer request stopped it
+            return openai_error(
+                503,
+                "ServiceUnavailableError",
+                f"lane {lane} will not serve: {exc.message}",
+                lane=lane,
+                state=self.front.status(lane).state.value,
+                hint=exc.hint,
+            )
+        finally:
+            self.queued[lane] -= 1
+        return None
+
     def _not_serving(self, lane: str, status: LaneStatus) -> JSONResponse:
         startup = status.startup(self.front.supervisor.clock()) or {}
         remaining = startup.get("remaining")
         retry = int(min(max(remaining or 30.0, 1.0), 300.0))
-        phase = f" ({status.phase})" if status.phase else ""
+        why = status.phase or (status.reason if status.state is LaneState.FAILED else None)
         return openai_error(
             503,
             "ServiceUnavailableError",
-            f"lane {lane} is {status.state.value}{phase}, not serving",
+            f"lane {lane} is {status.state.value}" + (f" ({why})" if why else "") + ", not serving",
             lane=lane,
             state=status.state.value,
             phase=status.phase,

@@ -132,3 +132,46 @@ async def until_async(read: Any, value: float, timeout: float) -> None:
     while (got := await read()) != value:
         assert time.monotonic() < deadline, f"still {got} after {timeout}s"
         await asyncio.sleep(0.05)
+
+
+def test_requests_wait_through_a_cold_start_within_their_queue(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports = {n: free_port() for n in "abcd"}
+    api_port = free_port()
+    lanes = {
+        "a": FAST,  # waits, then succeeds
+        "b": FAST + 'group = "b"\nproxy = { queue_timeout = "300ms" }\n',  # too slow for it
+        "c": FAST + 'group = "c"\nproxy = { queue_limit = 0 }\n',  # no queue at all
+        "d": FAST + 'group = "d"\nstart_limit_burst = 1\n',  # fails while requests wait
+    }
+    env = {
+        "a": {"LANED_SIM_STARTUP": "1.5"},
+        "b": {"LANED_SIM_STARTUP": "30"},
+        "c": {"LANED_SIM_STARTUP": "30"},
+        "d": {"LANED_SIM_STARTUP": "1", "LANED_SIM_FAIL_AT_START": "3"},
+    }
+    config = lane_config(harness, units, tmp_path, lanes, ports["a"], env=env, ports=ports)
+
+    def ask(model: str) -> dict[str, Any]:
+        return {"model": model, "prompt": "hi", "max_tokens": 3}
+
+    async def scenario() -> None:
+        async with (
+            api_server(harness, config, api_port) as sup,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=60) as client,
+        ):
+            for lane in "abcd":
+                sup.activate(lane)
+            started = time.monotonic()
+            waited, timed_out, full, failed = await asyncio.gather(
+                *(client.post("/v1/completions", json=ask(lane)) for lane in "abcd")
+            )
+            assert waited.status_code == 200, waited.text
+            assert time.monotonic() - started > 0.5, "it should have waited for the cold start"
+            assert timed_out.status_code == 504 and "queue_timeout" in timed_out.text
+            assert full.status_code == 503 and "queue_limit 0" in full.text
+            # Failed while it waited (or just before): the reason, at once.
+            assert failed.status_code == 503 and "crash-loop" in failed.text, failed.text
+
+    run(scenario())

@@ -124,7 +124,8 @@ class Front:
 
     async def logs(self, lane: str, lines: int, source: str = "journal") -> list[str]:
         """The engine's last log lines, from journald or the running container's own log."""
-        spec = self.supervisor.config.lanes[self.status(lane).name]
+        self.status(lane)
+        spec = self.supervisor.config.lanes[lane]
         if source == "journal":
             return await journal.tail(unit_name(lane, spec), lines)
         host = self.supervisor.host

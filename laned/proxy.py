@@ -34,6 +34,7 @@ from laned.probes import ENGINE_POOL
 # Request headers that travel to the engine; hop-by-hop ones and Host do not.
 FORWARDED = ("authorization", "content-type", "accept", "openai-organization", "openai-project")
 SERVING = (LaneState.READY, LaneState.DEGRADED)
+RETRY_AFTER = 30  # seconds, for a lane not on its way to serving or a full queue
 
 
 def model_names(config: Config, lane: str) -> list[str]:
@@ -181,7 +182,7 @@ class Proxy:
                 f"(queue_limit {settings.queue_limit})",
                 lane=lane,
                 state=status.state.value,
-                retry_after=30,
+                retry_after=RETRY_AFTER,
                 hint="try again later, or raise proxy.queue_limit",
             )
         self.queued[lane] = waiting + 1
@@ -214,9 +215,6 @@ class Proxy:
         return None
 
     def _not_serving(self, lane: str, status: LaneStatus) -> JSONResponse:
-        startup = status.startup(self.front.supervisor.clock()) or {}
-        remaining = startup.get("remaining")
-        retry = int(min(max(remaining or 30.0, 1.0), 300.0))
         why = status.phase or (status.reason if status.state is LaneState.FAILED else None)
         return openai_error(
             503,
@@ -226,7 +224,7 @@ class Proxy:
             state=status.state.value,
             phase=status.phase,
             progress=status.progress,
-            retry_after=retry,
+            retry_after=RETRY_AFTER,
             hint=f"activate it: curl -s localhost:9000/lanes/{lane}/activate",
         )
 

@@ -165,7 +165,7 @@ class Supervisor(Reactions):
         op.force, op.desired_before, op.findings = force, before, findings
         holding = [p for p in peers if self.statuses[p].state in policy.HOLDING_STATES]
         op.from_lane = holding[0] if holding else "none"
-        self.ops.run(op, self._run_activation(op, reason))
+        self.ops.run(op, self._operation(op, self._activation(op, reason)))
         return op.future
 
     def deactivate(self, lane: str) -> asyncio.Future[LaneStatus]:
@@ -182,7 +182,7 @@ class Supervisor(Reactions):
             if current is not None:
                 self.ops.supersede(current, group, f"superseded by deactivate {lane}")
             op = self.ops.begin(lane, OpKind.DEACTIVATE, group)
-        self.ops.run(op, self._run_deactivation(op))
+        self.ops.run(op, self._operation(op, self._stop_and_confirm(op.lane, "deactivate")))
         return op.future
 
     def restart(self, lane: str, reason: str = "restart requested") -> asyncio.Future[LaneStatus]:
@@ -231,9 +231,6 @@ class Supervisor(Reactions):
         if op is not None and op.future is future:
             op.unattended = True  # nobody waits for it: a refusal must show in the lane's state
 
-    async def _run_activation(self, op: Operation, reason: str) -> None:
-        await self._operation(op, self._activation(op, reason))
-
     async def _activation(self, op: Operation, reason: str) -> None:
         lane = op.lane
         await self._preflight(op)
@@ -278,9 +275,6 @@ class Supervisor(Reactions):
         if op.unattended:
             self._fail_start(lane, message.removeprefix(f"lane {lane}: "))
         raise PreflightFailed(message, hint, findings)
-
-    async def _run_deactivation(self, op: Operation) -> None:
-        await self._operation(op, self._stop_and_confirm(op.lane, "deactivate"))
 
     def _restart(self, lane: str, reason: str, kind: RestartKind) -> None:
         """Restart a desired lane as an operation of its group: `restarting` now (so waiters

@@ -34,11 +34,9 @@ class HeldGpus:
 
     def __init__(self) -> None:
         self.held = threading.Event()
-        self.reads = 0
         self.reads_while_held = 0
 
     def read(self, indices: Sequence[int] | None = None) -> list[GpuReading]:
-        self.reads += 1
         used = 40 * GIB if self.held.is_set() else 0
         if used:
             self.reads_while_held += 1

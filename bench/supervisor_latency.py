@@ -26,28 +26,15 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from laned import render  # noqa: E402
-from laned.config import parse_config  # noqa: E402
-from laned.lanes import LaneState  # noqa: E402
-from laned.probes import Probe  # noqa: E402
-from laned.supervisor import Supervisor  # noqa: E402
-from laned.systemd import Systemd  # noqa: E402
-
-
-def harness_env() -> dict[str, str]:
-    out = subprocess.run(
-        [str(ROOT / "scripts" / "harness"), "env"], capture_output=True, text=True, check=True
-    )
-    return dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from bench.common import free_port, harness_env, sim_lane
+from laned import render
+from laned.config import parse_config
+from laned.lanes import LaneState
+from laned.probes import Probe
+from laned.supervisor import Supervisor
+from laned.systemd import Systemd
 
 
 def accepts(port: int) -> bool:
@@ -90,12 +77,12 @@ async def bench(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         text = f'[daemon]\nunit_dir = "{unit_dir}"\nbin_dir = "{tmp}/bin"\nstate_dir = "{tmp}/state"\nlisten = "127.0.0.1:1"\n'
         for lane in ("a", "b"):
-            text += (
-                f'[lanes.{lane}]\nunit = "{tag}-{lane}.service"\nport = {port}\nserved_model_name = "{lane}"\n'
+            text += sim_lane(
+                lane,
+                f"{tag}-{lane}.service",
+                port,
                 'restart_sec = "100ms"\nstart_limit_burst = 1000\n'
-                'probe = { failures = 1000, start_interval_min = "50ms", start_interval_max = "1s" }\n'
-                f'[lanes.{lane}.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "serve", "/m/{lane}"]\n'
-                f'[lanes.{lane}.env]\nLANED_SIM_STARTUP = "1"\n'
+                'probe = { failures = 1000, start_interval_min = "50ms", start_interval_max = "1s" }\n',
             )
         config = parse_config(text, "bench", {"HOME": tmp})
         render.apply(config)

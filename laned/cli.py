@@ -187,7 +187,11 @@ def cmd_lane(args: argparse.Namespace) -> int:
         view = follow_start(client, args.lane, args.timeout)
     elif args.wait:
         view = client.call(
-            method, f"/lanes/{args.lane}/deactivate", wait="true", timeout=args.timeout
+            method,
+            f"/lanes/{args.lane}/deactivate",
+            wait="true",
+            timeout=args.timeout,
+            force=force,
         )
     print(
         f"{view['name']}: {view['state']}" + (f" ({view['reason']})" if view.get("reason") else "")

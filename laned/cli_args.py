@@ -117,10 +117,12 @@ def _lane_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "--wait", action="store_true", help="follow it until it is done, with a progress line"
         )
         command.add_argument("--timeout", type=float, help="seconds to wait at most (with --wait)")
-        if name == "activate":
-            command.add_argument(
-                "--force", action="store_true", help="start even when preflight finds errors"
-            )
+        command.add_argument(
+            "--force",
+            action="store_true",
+            help=("start even when preflight finds errors; " if name == "activate" else "")
+            + "stop without draining the requests in flight through laned's OpenAI endpoint",
+        )
 
 
 def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -62,9 +62,16 @@ def _checks_cell(checks: dict[str, Any] | None) -> str:
     return cell + (f" ({failed[0]} failed)" if failed else "")
 
 
+def _requests_cell(counts: dict[str, int] | None) -> str:
+    """`2 in flight, 3 queued`: the lane's requests at laned's OpenAI endpoint."""
+    if not counts or not (counts.get("in_flight") or counts.get("queued")):
+        return "-"
+    return f"{counts['in_flight']} in flight, {counts['queued']} queued"
+
+
 def table(lanes: list[dict[str, Any]]) -> str:
     """The `laned status` table."""
-    rows = [("LANE", "STATE", "DESIRED", "PORT", "MODEL", "RESTARTS", "CHECKS", "REASON")]
+    rows = [("LANE", "STATE", "DESIRED", "PORT", "MODEL", "REQUESTS", "RESTARTS", "CHECKS", "REASON")]  # fmt: skip
     for lane in lanes:
         state = lane["state"]
         if lane.get("phase"):
@@ -76,7 +83,7 @@ def table(lanes: list[dict[str, Any]]) -> str:
                 + ")"
             )
         rows.append((lane["name"], state, lane["desired"], str(lane["port"]), lane["served_model_name"],
-                     str(lane["restarts"]), _checks_cell(lane.get("checks")), lane.get("reason") or ""))  # fmt: skip
+                     _requests_cell(lane.get("proxy")), str(lane["restarts"]), _checks_cell(lane.get("checks")), lane.get("reason") or ""))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]

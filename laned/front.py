@@ -24,6 +24,7 @@ from laned.model import GATES
 from laned.names import container_name, unit_name
 from laned.preflight import refusal, report
 from laned.supervisor import Supervisor
+from laned.traffic import Traffic
 
 
 class Front:
@@ -48,6 +49,21 @@ class Front:
         """The lane's engine load from its /metrics (running lanes only)."""
         return self.supervisor.engine_summary(lane)
 
+    @property
+    def traffic(self) -> Traffic:
+        """Requests at laned's OpenAI endpoint: in flight and waiting, per lane."""
+        return self.supervisor.traffic
+
+    def proxy_counts(self, lane: str) -> dict[str, int]:
+        """The lane's requests at laned's OpenAI endpoint: in flight, waiting for it."""
+        return self.supervisor.traffic.counts(lane)
+
+    def under_way(self, lane: str) -> str | None:
+        """The operation under way in the lane's group ("activate b"), or None."""
+        sup = self.supervisor
+        op = sup.ops.of(sup.config.lanes[lane].group)
+        return None if op is None else f"{op.kind.value} {op.lane}"
+
     def wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
         """A future that resolves when the lane is ready, or fails with why it will not be."""
         self.status(lane)
@@ -70,6 +86,7 @@ class Front:
             "served_model_name": spec.served_model_name,
             "base_url": f"http://{_bracketed(host)}:{spec.port}/v1",
             "engine": sup.engine_summary(lane),
+            "proxy": sup.traffic.counts(lane),
             "startup": status.startup(sup.clock()),
             "container": await self._container(lane),
         }
@@ -152,8 +169,11 @@ class Front:
 
     # --- requests ---------------------------------------------------------------------------
 
-    async def activate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
+    async def activate(
+        self, lane: str, force: bool = False, reason: str = "activate"
+    ) -> asyncio.Future[LaneStatus]:
         """Activate the lane; PreflightFailed at once (nothing stopped) when preflight refuses.
+        `force`: start despite preflight errors, stop its peers without draining requests.
 
         The early preflight lets a caller that does not wait hear why, too; the activation
         then uses its findings instead of running preflight again."""
@@ -164,17 +184,17 @@ class Front:
             if blocking(findings):
                 message, hint = refusal(lane, findings)
                 raise PreflightFailed(message, hint, findings)
-        return self.supervisor.activate(lane, force=force, findings=findings)
+        return self.supervisor.activate(lane, reason, force=force, findings=findings)
 
-    def deactivate(self, lane: str) -> asyncio.Future[LaneStatus]:
-        """Stop the lane; never counted as a failure."""
+    def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
+        """Stop the lane (never counted as a failure); `force`: without draining requests."""
         self.status(lane)
-        return self.supervisor.deactivate(lane)
+        return self.supervisor.deactivate(lane, force)
 
-    def restart(self, lane: str) -> asyncio.Future[LaneStatus]:
-        """Stop and start the lane again."""
+    def restart(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
+        """Stop and start the lane again; `force`: without draining requests."""
         self.status(lane)
-        return self.supervisor.restart(lane)
+        return self.supervisor.restart(lane, force=force)
 
     async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
         """Run acceptance gates against the lane and keep the results."""

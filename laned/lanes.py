@@ -75,6 +75,7 @@ class EventKind(str, Enum):
     PREPARE = "prepare"
     CHECK = "check"
     STARTUP = "startup"  # what the engine said of its start: a compile cache hit, a skipped step
+    DRAIN = "drain"  # requests at laned's OpenAI endpoint waited for (or cut) before a stop
 
 
 @dataclass(frozen=True)

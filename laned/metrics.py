@@ -29,6 +29,9 @@ class LaneSource(Protocol):
     def engine_summary(self, lane: str) -> dict[str, float] | None:
         """The engine's load, for running lanes."""
 
+    def proxy_counts(self, lane: str) -> dict[str, int]:
+        """The lane's requests at laned's OpenAI endpoint: in flight, queued."""
+
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
 
@@ -62,6 +65,15 @@ class Recorder:
 
     def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
         """The GPU-memory gate opened (or timed out) after `seconds`."""
+
+    def proxy_answer(self, lane: str, code: int) -> None:
+        """laned's OpenAI endpoint answered a request for the lane (`none`: no lane) with `code`."""
+
+    def proxy_queue_wait(self, lane: str, seconds: float) -> None:
+        """A request waited `seconds` for its lane to be ready."""
+
+    def proxy_overhead(self, lane: str, seconds: float) -> None:
+        """laned spent `seconds` on a request before it went to the engine (no queue wait)."""
 
 
 class LanedMetrics(Recorder):
@@ -128,6 +140,27 @@ class LanedMetrics(Recorder):
             registry=r,
         )
 
+        self.proxy_answers = Counter(
+            "laned_proxy_requests",
+            "Requests at laned's OpenAI endpoint by lane and the status code answered.",
+            ["lane", "code"],
+            registry=r,
+        )
+        self.proxy_wait_seconds = Histogram(
+            "laned_proxy_queue_wait_seconds",
+            "Time a request at laned's OpenAI endpoint waited for its lane to be ready.",
+            ["lane"],
+            buckets=(0.1, 0.5, 1, *DURATION_BUCKETS),
+            registry=r,
+        )
+        self.proxy_overhead_seconds = Histogram(
+            "laned_proxy_overhead_seconds",
+            "Time laned spent on a request before it went to the engine (routing; no queue wait).",
+            ["lane"],
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, float("inf")),
+            registry=r,
+        )
+
     def attach(self, source: LaneSource) -> None:
         """Export the lanes' present state at every scrape."""
         self.registry.register(_StateCollector(source))
@@ -162,6 +195,15 @@ class LanedMetrics(Recorder):
 
     def preflight_refused(self, lane: str) -> None:
         self.preflight_refusals.labels(lane).inc()
+
+    def proxy_answer(self, lane: str, code: int) -> None:
+        self.proxy_answers.labels(lane, str(code)).inc()
+
+    def proxy_queue_wait(self, lane: str, seconds: float) -> None:
+        self.proxy_wait_seconds.labels(lane).observe(seconds)
+
+    def proxy_overhead(self, lane: str, seconds: float) -> None:
+        self.proxy_overhead_seconds.labels(lane).observe(seconds)
 
     def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
         self.gate_seconds.labels(lane, "released" if released else "timeout").observe(seconds)
@@ -211,7 +253,20 @@ class _StateCollector(Collector):
             "Duration of each startup phase of the lane's last good cold start.",
             labels=["lane", "phase"],
         )
+        in_flight = GaugeMetricFamily(
+            "laned_proxy_requests_in_flight",
+            "Requests laned's OpenAI endpoint has sent to the lane's engine, not yet answered.",
+            labels=["lane"],
+        )
+        queued = GaugeMetricFamily(
+            "laned_proxy_requests_queued",
+            "Requests at laned's OpenAI endpoint waiting for the lane to be ready.",
+            labels=["lane"],
+        )
         for name, status in sorted(self.source.statuses.items()):
+            counts = self.source.proxy_counts(name)
+            in_flight.add_metric([name], counts["in_flight"])
+            queued.add_metric([name], counts["queued"])
             for each in LaneState:
                 state.add_metric([name, each.value], 1.0 if status.state is each else 0.0)
             desired.add_metric([name], 1.0 if status.desired is Desired.ACTIVE else 0.0)
@@ -239,4 +294,6 @@ class _StateCollector(Collector):
             phases,
             check_passed,
             check_time,
+            in_flight,
+            queued,
         )

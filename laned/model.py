@@ -268,6 +268,8 @@ class LaneConfig(_Model):
     served_model_name: str
     aliases: tuple[str, ...] = ()  # more model names laned's OpenAI endpoint routes here
     proxy: ProxyConfig | None = None  # this lane's queue, instead of daemon.proxy
+    on_demand: bool = False  # a request for its model at laned's OpenAI endpoint activates it
+    drain_timeout: Duration = 120.0  # a stop waits this long for the endpoint's requests to end
     api_key_file: str | None = None
     start_timeout: Duration = 3600.0
     stop_timeout: Duration = 120.0

@@ -32,7 +32,7 @@ class Operation:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     from_lane: str = "none"
     started: float = field(default_factory=time.monotonic)
-    force: bool = False  # start despite preflight errors
+    force: bool = False  # start despite preflight errors, stop without draining requests
     unattended: bool = False  # laned's own (at start): a refusal fails the lane, visibly
     findings: list[Finding] | None = None  # a preflight its caller already ran
     desired_before: dict[str, Desired] = field(default_factory=dict)  # restored if refused

@@ -26,11 +26,12 @@ from laned.liveness import EngineSample, engine_summary
 from laned.metrics import Recorder
 from laned.model import GATES, Config, LaneConfig
 from laned.names import exit_record_path, unit_name
-from laned.operations import Operation, Operations
+from laned.operations import Operations
 from laned.phases import ALMOST_READY, Seen, add_mark
 from laned.policy import ExitAction, OpKind, RestartKind
 from laned.probes import Probe
 from laned.systemd import Systemd
+from laned.traffic import Traffic
 from laned.unit_state import UnitSnapshot
 from laned.units import RESTART_STEPS_SINCE
 
@@ -57,6 +58,7 @@ class Reactions:
         self.writer = state.StateWriter(config.daemon.state_dir, lambda: self.ledger.saved())
         self.ledger = Ledger(config.lanes, clock, self.writer.mark)
         self.ops = Operations(self._recorder)
+        self.traffic = Traffic()  # laned's OpenAI endpoint counts its requests here
         self.bus = BusKeeper(systemd, lambda: self.units, self._on_unit_change, self._on_snapshot)
         self.snapshots: dict[str, UnitSnapshot] = {}
         self._runs: dict[str, int] = {}  # each lane's run number: reports of older runs drop
@@ -96,10 +98,6 @@ class Reactions:
     @recorder.setter
     def recorder(self, recorder: Recorder) -> None:
         self._recorder = self.ops.recorder = recorder
-
-    @property
-    def _ops(self) -> dict[str, Operation]:
-        return self.ops.current
 
     def spec(self, lane: str) -> LaneConfig:
         """The lane's config; UnknownLane with the known names otherwise."""
@@ -416,7 +414,7 @@ class Reactions:
 
     # --- what the subclass (the requests' side) provides ---------------------------------------
 
-    def _restart(self, lane: str, reason: str, kind: RestartKind) -> None:
+    def _restart(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
         """Restart a desired lane as an operation of its group (see Supervisor)."""
         raise NotImplementedError
 

@@ -25,6 +25,7 @@ from laned.names import container_name
 from laned.policy import ExitRecord, parse_exit_record
 from laned.probes import read_api_key
 from laned.systemd import Systemd
+from laned.traffic import Traffic
 from laned.unit_state import UnitSnapshot
 
 log = logging.getLogger("laned.supervisor")
@@ -192,3 +193,29 @@ async def run_checks(
         )
     finally:
         await client.close()
+
+
+async def drain(
+    traffic: Traffic,
+    lane: str,
+    spec: LaneConfig,
+    force: bool,
+    note: Callable[[str], None],
+    clock: Callable[[], float],
+) -> None:
+    """Wait for the requests laned's OpenAI endpoint has in flight to the lane (it sends it
+    no new ones: the lane is stopping or restarting), up to the lane's drain_timeout;
+    `force` cuts them. The notes say which."""
+    count = traffic.in_flight(lane)
+    if not count:
+        return
+    if force:
+        note(f"force: cutting {count} request(s) in flight, no drain")
+        return
+    note(f"draining {count} request(s) (drain_timeout {spec.drain_timeout:g} s)")
+    began = clock()
+    left = await traffic.drain(lane, spec.drain_timeout)
+    if left:
+        note(f"drain_timeout {spec.drain_timeout:g} s passed: cutting {left} request(s) still in flight")  # fmt: skip
+    else:
+        note(f"drained {count} request(s) in {clock() - began:.1f} s")

@@ -107,7 +107,7 @@ class Supervisor(Reactions):
         Refused (ConfigRefused, the running config stays in force): removing or renaming
         the unit of a lane that runs or has an operation under way, or changing daemon
         settings only a restart applies."""
-        under_way = {op.lane for op in self._ops.values()} | set(self._timers)
+        under_way = {op.lane for op in self.ops.current.values()} | set(self._timers)
         problems = policy.reload_problems(self.config, new, self.ledger.states(), under_way)
         if problems:
             raise ConfigRefused(
@@ -168,8 +168,10 @@ class Supervisor(Reactions):
         self.ops.run(op, self._operation(op, self._activation(op, reason)))
         return op.future
 
-    def deactivate(self, lane: str) -> asyncio.Future[LaneStatus]:
-        """Stop `lane`; a stop laned asked for is never counted as a failure."""
+    def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
+        """Stop `lane`; a stop laned asked for is never counted as a failure. Requests in
+        flight through laned's OpenAI endpoint end first (up to its drain_timeout) unless
+        `force`."""
         group = self.spec(lane).group
         current = self.ops.of(group)
         self.ledger.desire(lane, Desired.INACTIVE)
@@ -182,15 +184,20 @@ class Supervisor(Reactions):
             if current is not None:
                 self.ops.supersede(current, group, f"superseded by deactivate {lane}")
             op = self.ops.begin(lane, OpKind.DEACTIVATE, group)
-        self.ops.run(op, self._operation(op, self._stop_and_confirm(op.lane, "deactivate")))
+        op.force = force
+        stop = self._stop_and_confirm(op.lane, "deactivate", force)
+        self.ops.run(op, self._operation(op, stop))
         return op.future
 
-    def restart(self, lane: str, reason: str = "restart requested") -> asyncio.Future[LaneStatus]:
-        """Stop and start `lane` again (it must be desired active)."""
+    def restart(
+        self, lane: str, reason: str = "restart requested", force: bool = False
+    ) -> asyncio.Future[LaneStatus]:
+        """Stop and start `lane` again (it must be desired active); requests in flight
+        through laned's OpenAI endpoint end first unless `force`."""
         self.spec(lane)
         if self.statuses[lane].desired is not Desired.ACTIVE:
-            return self.activate(lane)
-        self._restart(lane, reason, RestartKind.REQUESTED)
+            return self.activate(lane, force=force)
+        self._restart(lane, reason, RestartKind.REQUESTED, force)
         return self.ledger.wait_ready(lane)
 
     async def preflight(self, lane: str) -> list[Finding]:
@@ -235,7 +242,7 @@ class Supervisor(Reactions):
         lane = op.lane
         await self._preflight(op)
         for peer in policy.peers(self.config, lane):
-            await self._stop_and_confirm(peer, f"swap to {lane}")
+            await self._stop_and_confirm(peer, f"swap to {lane}", op.force)
             self._check(op)
         unit = unit_name(lane, self.config.lanes[lane])
         if await steps.still_ending(self.systemd, unit, self.snapshots.get(lane)):
@@ -276,9 +283,11 @@ class Supervisor(Reactions):
             self._fail_start(lane, message.removeprefix(f"lane {lane}: "))
         raise PreflightFailed(message, hint, findings)
 
-    def _restart(self, lane: str, reason: str, kind: RestartKind) -> None:
+    def _restart(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
         """Restart a desired lane as an operation of its group: `restarting` now (so waiters
-        made after this wait for the new run), then stop and start it."""
+        made after this wait for the new run), then stop and start it. A requested restart
+        drains the endpoint's requests first (unless `force`); a failed engine has none to
+        finish."""
         status, group = self.statuses[lane], self.config.lanes[lane].group
         if status.desired is not Desired.ACTIVE:
             return
@@ -292,12 +301,15 @@ class Supervisor(Reactions):
         self._cancel_restart(lane)
         self._stop_follow(lane)
         op = self.ops.begin(lane, OpKind.RESTART, group)
+        op.force = force or kind is not RestartKind.REQUESTED
         self._stopping.add(lane)
         self.ledger.transition(lane, LaneState.RESTARTING, reason)
         self.ops.run(op, self._operation(op, self._stop_then_start(op, reason)))
 
     async def _stop_then_start(self, op: Operation, reason: str) -> None:
         try:
+            await self._drain(op.lane, op.force)
+            self._check(op)
             await self.systemd.stop_unit(unit_name(op.lane, self.config.lanes[op.lane]))
         finally:
             self._stopping.discard(op.lane)
@@ -363,8 +375,10 @@ class Supervisor(Reactions):
         self._start_follow(lane)
         await steps.start(self.systemd, unit_name(lane, spec))
 
-    async def _stop_and_confirm(self, lane: str, reason: str) -> None:
-        """Stop the lane's unit and confirm it is gone (for containers, ExecStopPost removed it)."""
+    async def _stop_and_confirm(self, lane: str, reason: str, force: bool = False) -> None:
+        """Stop the lane's unit and confirm it is gone (for containers, ExecStopPost removed it).
+        `stopping` first, so laned's OpenAI endpoint sends it no new request; the requests in
+        flight end before the stop (drain_timeout at most) unless `force`."""
         status, spec = self.statuses[lane], self.config.lanes[lane]
         self._cancel_restart(lane)
         self._stop_follow(lane)
@@ -378,6 +392,7 @@ class Supervisor(Reactions):
         self._stopping.add(lane)
         try:
             self.ledger.transition(lane, LaneState.STOPPING, reason)
+            await self._drain(lane, force)
             refused = await steps.stop(self.systemd, unit)
             if refused is not None:
                 raise ActivationFailed(refused.reason, refused.hint)
@@ -390,6 +405,10 @@ class Supervisor(Reactions):
             self._stopping.discard(lane)
         if status.state is LaneState.STOPPING:
             self.ledger.transition(lane, LaneState.INACTIVE, reason)
+
+    async def _drain(self, lane: str, force: bool) -> None:
+        note = functools.partial(self.ledger.note, lane, EventKind.DRAIN)
+        await steps.drain(self.traffic, lane, self.config.lanes[lane], force, note, self.clock)
 
     def _fail_start(self, lane: str, reason: str) -> None:
         self.ledger.transition(lane, LaneState.FAILED, reason)

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from laned import __version__
 from laned.api import daemon, errors, lanes, openai
-from laned.api.guard import ApiSettings, guard
+from laned.api.guard import ApiSettings, Guard
 from laned.front import Front
 from laned.metrics import LanedMetrics
 from laned.proxy import Proxy
@@ -32,7 +32,7 @@ def create_app(
     if metrics is None:
         metrics = LanedMetrics()
         metrics.attach(front)
-    proxy = Proxy(front)
+    proxy = Proxy(front, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -46,7 +46,7 @@ def create_app(
         lifespan=lifespan,
     )
     errors.install(app)
-    app.middleware("http")(guard(settings))
+    app.add_middleware(Guard, settings=settings)
     app.include_router(lanes.router(front))
     app.include_router(daemon.router(front, metrics))
     app.include_router(openai.router(proxy))

@@ -8,12 +8,12 @@ type it), which is why these checks look at the path and not only the method.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from laned.api.errors import envelope
 
@@ -39,14 +39,29 @@ def host_of(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-Next = Callable[[Request], Awaitable[Response]]
+class Guard:
+    """The ASGI middleware that refuses what must not reach an endpoint. Plain ASGI, not
+    Starlette's BaseHTTPMiddleware: that one relays every chunk of a streamed answer
+    through a task and a memory stream, which laned's OpenAI endpoint would pay per token."""
 
+    def __init__(self, app: ASGIApp, settings: ApiSettings) -> None:
+        self.app, self.settings = app, settings
+        self.allowed = LOCAL_NAMES | {
+            settings.listen_host.lower(),
+            f"[{settings.listen_host.lower()}]",
+        }
 
-def guard(settings: ApiSettings) -> Callable[[Request, Next], Awaitable[Response]]:
-    """The middleware that refuses what must not reach an endpoint."""
-    allowed = LOCAL_NAMES | {settings.listen_host.lower(), f"[{settings.listen_host.lower()}]"}
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = self.refusal(Request(scope))
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
-    async def middleware(request: Request, call_next: Next) -> Response:
+    def refusal(self, request: Request) -> Response | None:
+        """The answer that refuses the request, or None when it may go on."""
+        settings, allowed = self.settings, self.allowed
         host = host_of(request.headers.get("host", ""))
         if host not in allowed:
             return envelope(
@@ -92,6 +107,4 @@ def guard(settings: ApiSettings) -> Callable[[Request, Next], Awaitable[Response
                     "the bearer token is wrong",
                     "use the token in daemon.token_file",
                 )
-        return await call_next(request)
-
-    return middleware
+        return None

@@ -13,6 +13,8 @@ from laned.front import Front
 from laned.lanes import LaneStatus
 from laned.model import GATES
 
+NO_DRAIN = "stop without draining the requests in flight through laned's OpenAI endpoint"
+
 
 def router(front: Front) -> APIRouter:
     """The /lanes endpoints over one front."""
@@ -86,10 +88,15 @@ def router(front: Front) -> APIRouter:
         request: Request,
         wait: bool = Query(False, description="answer when the lane is ready (or failed)"),
         timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait at most"),
-        force: bool = Query(False, description="start even when preflight finds errors"),
+        force: bool = Query(
+            False,
+            description="start even when preflight finds errors; stop the others without "
+            "draining the requests in flight through laned's OpenAI endpoint",
+        ),
     ) -> JSONResponse:
-        """Make the lane the running lane of its group (stopping the others). Idempotent.
-        Preflight runs first; its errors refuse the activation before anything is stopped."""
+        """Make the lane the running lane of its group (stopping the others, after their
+        requests at laned's OpenAI endpoint end). Idempotent. Preflight runs first; its
+        errors refuse the activation before anything is stopped."""
         return await answer(lane, await front.activate(lane, force), wait, timeout, request)
 
     @api.get("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_get")
@@ -99,9 +106,11 @@ def router(front: Front) -> APIRouter:
         request: Request,
         wait: bool = Query(False, description="answer when the lane has stopped"),
         timeout: float | None = Query(None, gt=0, le=86400),
+        force: bool = Query(False, description=NO_DRAIN),
     ) -> JSONResponse:
-        """Stop the lane; never counted as a failure."""
-        return await answer(lane, front.deactivate(lane), wait, timeout, request)
+        """Stop the lane (never counted as a failure), after the requests in flight through
+        laned's OpenAI endpoint end (the lane's drain_timeout at most)."""
+        return await answer(lane, front.deactivate(lane, force), wait, timeout, request)
 
     @api.post("/lanes/{lane}/restart", status_code=202)
     async def restart(
@@ -109,9 +118,10 @@ def router(front: Front) -> APIRouter:
         request: Request,
         wait: bool = Query(False),
         timeout: float | None = Query(None, gt=0, le=86400),
+        force: bool = Query(False, description=NO_DRAIN),
     ) -> JSONResponse:
-        """Stop and start the lane again."""
-        return await answer(lane, front.restart(lane), wait, timeout, request)
+        """Stop and start the lane again, after its requests at laned's OpenAI endpoint end."""
+        return await answer(lane, front.restart(lane, force), wait, timeout, request)
 
     @api.get("/lanes/{lane}/logs")
     async def logs(

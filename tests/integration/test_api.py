@@ -20,6 +20,7 @@ from laned.config import parse_config
 from laned.daemon import api_server as http_server
 from laned.daemon import api_settings
 from laned.errors import LanedError
+from laned.front import Front
 from laned.host import Host
 from laned.metrics import LanedMetrics
 from laned.podman import Podman
@@ -52,7 +53,7 @@ async def api_server(
     sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252, host=host)
     metrics = LanedMetrics()
     sup.recorder = metrics
-    metrics.attach(sup)
+    metrics.attach(Front(sup))
     await sup.start()
     settings = ApiSettings("127.0.0.1", api_port, token, token_for_reads)
     server = http_server(create_app(sup, settings, metrics), settings)

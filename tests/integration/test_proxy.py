@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from laned.probes import parse_engine_metrics
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
 from tests.integration.test_api import api_server
-from tests.integration.test_supervisor import run
+from tests.integration.test_supervisor import run, until
 
 KEY = "sk-lane-b-7f3a"
 
 
 def test_one_url_routes_by_model_streams_and_says_why_a_lane_does_not_serve(
-    harness: Harness, units: Units, tmp_path: Path
+    harness: Harness, units: Units, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     port_a, port_b, port_c, api_port = free_port(), free_port(), free_port(), free_port()
     key_file = tmp_path / "b.env"
     key_file.write_text(f"VLLM_API_KEY={KEY}\n")
@@ -89,6 +92,9 @@ def test_one_url_routes_by_model_streams_and_says_why_a_lane_does_not_serve(
             # The key is in no event and no metric.
             events = (await client.get("/events", params={"limit": 500})).text
             assert KEY not in events and KEY not in (await client.get("/metrics")).text
+            # ... nor in laned's log (every logger, every level) or the engine's journal.
+            assert caplog.records and KEY not in caplog.text
+            assert KEY not in (await client.get("/lanes/b/logs", params={"lines": 500})).text
 
     run(scenario())
 
@@ -110,20 +116,38 @@ def test_a_client_that_goes_away_ends_the_engines_request(
     async def scenario() -> None:
         async with api_server(harness, config, api_port) as sup:
             await sup.activate("a")
-            async with (
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}") as client,
-                client.stream("POST", "/v1/completions", json=ask) as sse,
-            ):
-                seen = 0
-                async for line in sse.aiter_lines():
-                    seen += line.startswith("data: ")
-                    if seen == 3:
-                        break  # the client goes away mid-answer (20 s of it left)
-            # Closing the stream closed the proxy's connection to the engine: vLLM (and the
-            # simulator) abort a request whose connection goes away.
-            await until_async(running, 0.0, 10)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}") as client:
+                warm = await client.post("/v1/completions", json={**ask, "stream": False, "max_tokens": 1})  # fmt: skip
+                assert warm.status_code == 200
+                before = engine_connections(port)
+                for _ in range(5):
+                    async with client.stream("POST", "/v1/completions", json=ask) as sse:
+                        seen = 0
+                        async for line in sse.aiter_lines():
+                            seen += line.startswith("data: ")
+                            if seen == 3:
+                                break  # the client goes away mid-answer (20 s of it left)
+                    # Closing the stream closed the proxy's connection to the engine: vLLM
+                    # (and the simulator) abort a request whose connection goes away.
+                    await until_async(running, 0.0, 10)
+                # Nothing leaks: no request counted in flight, no connection left open.
+                await until(lambda: sup.traffic.in_flight("a") == 0, 5, "in flight back to 0")
+                assert (await client.get("/lanes/a")).json()["proxy"] == {"in_flight": 0, "queued": 0}  # fmt: skip
+                await until(lambda: engine_connections(port) <= before, 5, "connections closed")
 
     run(scenario())
+
+
+def engine_connections(port: int) -> int:
+    """Established TCP connections to 127.0.0.1:port, from the kernel's table."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table, encoding="ascii") as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                remote, state = fields[2], fields[3]
+                count += state == "01" and int(remote.rsplit(":", 1)[1], 16) == port
+    return count
 
 
 async def until_async(read: Any, value: float, timeout: float) -> None:

@@ -240,7 +240,7 @@ def test_a_crash_loop_ends_in_failed_without_further_restarts(
         # A new laned leaves the failed lane alone until it is activated again.
         async with supervising(harness, config) as sup:
             assert sup.statuses["a"].state is LaneState.FAILED
-            assert sup._ops == {} and sup._timers == {}
+            assert sup.ops.current == {} and sup._timers == {}
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
             # Deactivating acknowledges the failure.
             await sup.deactivate("a")

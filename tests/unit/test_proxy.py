@@ -1,10 +1,14 @@
-"""Routing by model name (laned.proxy.route), without I/O."""
+"""Routing by model name (laned.proxy.route), on-demand rules and request counts, without I/O."""
 
 from __future__ import annotations
 
+import asyncio
+
+from laned.client import table
 from laned.config import parse_config
 from laned.lanes import Desired, LaneState, LaneStatus
-from laned.proxy import model_names, route
+from laned.proxy import model_names, on_demand_refusal, route
+from laned.traffic import Traffic
 
 TEXT = """
 [lanes.dsv41]
@@ -49,3 +53,56 @@ def test_of_two_configurations_of_one_model_the_desired_one_is_chosen() -> None:
     assert route(CONFIG, long, "deepseek-v4.1-flash") == "dsv41-long"
     running = statuses(dsv41_long=(LaneState.READY, Desired.INACTIVE))
     assert route(CONFIG, running, "deepseek-v4.1-flash") == "dsv41-long"
+
+
+def test_a_request_activates_only_an_on_demand_lane_that_is_free_to_start() -> None:
+    idle = LaneStatus("glm53")
+    assert on_demand_refusal(True, idle, None) is None
+    assert on_demand_refusal(False, idle, None) == "on_demand is off for it"
+    failed = LaneStatus("glm53", LaneState.FAILED, Desired.INACTIVE)
+    assert "does not start a failed lane" in str(on_demand_refusal(True, failed, None))
+    assert (
+        on_demand_refusal(True, idle, "activate dsv41")
+        == "activate dsv41 is under way in its group"
+    )
+
+
+def test_a_lane_says_on_demand_and_its_drain_timeout() -> None:
+    text = TEXT.replace('served_model_name = "glm-5.3"', 'served_model_name = "glm-5.3"\non_demand = true\ndrain_timeout = "5m"')  # fmt: skip
+    config = parse_config(text, "t.toml", {"HOME": "/home/op"})
+    assert config.lanes["glm53"].on_demand and config.lanes["glm53"].drain_timeout == 300
+    assert not config.lanes["dsv41"].on_demand and config.lanes["dsv41"].drain_timeout == 120
+
+
+def test_traffic_counts_each_request_once_and_a_drain_ends_when_the_last_one_does() -> None:
+    async def scenario() -> None:
+        traffic = Traffic()
+        assert await traffic.drain("a", 0.01) == 0  # nothing in flight: at once
+        first, second = traffic.enter("a"), traffic.enter("a")
+        first.done()
+        first.done()  # twice (the body's end and the response's background): counted once
+        assert traffic.counts("a") == {"in_flight": 1, "queued": 0}
+        assert await traffic.drain("a", 0.01) == 1  # the deadline passes
+        drain = asyncio.ensure_future(traffic.drain("a", 10))
+        await asyncio.sleep(0)
+        assert not drain.done()
+        second.done()
+        assert await drain == 0
+        traffic.wait_begins("b")
+        assert traffic.queued("b") == 1
+        traffic.wait_ends("b")
+        assert traffic.counts("b") == {"in_flight": 0, "queued": 0}
+
+    asyncio.run(scenario())
+
+
+def test_laned_status_shows_the_endpoints_requests_per_lane() -> None:
+    lane = {
+        "name": "glm53", "state": "ready", "desired": "active", "port": 8005,
+        "served_model_name": "glm-5.3", "restarts": 0, "proxy": {"in_flight": 2, "queued": 3},
+    }  # fmt: skip
+    header, row = table([lane, {**lane, "name": "idle", "proxy": {"in_flight": 0, "queued": 0}}]).splitlines()[:2]  # fmt: skip
+    assert "REQUESTS" in header and "2 in flight, 3 queued" in row
+    assert (
+        table([{**lane, "proxy": {"in_flight": 0, "queued": 0}}]).splitlines()[1].split()[5] == "-"
+    )

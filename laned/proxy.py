@@ -250,14 +250,7 @@ class Proxy:
         try:
             activation = await asyncio.shield(task)
         except LanedError as exc:  # preflight refused it: nothing was stopped
-            return openai_error(
-                503,
-                "ServiceUnavailableError",
-                f"lane {lane} cannot be activated on demand: {exc.message}",
-                lane=lane,
-                state=self.front.status(lane).state.value,
-                hint=exc.hint,
-            )
+            return self._refused_by(lane, "cannot be activated on demand", exc)
         # Its waiters hear how it ends; the future's own error needs no reader.
         activation.add_done_callback(_quiet)
         return None
@@ -295,17 +288,21 @@ class Proxy:
                 hint=f"laned status; laned events --lane {lane}",
             )
         except LanedError as exc:  # it failed, or a newer request stopped it
-            return openai_error(
-                503,
-                "ServiceUnavailableError",
-                f"lane {lane} will not serve: {exc.message}",
-                lane=lane,
-                state=self.front.status(lane).state.value,
-                hint=exc.hint,
-            )
+            return self._refused_by(lane, "will not serve", exc)
         finally:
             self.traffic.wait_ends(lane)
         return None
+
+    def _refused_by(self, lane: str, what: str, exc: LanedError) -> JSONResponse:
+        """503 for a lane that laned's error says will not serve this request."""
+        return openai_error(
+            503,
+            "ServiceUnavailableError",
+            f"lane {lane} {what}: {exc.message}",
+            lane=lane,
+            state=self.front.status(lane).state.value,
+            hint=exc.hint,
+        )
 
     def _not_serving(self, lane: str, status: LaneStatus, why_not: str = "") -> JSONResponse:
         why = status.phase or status.reason

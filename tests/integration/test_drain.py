@@ -18,6 +18,7 @@ from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
 from tests.integration.test_api import api_server
+from tests.integration.test_proxy import ask
 from tests.integration.test_supervisor import run, until
 
 
@@ -142,9 +143,6 @@ def test_a_request_activates_an_on_demand_lane_and_only_that(
     }
     env = {"b": {"LANED_SIM_STARTUP": "1"}, "c": {"LANED_SIM_FAIL_AT_START": "3"}}
     config = lane_config(harness, units, tmp_path, lanes, port, env=env, ports={"c": free_port()})
-
-    def ask(model: str) -> dict[str, Any]:
-        return {"model": model, "prompt": "hi", "max_tokens": 3}
 
     async def scenario() -> None:
         async with (

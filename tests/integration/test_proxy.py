@@ -21,6 +21,11 @@ from tests.integration.test_supervisor import run, until
 KEY = "sk-lane-b-7f3a"
 
 
+def ask(model: str) -> dict[str, Any]:
+    """A short completion request for `model`."""
+    return {"model": model, "prompt": "hi", "max_tokens": 3}
+
+
 def test_one_url_routes_by_model_streams_and_says_why_a_lane_does_not_serve(
     harness: Harness, units: Units, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -176,9 +181,6 @@ def test_requests_wait_through_a_cold_start_within_their_queue(
         "d": {"LANED_SIM_STARTUP": "1", "LANED_SIM_FAIL_AT_START": "3"},
     }
     config = lane_config(harness, units, tmp_path, lanes, ports["a"], env=env, ports=ports)
-
-    def ask(model: str) -> dict[str, Any]:
-        return {"model": model, "prompt": "hi", "max_tokens": 3}
 
     async def scenario() -> None:
         async with (

@@ -12,7 +12,13 @@ answer lengths drawn from one seeded list for both ways) with httpx's async clie
 pool, and read every SSE chunk.
 
 - throughput: completion tokens of a phase / the phase's wall time;
-- time to first token: request sent -> first chunk with content;
+- time to first token: request sent -> first chunk with content, with every connection open
+  (an untimed burst of one short request per client opens them before each phase: a phase
+  outlasts the keep-alive of the connections of the other way, and 16 connections opened at
+  once by one client on 2 cores measure the client more than laned);
+- after idle: `--idle-bursts` times, the clients wait past every keep-alive (the engine's
+  5 s) and then send one request each at once: the time to first token of a burst that must
+  open its connections (client -> laned -> engine), for each way;
 - laned CPU per request: laned's user+system CPU over the proxied rounds, less its idle
   rate (probes, scrapes) over the direct rounds, per proxied request.
 """
@@ -38,6 +44,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, free_port, harness_env, sim_lane
+from laned.sim.http import KEEP_ALIVE
 
 
 def cpu_seconds(pid: int) -> float:
@@ -87,7 +94,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def bench(
-    concurrency: int, rounds: int, per_client: int, tokens: int, tps: float
+    concurrency: int, rounds: int, per_client: int, tokens: int, tps: float, idle_bursts: int
 ) -> dict[str, Any]:
     env = harness_env()
     os.environ.update(env)
@@ -130,16 +137,23 @@ async def bench(
                 for url in urls.values():  # warm both paths (connections, code)
                     await phase(client, url, body, [[8]] * concurrency)
                 figures: dict[str, dict[str, list[float]]] = {
-                    m: {"tps": [], "ttft": [], "cpu": [], "wall": []} for m in urls
+                    m: {"tps": [], "ttft": [], "cpu": [], "wall": [], "idle_burst": []}
+                    for m in urls
                 }
                 for i in range(rounds * 2):
                     mode = ("direct", "proxy")[i % 2]
+                    await phase(client, urls[mode], body, [[8]] * concurrency)
                     cpu0, t0 = cpu_seconds(laned.pid), time.perf_counter()
                     tps_round, ttfts = await phase(client, urls[mode], body, lengths)
                     figures[mode]["cpu"].append(cpu_seconds(laned.pid) - cpu0)
                     figures[mode]["wall"].append(time.perf_counter() - t0)
                     figures[mode]["tps"].append(tps_round)
                     figures[mode]["ttft"].extend(ttfts)
+                for _ in range(idle_bursts):
+                    for mode, url in urls.items():
+                        await asyncio.sleep(KEEP_ALIVE + 1)
+                        _, ttfts = await phase(client, url, body, [[tokens]] * concurrency)
+                        figures[mode]["idle_burst"].extend(ttfts)
                 metrics = (await client.get(f"http://127.0.0.1:{api_port}/metrics")).text
         finally:
             laned.terminate()
@@ -191,6 +205,11 @@ def summary(
         m: {"p50": pct(f["ttft"], 0.5) * 1e3, "p99": pct(f["ttft"], 0.99) * 1e3}
         for m, f in figures.items()
     }
+    burst = {
+        m: {"p50": pct(f["idle_burst"], 0.5) * 1e3, "max": max(f["idle_burst"]) * 1e3}
+        for m, f in figures.items()
+        if f["idle_burst"]
+    }
     return {
         "concurrency": concurrency,
         "requests_each": requests,
@@ -203,6 +222,7 @@ def summary(
         "laned_idle_cpu_percent": idle_rate * 100,
         "throughput_ratio": throughput["proxy"] / throughput["direct"],
         "added_ttft_ms": {q: ttft["proxy"][q] - ttft["direct"][q] for q in ("p50", "p99")},
+        "after_idle_burst_ttft_ms": burst,
     }
 
 
@@ -215,10 +235,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4, help="requests per client a phase")
     parser.add_argument("--max-tokens", type=int, default=200, help="the mean (0.5x-1.5x)")
     parser.add_argument("--tps", type=float, default=100, help="simulated tokens/s per request")
+    parser.add_argument("--idle-bursts", type=int, default=3, help="bursts after idle, each way")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     result = asyncio.run(
-        bench(args.concurrency, args.rounds, args.requests, args.max_tokens, args.tps)
+        bench(
+            args.concurrency,
+            args.rounds,
+            args.requests,
+            args.max_tokens,
+            args.tps,
+            args.idle_bursts,
+        )
     )
     print(
         f"laned's OpenAI endpoint vs the engine's port: {args.concurrency} concurrent streaming "
@@ -230,6 +258,11 @@ def main() -> None:
         print(
             f"  {mode:7} throughput {result['throughput_tokens_per_s'][mode]:8.0f} tok/s   "
             f"TTFT p50 {ttft['p50']:7.2f} ms   p99 {ttft['p99']:7.2f} ms"
+        )
+    for mode, figure in result["after_idle_burst_ttft_ms"].items():
+        print(
+            f"  {mode:7} after idle, {args.concurrency} at once (new connections): TTFT p50 "
+            f"{figure['p50']:7.2f} ms   max {figure['max']:7.2f} ms"
         )
     added = result["added_ttft_ms"]
     print(

@@ -263,6 +263,40 @@ def cmd_install(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    """`laned import [--name LANE] [--set NAME=VALUE]... [FILE | -]`."""
+    from laned.cmdline import CommandLineError
+    from laned.config import parse_config
+    from laned.import_toml import render_import
+    from laned.importer import import_run
+
+    path = args.file or args.source or "-"
+    values = dict(item.partition("=")[::2] for item in args.set)
+    if path == "-":
+        text, source = sys.stdin.read(), "a command line on stdin"
+    else:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"laned: cannot read {path}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        source = os.path.basename(path)
+    try:
+        lane = import_run(text, args.name, values)
+    except CommandLineError as exc:
+        print(f"laned import: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    rendered = render_import(lane, source)
+    print(rendered, end="")
+    for warning in lane.warnings:
+        print(f"laned import: warning: {warning}", file=sys.stderr)
+    # What laned validate would say of it, beside a default [daemon].
+    config = parse_config(rendered, source=f"the imported lane {lane.name}")
+    _print_warnings(config.source, config.warnings)
+    return EXIT_OK
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     """`laned sim ...`: hand over to the simulated engine's own command line."""
     from laned.sim.__main__ import main as sim_main
@@ -293,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "logs": cmd_logs,
         "install": cmd_install,
         "events": cmd_events,
+        "import": cmd_import,
     }
     if args.command == "version":
         print(f"laned {__version__}")

@@ -60,6 +60,25 @@ def parser() -> argparse.ArgumentParser:
         "(re)start it, so laned comes up at boot and restores the lane that should run.",
     )
 
+    imports = sub.add_parser(
+        "import",
+        help="turn a published docker/podman run command line into a lane table",
+        description="Read a `docker run` or `podman run` command line (a recipe's, prose around "
+        "it is fine) and print a lane table for laned.toml: every option and engine flag carried "
+        "over, what rootless podman under systemd cannot take translated with a note, the "
+        "`needs` line to fill in. See docs/import.md.",
+    )
+    imports.add_argument("source", nargs="?", metavar="FILE", help="the recipe; - or none: stdin")
+    imports.add_argument("--file", dest="file", metavar="FILE", help="the same as FILE")
+    imports.add_argument("--name", help="the lane's name (default: from the served model name)")
+    imports.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a value for a ${NAME} placeholder of the command line (repeatable)",
+    )
+
     _lane_commands(sub)
     _gate_commands(sub)
     _watch_commands(sub)

@@ -139,7 +139,8 @@ def fit_table(body: dict[str, Any]) -> str:
     for lane in body["lanes"]:
         problems = [f["message"] for f in lane["findings"] if f["severity"] != "note"]
         notes = [f["message"] for f in lane["findings"] if f["severity"] == "note"]
-        verdict = "fits" if lane["fits"] else "does not fit"
+        unsure = any(f["severity"] == "warning" for f in lane["findings"])
+        verdict = "does not fit" if not lane["fits"] else "may not fit" if unsure else "fits"
         detail = "; ".join(problems or notes)
         lines.append(f"  {lane['name']:16} {verdict}" + (f"  ({detail})" if detail else ""))
     return "\n".join(lines)

@@ -68,7 +68,26 @@ def _flag_of(text: str) -> str:
     return text.split("=", 1)[0] if text.startswith("--") else text
 
 
+PLACEHOLDER = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    """A recipe's `${NODE_IP}` left in a value reaches the engine as written: no shell runs
+    the wrapper's words (they are quoted), and laned fills no placeholder itself."""
+    values = [(f"{base}.env.{k}", v.value) for k, v in lane.env.items()]
+    values += [(where, text) for where, text in _argv_sources(base, lane)]
+    for where, text in values:
+        if match := PLACEHOLDER.search(text):
+            yield Problem(
+                where,
+                f"{match.group()} reaches the engine as written: laned fills no placeholder",
+                "write this host's value here (laned import --set NAME=VALUE does it)",
+                Severity.WARNING,
+            )
+
+
 def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    yield from check_placeholders(base, lane)
     for where, text in _argv_sources(base, lane):
         if "\x00" in text:
             yield Problem(where, "contains a NUL byte, which no argv can carry", "remove it")
@@ -106,13 +125,21 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
                 Severity.WARNING,
             )
         seen.setdefault(flag, where)
-    engram_disk = [k for k, v in lane.env.items() if k.endswith("ENGRAM_DISK") and v.value == "1"]
+    engram_disk = _exl3_engram_disk(lane)
     if engram_disk and "--enforce-eager" not in seen:
         yield Problem(
             f"{base}.args",
             f"{engram_disk[0]}=1 needs --enforce-eager",
             "CUDA graphs cannot capture the NVMe reads of engram-disk mode; add --enforce-eager",
         )
+
+
+def _exl3_engram_disk(lane: LaneConfig) -> list[str]:
+    """Seed 000's engram-disk switch, when on. Only the EXL3 pack's own variable: its plugin's
+    NVMe reads cannot be captured in CUDA graphs. Other builds differ: seed 001's
+    VLLM_MOET_ENGRAM_DISK=1 runs with CUDA graphs and pins its KV offload region."""
+    var = lane.env.get("DSV41_ENGRAM_DISK")
+    return ["DSV41_ENGRAM_DISK"] if var is not None and var.value == "1" else []
 
 
 def _podman_flags(args: Iterable[str]) -> list[tuple[str, str | None]]:
@@ -201,9 +228,9 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Prob
         )
     cap_add = [v for f, v in flags if f == "--cap-add" and v and v.upper().endswith("IPC_LOCK")]
     if cap_add:
-        disk = [k for k, v in lane.env.items() if k.endswith("ENGRAM_DISK") and v.value == "1"]
+        disk = _exl3_engram_disk(lane)
         memlock = any(f == "--ulimit" and v and v.startswith("memlock") for f, v in flags)
-        if disk:
+        if disk and lane.engine_arg("--kv-offloading-size") is None:
             yield Problem(
                 pargs,
                 f"--cap-add IPC_LOCK with {disk[0]}=1",

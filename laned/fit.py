@@ -30,8 +30,21 @@ def fit(
     indices = gpu_indices(spec)
     wants_gpus = needs.gpus > 0 or needs.gpu_memory_gib > 0 or indices is not None
     if wants_gpus and host.gpus is None:
+        # Not an error: NVML may be missing where the GPUs are not (laned in a container).
+        memory = (
+            f" with {needs.gpu_memory_gib:g} GiB of GPU memory in all"
+            if needs.gpu_memory_gib
+            else ""
+        )
+        count = f"{needs.gpus} GPU(s)" if needs.gpus else "its GPUs"
         out.append(
-            Finding("needs", Severity.NOTE, f"GPU needs not checked: {host.gpu_note or 'no NVML'}")
+            Finding(
+                "needs",
+                Severity.WARNING,
+                f"{base}.gpus: the lane needs {count}{memory}; laned sees no GPU here "
+                f"({host.gpu_note or 'no NVML'})",
+                "run it on a host with the GPUs; if they are here, install the NVIDIA driver",
+            )
         )
     elif host.gpus is not None:
         missing = sorted(set(indices or ()) - {g.index for g in host.gpus})

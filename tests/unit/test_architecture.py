@@ -23,6 +23,11 @@ CORE = {
     "laned.names",
     "laned.errors",
     "laned.durations",
+    "laned.cmdline",
+    "laned.importer",
+    "laned.run_options",
+    "laned.import_toml",
+    "laned.toml_text",
 }
 # The edges: they talk to systemd, podman, NVML, journald, engines, files, processes.
 ADAPTERS = {

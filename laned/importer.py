@@ -1,0 +1,232 @@
+"""`laned import`: a published `docker run` / `podman run` command line as a laned lane.
+
+Pure: text in, an `Imported` lane out (rendered as TOML by `laned.import_toml`). Everything
+the recipe says is carried over; what rootless podman under systemd cannot take as written
+is translated, each change with a note that says what and why (docs/import.md):
+
+- `--gpus all` (Docker's NVIDIA runtime) becomes the CDI device `nvidia.com/gpu=all`;
+- `--rm`, `-d`, `-i`, `-t`, `--restart`, `--pull` go: laned removes the container itself
+  after reading how it ended, systemd runs it in the foreground and restarts it;
+- `--shm-size` goes beside `--ipc host` (seed 000: the host's /dev/shm is used then);
+- `-p` is kept for the engine's port, dropped under `--network host`;
+- the engine's `--port` and `--served-model-name` become `port` and `served_model_name`;
+  an `--api-key` or `-e VLLM_API_KEY=` leaves the argv for `api_key_file`;
+- an option given twice is kept once.
+
+Placeholders (`$VAR`, `${VAR}`) that differ per node (NODE_RANK, HEAD_IP, ...) are kept as
+written and reported; others take their value from `--set NAME=VALUE`; any left is an error
+that names them all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from laned.cmdline import PLACEHOLDER, Word, command_at
+from laned.run_options import BadImport, Imported, api_key, comment_of, split_run, translate_options
+
+PER_NODE = ("NODE_RANK", "HEAD_IP", "NODE_IP", "MASTER_ADDR", "CX7_IF", "CX7_IB")
+VLLM_DEFAULT_PORT = 8000  # vllm/entrypoints/openai/cli_args.py: --port default
+
+
+def import_run(text: str, name: str | None = None, values: Mapping[str, str] = {}) -> Imported:
+    """The lane that the one `docker run` / `podman run` in `text` describes."""
+    words = _the_run(text)
+    options, image, rest = split_run(words)
+    resolve = _Resolver(values)
+    out = Imported(name="")
+    engine = [
+        resolve(
+            w,
+            f"{rest[i - 1].shown()} {w.shown()}"
+            if i and rest[i - 1].text.startswith("-")
+            else w.shown(),
+        )
+        for i, w in enumerate(rest)
+    ]
+    _engine(out, engine, rest)
+    out.name = name or _lane_name(str(out.lane["served_model_name"]))
+    translate_options(out, options, resolve, resolve.values)
+    if "api_key_file" in out.lane:
+        out.lane["api_key_file"] = f"~/.config/laned/{out.name}.env"
+    out.container = {"image": resolve(image, "the image"), **out.container}
+    resolve.finish(out)
+    _needs(out)
+    _caches(out)
+    short = str(out.container["image"]).rsplit("/", 1)[-1].split("@")[0]
+    out.lane = {
+        "description": f"{out.lane['served_model_name']} ({short}), imported",
+        **out.lane,
+    }
+    return out
+
+
+_RUN = re.compile(
+    r"^\s*(?:\$\s+)?(?:sudo\s+)?(?:\S*/)?(?:docker|podman)\s+(?:container\s+)?run(?:\s|$)"
+)
+
+
+def _the_run(text: str) -> list[Word]:
+    """The words after `run` of the one docker/podman run in the text (prose around it, as a
+    recipe page has, is not read)."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if _RUN.match(line)]
+    if len(starts) != 1:
+        found = (
+            "no" if not starts else f"{len(starts)} (lines {', '.join(str(i + 1) for i in starts)})"
+        )
+        raise BadImport(
+            f"{found} `docker run` / `podman run` command found; one is needed",
+            "give laned import the recipe's one start command (--file F, or - for stdin)",
+        )
+    words = command_at(lines, starts[0])
+    at = next(i for i, w in enumerate(words) if w.text == "run")
+    return words[at + 1 :]
+
+
+class _Resolver:
+    """Placeholders: per-node ones kept (and reported), the rest from --set, or an error."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self.values = dict(values)
+        self.unknown: dict[str, list[str]] = {}
+        self.per_node: dict[str, list[str]] = {}
+
+    def __call__(self, word: Word | str, where: str) -> str:
+        text = word.text if isinstance(word, Word) else word
+        for placeholder in PLACEHOLDER.findall(text):
+            if placeholder in self.values:
+                continue
+            if placeholder in PER_NODE:
+                self.per_node.setdefault(placeholder, []).append(where)
+            elif placeholder != "HOME":
+                self.unknown.setdefault(placeholder, []).append(where)
+
+        def fill(match: re.Match[str]) -> str:
+            placeholder = match.group(1)
+            if placeholder in self.values:
+                return self.values[placeholder]
+            return "~" if placeholder == "HOME" else f"${{{placeholder}}}"
+
+        return PLACEHOLDER.sub(fill, text)
+
+    def finish(self, out: Imported) -> None:
+        if self.unknown:
+            named = "; ".join(f"${{{k}}} ({', '.join(v)})" for k, v in self.unknown.items())
+            sets = " ".join(f"--set {k}=VALUE" for k in self.unknown)
+            raise BadImport(
+                f"placeholders with no value: {named}",
+                f"give each a value: laned import {sets} (per-node ones laned knows: "
+                f"{', '.join(PER_NODE)})",
+            )
+        out.per_node = self.per_node
+
+
+def _engine(out: Imported, engine: list[str], words: list[Word]) -> None:
+    """The words after the image: command (`serve MODEL`), then `--flag [value]` pairs."""
+    command: list[str] = []
+    i = 0
+    while i < len(engine) and not engine[i].startswith("-"):
+        command.append(engine[i])
+        i += 1
+    pairs: list[tuple[str, str | None, str]] = []
+    while i < len(engine):
+        flag, comment, value = engine[i], comment_of(words, i), None
+        if flag.startswith("--") and "=" in flag:
+            flag, value = flag.split("=", 1)
+        elif i + 1 < len(engine) and _is_value(engine[i + 1]):
+            value = engine[i + 1]
+            i += 1
+        pairs.append((flag, value, comment))
+        while flag == "--served-model-name" and i + 1 < len(engine) and _is_value(engine[i + 1]):
+            pairs.append((flag, engine[i + 1], comment))  # nargs="+" in vLLM
+            i += 1
+        i += 1
+    model = command[1] if command[:1] == ["serve"] and len(command) > 1 else None
+    names, port, kept = [], None, []
+    for flag, value, why in pairs:
+        if flag == "--model" and value is not None:
+            model = model or value
+        if flag == "--served-model-name" and value is not None:
+            names.append(value)
+        elif flag == "--port" and value is not None:
+            port = value
+        elif flag == "--api-key":
+            api_key(out, "the engine's --api-key")
+        else:
+            kept.append((flag, value, why))
+    out.args = kept
+    out.container["command"] = command
+    _model_names(out, names, model)
+    _port(out, port)
+
+
+def _is_value(word: str) -> bool:
+    return not word.startswith("-") or bool(re.fullmatch(r"-[0-9.]+", word))
+
+
+def _model_names(out: Imported, names: list[str], model: str | None) -> None:
+    if names:
+        out.lane["served_model_name"] = names[0]
+        out.notes["served_model_name"] = "the recipe's --served-model-name (laned passes it)"
+        if names[1:]:
+            out.lane["aliases"] = names[1:]
+            out.notes["aliases"] = (
+                "more --served-model-name names: laned's endpoint routes them to this lane"
+            )
+            out.changes.append("--served-model-name's later names became `aliases`")
+    elif model:
+        out.lane["served_model_name"] = model
+        out.notes["served_model_name"] = "no --served-model-name: vLLM names the model by its path"
+    else:
+        raise BadImport(
+            "the engine's arguments name no model (`serve MODEL`, --model or --served-model-name)",
+            "is this a vLLM command line? laned import reads `vllm serve` launches",
+        )
+
+
+def _port(out: Imported, port: str | None) -> None:
+    if port is None:
+        out.lane["port"] = VLLM_DEFAULT_PORT
+        out.notes["port"] = "no --port: vLLM's default, 8000 (laned passes --port itself)"
+        return
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadImport(f"--port {port!r} is not a port number", "give --port a number")
+    out.lane["port"] = int(port)
+    out.notes["port"] = "the recipe's --port (laned passes it, and probes the engine there)"
+
+
+def _caches(out: Imported) -> None:
+    """A cache path inside the container dies with it: laned removes every container."""
+    mounts = [v.split(":")[1] for v in out.container.get("volumes", []) if v.count(":") >= 1]  # type: ignore[attr-defined]
+    for name, (path, _) in out.env.items():
+        cache = name.endswith(("CACHE_DIR", "CACHE_HOME", "CACHE_ROOT", "CACHE_PATH"))
+        if cache and path.startswith("/") and not any(path.startswith(m) for m in mounts):
+            out.warnings.append(
+                f"env {name}={path} is inside the container, which is removed after each run: "
+                "nothing it compiles is kept. laned mounts the lane's own cache directory at "
+                f'/laned/cache: set container.cache_env {{ {name} = "/laned/cache/..." }} and '
+                "drop it from env"
+            )
+
+
+def _lane_name(model: str) -> str:
+    """A lane name from a model name: deepseek-v4.1-flash -> deepseek-v4-1-flash."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", model.rsplit("/", 1)[-1].lower()).strip("-_")
+    return (slug or "lane")[:32]
+
+
+def _needs(out: Imported) -> None:
+    """The GPUs one host gives the lane, from its parallel sizes (a guess to confirm)."""
+    sizes = {flag: value for flag, value, _ in out.args}
+    product = 1
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size"):
+        text = sizes.get(flag) or "1"
+        product *= int(text) if text.isdigit() else 1
+    nodes = sizes.get("--nnodes") or "1"
+    gpus = max(product // (int(nodes) if nodes.isdigit() else 1), 1)
+    out.lane["needs"] = {"gpus": gpus, "gpu_memory_gib": 0, "host_memory_gib": 0, "disk_gib": 0}
+    out.notes["needs"] = (
+        "fill in from the recipe's NEEDS line (GiB); gpus from its parallel sizes, per host"
+    )

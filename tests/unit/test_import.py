@@ -1,0 +1,327 @@
+"""`laned import`: the seeds' published command lines as lanes (golden files), the wrappers
+rendered from them against the seeds' own argv, and each translation and refusal."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from laned import paths
+from laned.cli import main
+from laned.cmdline import CommandLineError
+from laned.config import parse_config
+from laned.import_toml import render_import
+from laned.importer import import_run
+from laned.run_options import BadImport
+from laned.wrapper import cache_env, engine_argv
+from tests.helpers import ROOT
+
+SEEDS = ROOT / "tests" / "seeds"
+GOLDEN = ROOT / "tests" / "golden"
+ENV = {"HOME": "/home/op"}
+CASES = {
+    "import-seed-001.toml": "001-4x-rtx-pro-6000.txt",
+    "import-seed-002.toml": "002-2x-dgx-spark.txt",
+}
+
+
+def imported(seed: str) -> str:
+    return render_import(import_run((SEEDS / seed).read_text()), seed)
+
+
+def lane_config(text: str):  # type: ignore[no-untyped-def]
+    config = parse_config(text, source="imported", env=ENV)
+    (name,) = config.lanes
+    return config, name
+
+
+@pytest.mark.parametrize(("golden", "seed"), sorted(CASES.items()))
+def test_the_seeds_import_to_their_golden_lanes(golden: str, seed: str) -> None:
+    text = imported(seed)
+    if os.environ.get("LANED_UPDATE_GOLDEN"):
+        (GOLDEN / golden).write_text(text)
+    assert (GOLDEN / golden).read_text() == text, (
+        f"{golden} differs (LANED_UPDATE_GOLDEN=1 rewrites)"
+    )
+    config, _ = lane_config(text)
+    # Valid: no errors (parse_config raises on one); warnings only for the per-node placeholders.
+    assert all("placeholder" in w.message for w in config.warnings), config.warnings
+
+
+def test_the_copied_seeds_are_the_published_ones() -> None:
+    shared = ROOT.parent / "shared" / "seeds"
+    if not shared.is_dir():
+        pytest.skip("../shared/seeds is not next to this clone")
+    for copy in SEEDS.glob("*.txt"):
+        (original,) = shared.glob(copy.name[:3] + "_*.txt")
+        assert original.read_text() == copy.read_text(), copy.name
+
+
+def seed_words(seed: str) -> list[str]:
+    """The seed's start command split by shlex alone: lines joined, nothing translated."""
+    text = (SEEDS / seed).read_text()
+    start = text.index("docker run")
+    block = []
+    for line in text[start:].splitlines():
+        block.append(line)
+        if not line.rstrip().endswith("\\"):
+            break
+    return shlex.split("\n".join(block).replace("\\\n", " "))[2:]
+
+
+def podman_pairs(words: list[str]) -> list[tuple[str, str | None]]:
+    """(option, value) of a run's options, up to the image (`--entrypoint` is the last)."""
+    out: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        if words[i] in ("--rm", "--privileged"):
+            out.append((words[i], None))
+        elif "=" in words[i]:
+            out.append(tuple(words[i].split("=", 1)))  # type: ignore[arg-type]
+        else:
+            out.append((words[i], words[i + 1]))
+            i += 1
+        i += 1
+    return out
+
+
+@pytest.mark.parametrize("seed", sorted(CASES.values()))
+def test_the_wrapper_runs_the_seeds_engine_argv_and_env(seed: str) -> None:
+    config, lane = lane_config(imported(seed))
+    spec = config.lanes[lane]
+    ours = engine_argv(config, lane)
+    theirs = seed_words(seed)
+    image = spec.container.image
+    # The engine's argv after the image: the seed's, flag for flag and in order, with
+    # --port and --served-model-name moved to the end, where laned puts what it owns.
+    after = theirs[theirs.index(image) + 1 :]
+    owned = []
+    for flag in ("--port", "--served-model-name"):
+        at = after.index(flag)
+        owned += after[at : at + 2]
+        del after[at : at + 2]
+    assert ours[ours.index(image) + 1 :] == after + owned
+    # The environment, one for one: the seed's, plus only laned's compile-cache variables.
+    options = podman_pairs(theirs)
+    env = {v.split("=", 1)[0]: v.split("=", 1)[1] for f, v in options if f == "-e" and v}
+    run = ours[: ours.index(image)]
+    pairs = podman_pairs(run[2:])
+    our_env = dict(v.split("=", 1) for f, v in pairs if f == "-e" and v and "=" in v)
+    assert {k: v for k, v in our_env.items() if k not in cache_env(spec)} == env
+    # Mounts: the seed's (~ expanded as laned expands it) and the lane's cache directory.
+    volumes = {
+        paths.expand(v.split(":", 1)[0], ENV) + ":" + v.split(":", 1)[1]
+        for f, v in options
+        if f == "-v" and v
+    }
+    our_volumes = {v for f, v in pairs if f == "-v"}
+    assert volumes <= our_volumes and len(our_volumes - volumes) == 1
+    # The documented translations, and nothing else changed.
+    assert ("--device", "nvidia.com/gpu=all") in pairs and ("--gpus", "all") in options
+    assert "--gpus" not in run and "--rm" not in run
+    kept = {
+        (f, v) for f, v in options if f not in ("-e", "-v", "--gpus", "--rm", "-p", "--shm-size")
+    }
+    assert kept <= {(f, v) for f, v in pairs} | {("--ipc", "host")}
+    assert ("--entrypoint", "vllm") in pairs
+
+
+def test_seed_002_keeps_each_doubled_option_once_and_drops_what_host_networking_makes_moot() -> (
+    None
+):
+    text = imported("002-2x-dgx-spark.txt")
+    assert "--gpus all is given twice (lines 33 and 35): kept once" in text
+    assert "--shm-size 32g is given twice (lines 39 and 43): kept once" in text
+    assert "-p 8000:8000 dropped: with --network host" in text
+    assert "--shm-size 32g dropped: with --ipc host" in text
+    for name in ("NODE_RANK", "HEAD_IP", "NODE_IP", "CX7_IF", "CX7_IB"):
+        assert f"#   ${{{name}}}:" in text
+    assert "#   ${HEAD_IP}: --master-addr ${HEAD_IP}" in text
+    assert "needs = { gpus = 1," in text  # TP 2 over --nnodes 2: one GPU on each host
+    assert "XDG_CACHE_HOME=/cache is inside the container" in text
+
+
+def test_seed_001_keeps_what_its_notes_say_is_load_bearing() -> None:
+    text = imported("001-4x-rtx-pro-6000.txt")
+    config, lane = lane_config(text)
+    spec = config.lanes[lane]
+    assert spec.port == 8000 and spec.served_model_name == "deepseek-v4.1-flash"
+    assert spec.needs.gpus == 4
+    assert spec.container.podman_args == (
+        "-p", "8000:8000", "--ulimit", "memlock=-1:-1", "--cap-add", "IPC_LOCK", "--shm-size", "48g",
+    )  # fmt: skip
+    transfer = spec.engine_arg("--kv-transfer-config")
+    assert transfer is not None and '"secondary_tiers":[{"type":"fs"' in transfer
+    assert spec.container.image.endswith(
+        "@sha256:08f61e680ddab3f1f1b50f92020133c382630f9798ab0ff5729f8931a604f82d"
+    )
+
+
+def run_import(text: str) -> str:
+    return render_import(import_run(text), "test")
+
+
+def test_placeholders_come_from_set_and_unknown_ones_are_named_at_once() -> None:
+    line = 'docker run -v "$MODELS/x":/m -e A="${FOO}" img serve /m --port 8001'
+    with pytest.raises(BadImport) as caught:
+        import_run(line)
+    assert "${MODELS}" in caught.value.message and "${FOO}" in caught.value.message
+    assert "--set MODELS=VALUE --set FOO=VALUE" in caught.value.hint
+    lane = import_run(line, values={"MODELS": "/srv/models", "FOO": "bar"})
+    assert lane.container["volumes"] == ["/srv/models/x:/m"] and lane.env["A"] == ("bar", "")
+    # Inside single quotes a shell expands nothing, and neither does laned import.
+    lane = import_run("docker run -e A='$FOO' img serve /m")
+    assert lane.env["A"] == ("$FOO", "")
+    assert import_run("docker run -v $HOME/models:/m img serve /m").container["volumes"] == [
+        "~/models:/m"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("docker run img serve $(cat model)", "command substitution"),
+        ("docker run img serve `cat model`", "command substitution"),
+        ("docker run -e 'A=b img serve /m", "quote is never closed"),
+        ("echo hello", "no `docker run` / `podman run` command found"),
+        ("docker run a serve /m\ndocker run b serve /m", "2 (lines 1, 2)"),
+        ("docker run -e HF_TOKEN img serve /m", "-e HF_TOKEN takes its value from the shell"),
+        ("docker run --gpus device=x img serve /m", "cannot be translated"),
+        ("docker run img --port eighty --model m", "is not a port number"),
+        ("docker run img --max-model-len 8", "name no model"),
+    ],
+)
+def test_what_cannot_be_imported_is_refused_with_the_reason(line: str, words: str) -> None:
+    with pytest.raises(CommandLineError) as caught:
+        import_run(line)
+    assert words in str(caught.value)
+
+
+def test_api_keys_leave_every_argv_and_never_reach_the_output() -> None:
+    line = "docker run -e VLLM_API_KEY=s3cret-one img serve /m --api-key s3cret-two --port 8123"
+    text = run_import(line)
+    assert "s3cret" not in text
+    config, lane = lane_config(text)
+    assert config.lanes[lane].api_key_file == "/home/op/.config/laned/m.env"
+    assert "--api-key" not in engine_argv(config, lane)
+
+
+def test_docker_only_options_are_translated_each_with_a_note() -> None:
+    line = (
+        "sudo docker run -dit --restart unless-stopped --pull always --runtime nvidia --gpus 2 "
+        "-p 127.0.0.1:9100:8000 --ipc=host --shm-size 16g --cap-add SYS_NICE --frobnicate 3 "
+        "vllm/vllm-openai:v0.11 --model org/Model-7B --served-model-name m7 m7-alias"
+    )
+    lane = import_run(line)
+    text = render_import(lane, "test")
+    for dropped in (
+        "-d dropped",
+        "-i dropped",
+        "-t dropped",
+        "--restart dropped",
+        "--pull dropped",
+        "--runtime dropped",
+    ):
+        assert dropped in text
+    assert lane.container["devices"] == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    # laned passes --port and probes it on the host: the mapping's two sides now agree.
+    assert (
+        lane.lane["port"] == 9100
+        and (["-p", "127.0.0.1:9100:9100"], "the engine's port, published on the host")
+        in lane.podman_args
+    )
+    assert "--shm-size 16g dropped" in text and lane.container["ipc"] == "host"
+    assert lane.lane["aliases"] == ["m7-alias"] and lane.lane["served_model_name"] == "m7"
+    assert lane.warnings == [
+        "--frobnicate is kept as written in podman_args; laned does not know it"
+    ]
+    assert ["--cap-add", "SYS_NICE"] in [words for words, _ in lane.podman_args]
+    lane_config(text)  # and it validates
+
+
+def test_a_lines_comment_explains_the_last_flag_on_it() -> None:
+    line = (
+        "podman run --name x --network host \\\n"
+        "  --ulimit memlock=-1 \\  # pinning needs it\n"
+        "  img serve /m \\\n"
+        "  --kv-cache-dtype fp8 --kv-cache-memory 8589934592 \\  # 8 GiB is plenty\n"
+        "  --enforce-eager\n"
+    )
+    lane = import_run(line)
+    assert ("--kv-cache-dtype", "fp8", "") in lane.args
+    assert ("--kv-cache-memory", "8589934592", "8 GiB is plenty") in lane.args
+    assert (["--ulimit", "memlock=-1"], "pinning needs it") in lane.podman_args
+
+
+def test_an_option_given_twice_with_two_values_keeps_the_last_and_says_so() -> None:
+    lane = import_run("docker run --shm-size 8g --shm-size 16g img serve /m")
+    assert lane.podman_args == [(["--shm-size", "16g"], "")]
+    assert "kept the last, as docker does" in lane.warnings[0]
+
+
+def test_the_cli_prints_the_table_and_refuses_bad_input(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seed = str(SEEDS / "001-4x-rtx-pro-6000.txt")
+    assert main(["import", "--name", "dsv41", seed]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# Imported by `laned import` from 001-4x-rtx-pro-6000.txt.")
+    assert "[lanes.dsv41.container]" in out
+    monkeypatch.setattr("sys.stdin", io.StringIO("docker run img serve $(x)"))
+    assert main(["import", "-"]) == 2
+    assert "command substitution" in capsys.readouterr().err
+    assert main(["import", str(tmp_path / "missing.txt")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    # An imported lane that laned's rules refuse: printed, with the errors, exit 2.
+    monkeypatch.setattr("sys.stdin", io.StringIO("docker run img serve /m --port 9000"))
+    assert main(["import"]) == 2
+    assert re.search(r"port 9000 is laned's own listen port", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "config").glob("*.toml")))
+def test_every_example_config_validates_and_renders(example: str) -> None:
+    from laned import render
+    from laned.config import load_config
+
+    config = load_config(str(ROOT / "config" / example), ENV)
+    assert not [w for w in config.warnings if w.severity.value == "error"]
+    files = render.plan(config)
+    assert files, example
+
+
+def test_the_seed_001_lane_is_the_recipe_and_fit_says_what_a_small_host_lacks() -> None:
+    from laned.config import load_config
+    from laned.facts import HostFacts
+    from laned.fit import fit_report
+    from laned.gpus import GIB, GpuReading
+
+    config = load_config(str(ROOT / "config" / "seed-001-4x-rtx-pro-6000.toml"), ENV)
+    spec = config.lanes["dsv41-tp4"]
+    seed = import_run((SEEDS / "001-4x-rtx-pro-6000.txt").read_text())
+    # The recipe's flags and environment, one for one (only reasons were added by hand).
+    assert [(a.flag, a.value) for a in spec.args] == [(f, v) for f, v, _ in seed.args]
+    assert {k: v.value for k, v in spec.env.items()} == {k: v for k, (v, _) in seed.env.items()}
+    assert (
+        spec.env["VLLM_ENGINE_READY_TIMEOUT_S"].why
+        and "22 min" in spec.env["VLLM_ENGINE_READY_TIMEOUT_S"].why
+    )
+    assert (spec.needs.gpus, spec.needs.gpu_memory_gib) == (4, 378.8)
+
+    def lanes_on(host: HostFacts) -> dict[str, object]:
+        return {row["name"]: row for row in fit_report(config.lanes, host)["lanes"]}
+
+    bare = lanes_on(HostFacts(None, "NVML is not available", 23.5, 20.0))["dsv41-tp4"]
+    messages = [f["message"] for f in bare["findings"]]  # type: ignore[index]
+    assert any("needs 4 GPU(s) with 378.8 GiB" in m and "no GPU here" in m for m in messages)
+    assert any("needs 43.8 GiB of RAM, this host has 23.5 GiB" in m for m in messages)
+    two = tuple(GpuReading(i, "RTX PRO 6000", int(95.6 * GIB), 0, ()) for i in range(2))
+    small = lanes_on(HostFacts(two, "", 125.0, 120.0))["dsv41-tp4"]
+    messages = [f["message"] for f in small["findings"]]  # type: ignore[index]
+    assert small["fits"] is False  # type: ignore[index]
+    assert any("needs 4 GPUs, this host has 2" in m for m in messages)
+    assert any("378.8 GiB of GPU memory, its GPUs have 191.2 GiB" in m for m in messages)

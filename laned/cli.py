@@ -283,7 +283,11 @@ def cmd_import(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         source = os.path.basename(path)
     try:
-        lane = import_run(text, args.name, values)
+        nodes = [tuple(item.split("=", 1)) for item in args.nodes]
+        if any(len(node) != 2 for node in nodes):
+            print("laned import: --nodes takes HOST=URL (http(s)://HOST:PORT)", file=sys.stderr)
+            return EXIT_USAGE
+        lane = import_run(text, args.name, values, nodes)  # type: ignore[arg-type]
     except CommandLineError as exc:
         print(f"laned import: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -292,7 +296,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     for warning in lane.warnings:
         print(f"laned import: warning: {warning}", file=sys.stderr)
     # What laned validate would say of it, beside a default [daemon].
-    config = parse_config(rendered, source=f"the imported lane {lane.name}")
+    # Checked as its head would check it (the other ranks differ only in their values).
+    head = f'[daemon]\nhost = "{lane.nodes[0][0]}"\n' if lane.nodes else ""
+    config = parse_config(head + rendered, source=f"the imported lane {lane.name}")
     _print_warnings(config.source, config.warnings)
     return EXIT_OK
 

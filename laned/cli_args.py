@@ -72,6 +72,13 @@ def parser() -> argparse.ArgumentParser:
     imports.add_argument("--file", dest="file", metavar="FILE", help="the same as FILE")
     imports.add_argument("--name", help="the lane's name (default: from the served model name)")
     imports.add_argument(
+        "--nodes",
+        action="append",
+        default=[],
+        metavar="HOST=URL",
+        help="a host of a lane over several hosts and its laned (repeat, the head first)",
+    )
+    imports.add_argument(
         "--set",
         action="append",
         default=[],

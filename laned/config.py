@@ -37,6 +37,7 @@ from laned.model import (
     ProbeConfig,
     Sampling,
 )
+from laned.ranks import check_nodes, for_host
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -108,7 +109,19 @@ def parse_config(
         raise ConfigError(source, [_problem_from(err, data) for err in exc.errors()]) from None
     except ValueError as exc:  # e.g. $XDG_RUNTIME_DIR used but unset
         raise ConfigError(source, [Problem("", str(exc))]) from None
-    problems = check_config(config)
+    # A lane over several hosts is checked for every rank, then run as this host's rank.
+    problems = list(check_nodes(config))
+    raw, config = config, for_host(config)
+    problems += [p for p in check_config(config) if not (config.elsewhere and p.path == "lanes")]
+    problems += [
+        Problem(
+            f"lanes.{name}.nodes",
+            f"runs on {', '.join(n.host for n in raw.lanes[name].nodes)}, not on this host "
+            f"(daemon.host = {config.daemon.host!r}): laned here leaves it alone",
+            severity=Severity.NOTE,
+        )
+        for name in config.elsewhere
+    ]
     if any(p.severity is Severity.ERROR for p in problems):
         raise ConfigError(source, problems)
     return config.model_copy(update={"source": source, "warnings": tuple(problems)})

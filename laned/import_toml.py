@@ -31,6 +31,12 @@ def render_import(lane: Imported, source: str) -> str:
     for name in TOP_KEYS:
         if name in lane.lane:
             out += _keyed(name, lane.lane[name], lane.notes.get(name, ""))  # type: ignore[arg-type]
+    if lane.nodes:
+        out += t.comment("rank = position: rank 0, the head, serves the API (docs/multinode.md)")
+        nodes = [(t.value({"host": h, "laned": u}), "") for h, u in lane.nodes]
+        out += t.array("nodes", nodes)
+    if lane.values:
+        out += _keyed("values", lane.values, "the same on every rank; empty ones: fill in")
     if lane.args:
         items = [(_arg(flag, value), why) for flag, value, why in lane.args]
         out += t.array("args", items)
@@ -46,6 +52,13 @@ def render_import(lane: Imported, source: str) -> str:
     if lane.podman_args:
         items = [(", ".join(t.string(w) for w in words), why) for words, why in lane.podman_args]
         out += t.array("podman_args", items)
+    for rank, values in lane.ranks.items():
+        out += ["", f"[lanes.{t.key(lane.name)}.rank.{rank}]", *t.comment(f"{lane.nodes[rank][0]}")]
+        if values:
+            out += _keyed("values", values, "this rank's own; empty ones: fill in")
+        if lane.rank_args.get(rank):
+            items = [(_arg(f, v), why) for f, v, why in lane.rank_args[rank]]
+            out += t.array("args", items)
     return "\n".join(out) + "\n"
 
 

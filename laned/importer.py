@@ -21,7 +21,7 @@ that names them all.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from laned.cmdline import PLACEHOLDER, Word, command_at
 from laned.run_options import BadImport, Imported, api_key, comment_of, split_run, translate_options
@@ -30,11 +30,21 @@ PER_NODE = ("NODE_RANK", "HEAD_IP", "NODE_IP", "MASTER_ADDR", "CX7_IF", "CX7_IB"
 VLLM_DEFAULT_PORT = 8000  # vllm/entrypoints/openai/cli_args.py: --port default
 
 
-def import_run(text: str, name: str | None = None, values: Mapping[str, str] = {}) -> Imported:
-    """The lane that the one `docker run` / `podman run` in `text` describes."""
+SHARED = ("HEAD_IP", "MASTER_ADDR")  # the same on every rank of a lane over several hosts
+
+
+def import_run(
+    text: str,
+    name: str | None = None,
+    values: Mapping[str, str] = {},
+    nodes: Sequence[tuple[str, str]] = (),
+) -> Imported:
+    """The lane that the one `docker run` / `podman run` in `text` describes; with `nodes`
+    (host, laned URL) in rank order, a lane over those hosts, its per-node placeholders
+    kept for laned to fill on each rank."""
     words = _the_run(text)
     options, image, rest = split_run(words)
-    resolve = _Resolver(values)
+    resolve = _Resolver({k: v for k, v in values.items() if not nodes or k not in PER_NODE})
     out = Imported(name="")
     engine = [
         resolve(
@@ -54,6 +64,8 @@ def import_run(text: str, name: str | None = None, values: Mapping[str, str] = {
     resolve.finish(out)
     _needs(out)
     _caches(out)
+    if nodes:
+        _nodes(out, nodes, values)
     short = str(out.container["image"]).rsplit("/", 1)[-1].split("@")[0]
     out.lane = {
         "description": f"{out.lane['served_model_name']} ({short}), imported",
@@ -230,3 +242,24 @@ def _needs(out: Imported) -> None:
     out.notes["needs"] = (
         "fill in from the recipe's NEEDS line (GiB); gpus from its parallel sizes, per host"
     )
+
+
+def _nodes(out: Imported, nodes: Sequence[tuple[str, str]], values: Mapping[str, str]) -> None:
+    """A lane over several hosts: its nodes, the values its placeholders take (given with
+    --set, else empty to fill in), and --headless on every rank but the head."""
+    nnodes = next((v for f, v, _ in out.args if f == "--nnodes"), None)
+    if nnodes is not None and nnodes.isdigit() and int(nnodes) != len(nodes):
+        raise BadImport(
+            f"--nodes names {len(nodes)} host(s), the command line says --nnodes {nnodes}",
+            "give one --nodes HOST=URL per node, the head (rank 0) first",
+        )
+    out.nodes = list(nodes)
+    used = [p for p in out.per_node if p != "NODE_RANK"]
+    out.values = {p: values.get(p, "") for p in used if p in SHARED or p in values}
+    out.ranks = {rank: {p: "" for p in used if p not in out.values} for rank in range(len(nodes))}
+    if any(f == "--headless" for f, _, _ in out.args):
+        return
+    out.rank_args = {
+        rank: [("--headless", None, "a worker rank: no API server, vLLM's runtime on this host")]
+        for rank in range(1, len(nodes))
+    }

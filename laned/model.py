@@ -7,6 +7,7 @@ that span keys are `laned.checks`. This module knows neither, so both can build 
 from __future__ import annotations
 
 import os
+import re
 from typing import Annotated, Any
 
 from pydantic import (
@@ -76,10 +77,15 @@ class DaemonConfig(_Model):
     podman_socket: str | None = None
     token_file: str | None = None
     token_for_reads: bool = False
+    host: str = ""  # this host's name in lanes' `nodes` (default: the hostname)
+    peer_token_file: str | None = None  # the token laned's peers present (0600)
     default_lane: str | None = None
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
 
-    @field_validator("unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket")
+    @field_validator(
+        "unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket",
+        "peer_token_file",
+    )  # fmt: skip
     @classmethod
     def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
         return _expand_path(value, info)
@@ -96,6 +102,7 @@ class DaemonConfig(_Model):
         data.setdefault("bin_dir", paths.default_bin_dir(env))
         data.setdefault("state_dir", paths.default_state_dir(env))
         data.setdefault("cache_dir", paths.default_cache_dir(env))
+        data.setdefault("host", (info.context or {}).get("hostname") or os.uname().nodename)
         return data
 
 
@@ -257,6 +264,28 @@ class ChecksConfig(_Model):
         return data
 
 
+class Node(_Model):
+    """One host of a lane over several hosts: its name and its laned's control API."""
+
+    host: str = Field(min_length=1)
+    laned: str  # http(s)://HOST:PORT
+
+    @field_validator("laned")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+            raise ValueError(f"{value!r} is not http(s)://HOST:PORT (the host's laned)")
+        return value.rstrip("/")
+
+
+class RankConfig(_Model):
+    """`[lanes.X.rank.N]`: what differs on rank N (values for `${NAME}`, more args and env)."""
+
+    values: dict[str, ArgText] = Field(default_factory=dict)
+    args: tuple[Arg, ...] = ()
+    env: dict[str, EnvVar] = Field(default_factory=dict)
+
+
 class LaneConfig(_Model):
     """`[lanes.X]`: one engine with its exact flags, environment, mounts and API key."""
 
@@ -289,6 +318,11 @@ class LaneConfig(_Model):
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
     container: ContainerSpec | None = None
     exec: ExecSpec | None = None
+    # A lane over several hosts (rank = position, rank 0 the head that serves the API); the
+    # values fill `${NAME}` placeholders on every rank, `rank` tables per rank.
+    nodes: tuple[Node, ...] = ()
+    values: dict[str, ArgText] = Field(default_factory=dict)
+    rank: dict[str, RankConfig] = Field(default_factory=dict)
 
     @field_validator("api_key_file", "model_dir")
     @classmethod
@@ -314,6 +348,7 @@ class Config(_Model):
     lanes: dict[str, LaneConfig] = Field(default_factory=dict)
     source: str = Field(default="", exclude=True)
     warnings: tuple[Problem, ...] = Field(default=(), exclude=True)
+    elsewhere: tuple[str, ...] = Field(default=(), exclude=True)  # lanes of other hosts
 
     def lane(self, name: str) -> LaneConfig:
         """The lane called `name`; UnknownLane, naming the configured lanes, otherwise."""

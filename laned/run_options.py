@@ -71,6 +71,10 @@ class Imported:
     changes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     per_node: dict[str, list[str]] = field(default_factory=dict)  # placeholder -> used by
+    nodes: list[tuple[str, str]] = field(default_factory=list)  # (host, laned URL), by rank
+    values: dict[str, str] = field(default_factory=dict)  # placeholders, every rank
+    ranks: dict[int, dict[str, str]] = field(default_factory=dict)  # placeholders, per rank
+    rank_args: dict[int, list[tuple[str, str | None, str]]] = field(default_factory=dict)
 
 
 @dataclass

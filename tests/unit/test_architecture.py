@@ -28,6 +28,7 @@ CORE = {
     "laned.run_options",
     "laned.import_toml",
     "laned.toml_text",
+    "laned.ranks",
 }
 # The edges: they talk to systemd, podman, NVML, journald, engines, files, processes.
 ADAPTERS = {

@@ -286,9 +286,11 @@ def test_the_cli_prints_the_table_and_refuses_bad_input(
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "config").glob("*.toml")))
 def test_every_example_config_validates_and_renders(example: str) -> None:
     from laned import render
-    from laned.config import load_config
 
-    config = load_config(str(ROOT / "config" / example), ENV)
+    text = (ROOT / "config" / example).read_text()
+    if "nodes = [" in text:  # a lane over several hosts: as its head renders it
+        text = text.replace("[daemon]\n", '[daemon]\nhost = "spark-a"\n', 1)
+    config = parse_config(text, example, ENV)
     assert not [w for w in config.warnings if w.severity.value == "error"]
     files = render.plan(config)
     assert files, example

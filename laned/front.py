@@ -23,6 +23,7 @@ from laned.lanes import Event, LaneStatus
 from laned.model import GATES
 from laned.names import container_name, unit_name
 from laned.preflight import refusal, report
+from laned.ranks import rank_here
 from laned.supervisor import Supervisor
 from laned.traffic import Traffic
 
@@ -89,7 +90,18 @@ class Front:
             "proxy": sup.traffic.counts(lane),
             "startup": status.startup(sup.clock()),
             "container": await self._container(lane),
+            "rank": self._rank(lane),
         }
+
+    def _rank(self, lane: str) -> dict[str, Any] | None:
+        """A lane over several hosts: this host's rank and the lane's nodes."""
+        config = self.supervisor.config
+        spec = config.lanes[lane]
+        rank = rank_here(config, lane)
+        if rank is None:
+            return None
+        nodes = [{"rank": i, "host": n.host, "laned": n.laned} for i, n in enumerate(spec.nodes)]
+        return {"rank": rank, "head": rank == 0, "headless": spec.headless(), "nodes": nodes}
 
     async def _container(self, lane: str) -> dict[str, Any] | None:
         spec = self.supervisor.config.lanes[lane]
@@ -109,9 +121,9 @@ class Front:
         sup = self.supervisor
         targets = []
         for name, status in sorted(sup.statuses.items()):
-            if status.state not in policy.RUNNING_STATES:
-                continue
             spec = sup.config.lanes[name]
+            if status.state not in policy.RUNNING_STATES or spec.headless():
+                continue  # a worker rank has no /metrics: the head's engine speaks for the lane
             labels = {"lane": name, "model": spec.served_model_name, "unit": unit_name(name, spec)}
             targets.append({"targets": [f"{_bracketed(host)}:{spec.port}"], "labels": labels})
         return targets

@@ -333,6 +333,10 @@ class LaneConfig(_Model):
         """The user's engine arguments as argv elements (without laned's own additions)."""
         return [part for arg in self.args for part in arg.argv()]
 
+    def headless(self) -> bool:
+        """A worker rank of a lane over several hosts: it serves no API (docs/multinode.md)."""
+        return "--headless" in self.engine_args()
+
     def engine_arg(self, flag: str) -> str | None:
         """The argv element after `flag` in the engine arguments; None when it is not there."""
         args = self.engine_args()

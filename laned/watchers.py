@@ -82,6 +82,10 @@ async def await_ready(probe: Probe, spec: LaneConfig, poke: asyncio.Event, repor
     Probing backs off over a long cold start (×1.5 from start_interval_min to
     start_interval_max), but `poke` — set when the engine logs that it is about to serve —
     wakes it at once."""
+    if spec.headless():
+        # A worker rank serves no API: its unit running is all it shows. Its death (it exits
+        # when the head goes away) reaches laned as the unit's exit.
+        return True
     started = time.monotonic()
     interval = spec.probe.start_interval_min
     key = read_api_key(spec.api_key_file)
@@ -102,6 +106,8 @@ async def await_ready(probe: Probe, spec: LaneConfig, poke: asyncio.Event, repor
 async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None:
     """Every probe.interval: health, then /metrics (stall), then the host's memory floor.
     Returns when the owner says stop, or after reporting a failure that ends the run."""
+    if spec.headless():
+        return
     settings = spec.probe
     stall = StallDetector(settings.stall_after)
     floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from laned.errors import EngineError
-from laned.sim import generation, startup
+from laned.sim import generation, ranks, startup
 from laned.sim.engine import VERSION, Engine
 from laned.sim.http import Server, bind_socket
 from laned.sim.settings import Settings
@@ -37,6 +37,7 @@ _SWITCHES = {
     "--enable-auto-tool-choice",
     "--trust-remote-code",
     "--disable-log-requests",
+    "--headless",
 }
 USAGE = "usage: laned sim serve MODEL [--host H] [--port P] [--served-model-name N] [--api-key K] [vLLM flags]"
 
@@ -134,6 +135,11 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         "--no-enable-flashinfer-autotune": lambda v: setattr(
             settings, "flashinfer_autotune", False
         ),
+        "--nnodes": lambda v: setattr(settings, "nnodes", _int(v, "--nnodes")),
+        "--node-rank": lambda v: setattr(settings, "node_rank", _int(v, "--node-rank")),
+        "--master-addr": lambda v: setattr(settings, "master_addr", v),
+        "--master-port": lambda v: setattr(settings, "master_port", _int(v, "--master-port")),
+        "--headless": lambda v: setattr(settings, "headless", True),
         "--speculative-config": lambda v: setattr(
             settings,
             "num_spec_tokens",
@@ -149,6 +155,10 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         settings.api_key = env["VLLM_API_KEY"]
     if not 0 < settings.port < 65536:
         raise EngineError(f"--port {settings.port} is out of range", USAGE)
+    if not 0 <= settings.node_rank < max(settings.nnodes, 1):
+        raise EngineError(
+            f"--node-rank {settings.node_rank} is not below --nnodes {settings.nnodes}", USAGE
+        )
     if settings.max_model_len < 16:
         raise EngineError(
             f"--max-model-len {settings.max_model_len} is too small", "use at least 16"
@@ -178,6 +188,8 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     pid = os.getpid()
+    if settings.nnodes > 1 and (settings.node_rank > 0 or settings.headless):
+        return await ranks.serve_worker(settings, stop)
     log("INFO", "api_server.py:1", f"vLLM API server version {VERSION}")
     shown = {
         "model": settings.model,
@@ -205,6 +217,10 @@ async def serve(settings: Settings) -> int:
     except OSError as exc:
         log("ERROR", "api_server.py:1", f"[Errno {exc.errno}] error while attempting to bind on address ('{settings.host}', {settings.port}): {exc.strerror}")  # fmt: skip
         return 1
+    rendezvous = ranks.Rendezvous(settings) if settings.nnodes > 1 else None
+    if rendezvous is not None and not await rendezvous.gather(stop):
+        sock.close()
+        return 0
     if not await startup.cold_start(settings, stop):
         log("INFO", "launcher.py:1", "Shutting down during startup.")
         sock.close()
@@ -217,6 +233,8 @@ async def serve(settings: Settings) -> int:
         os._exit(code)
 
     engine = Engine(settings, exit_now)
+    if rendezvous is not None:
+        rendezvous.watch(lambda why: engine.die(why) if not stop.is_set() else None)
     server = Server(engine.handle)
     await server.start(sock)
     print(f"INFO:     Started server process [{pid}]", file=sys.stderr, flush=True)

@@ -180,6 +180,14 @@ class Engine:
             return Response(200, b'{"fault":"oom"}', after=_hog_memory)
         return error(f"unknown fault kind {kind!r}", 400)
 
+    def die(self, why: str) -> None:
+        """The engine core dies (a node rank went away): /health fails, then the server exits."""
+        if self.dead:
+            return
+        log("ERROR", "multiproc_executor.py:1", f"{why}: the collective across the nodes failed")
+        self.dead = True
+        self._log_engine_death()
+
     def _log_engine_death(self) -> None:
         log(
             "ERROR",

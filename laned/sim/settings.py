@@ -45,6 +45,11 @@ class Settings:
     shutdown_timeout: float = 0.0  # --shutdown-timeout: drain in-flight requests this long
     shutdown: float = 0.0  # seconds between closing the port and exiting, after SIGTERM
     cache_root: str | None = None  # VLLM_CACHE_ROOT: where the "compiled kernels" are kept
+    nnodes: int = 1  # --nnodes: ranks over several nodes (laned/sim/ranks.py)
+    node_rank: int = 0  # --node-rank: 0 is the head, which serves the API
+    master_addr: str = "127.0.0.1"  # --master-addr: the head's rendezvous address
+    master_port: int = 29501  # --master-port
+    headless: bool = False  # --headless: a worker rank, no API server
     unknown: list[str] = field(default_factory=list)
 
     @property

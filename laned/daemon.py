@@ -14,6 +14,7 @@ import os
 import signal
 import stat
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI
@@ -21,6 +22,7 @@ from fastapi import FastAPI
 from laned import render
 from laned.api import ApiSettings, create_app
 from laned.checks import parse_listen
+from laned.coordinator import Coordinator
 from laned.errors import LanedError
 from laned.front import Front
 from laned.host import Host
@@ -46,8 +48,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def read_token(path: str | None) -> str | None:
-    """The API token from daemon.token_file; the file must be 0600 (or stricter)."""
+def read_token(path: str | None, key: str = "daemon.token_file") -> str | None:
+    """The API token from daemon.token_file (or `key`); the file must be 0600 (or stricter)."""
     if path is None:
         return None
     try:
@@ -56,16 +58,16 @@ def read_token(path: str | None) -> str | None:
             token = handle.read().strip()
     except OSError as exc:
         raise LanedError(
-            f"daemon.token_file {path}: {exc.strerror}", "create it with a random token, mode 0600"
+            f"{key} {path}: {exc.strerror}", "create it with a random token, mode 0600"
         ) from exc
     if mode & 0o077:
         raise LanedError(
-            f"daemon.token_file {path} is mode {mode:04o}: others can read the token",
+            f"{key} {path} is mode {mode:04o}: others can read the token",
             f"chmod 600 {path}",
         )
     if not token:
         raise LanedError(
-            f"daemon.token_file {path} is empty",
+            f"{key} {path} is empty",
             "put a random token in it, e.g. `openssl rand -hex 32`",
         )
     return token
@@ -87,13 +89,29 @@ def api_settings(config: Config) -> ApiSettings:
         raise LanedError(
             "daemon.token_for_reads is set but daemon.token_file is not", "set daemon.token_file"
         )
-    return ApiSettings(host, port, token, config.daemon.token_for_reads)
+    peer_hosts = frozenset(
+        (urlsplit(node.laned).hostname or "").lower()
+        for spec in config.lanes.values()
+        for node in spec.nodes
+    )
+    return ApiSettings(
+        host,
+        port,
+        token,
+        config.daemon.token_for_reads,
+        read_token(config.daemon.peer_token_file, "daemon.peer_token_file"),
+        peer_hosts - {""},
+    )
 
 
 async def start_supervisor(
-    config: Config, systemd: Systemd | None = None, recorder: LanedMetrics | None = None
-) -> Supervisor:
-    """Render and daemon-reload the lanes, then start a supervisor on them."""
+    config: Config,
+    systemd: Systemd | None = None,
+    recorder: LanedMetrics | None = None,
+    peer_token: str | None = None,
+) -> tuple[Supervisor, Coordinator | None]:
+    """Render and daemon-reload the lanes, then start a supervisor on them (and, for lanes
+    over several hosts, the coordinator of their ranks, watching once started)."""
     systemd = systemd or Systemd()
     await systemd.connect()
     version = await systemd.version() or render.DEFAULT_SYSTEMD_VERSION
@@ -103,11 +121,16 @@ async def start_supervisor(
     # The supervisor keeps this connection (one bus connection per laned).
     host = Host(Podman(podman_socket(config, os.environ)))
     supervisor = Supervisor(config, systemd, Probe(), systemd_version=version, host=host)
+    coordinator = None
+    if any(spec.nodes for spec in config.lanes.values()):
+        coordinator = Coordinator(supervisor, peer_token)
     if recorder is not None:
         supervisor.recorder = recorder
-        recorder.attach(Front(supervisor))
+        recorder.attach(Front(supervisor, coordinator))
     await supervisor.start()
-    return supervisor
+    if coordinator is not None:
+        coordinator.start()
+    return supervisor, coordinator
 
 
 # Idle keep-alive of the control API. Longer than clients keep a pooled connection (httpx
@@ -142,10 +165,12 @@ async def serve(config: Config) -> int:
     """Run laned until SIGTERM or SIGINT."""
     settings = api_settings(config)
     metrics = LanedMetrics()
-    supervisor = await start_supervisor(config, recorder=metrics)
+    supervisor, coordinator = await start_supervisor(
+        config, recorder=metrics, peer_token=settings.peer_token
+    )
     host = supervisor.host
     assert host is not None
-    app = create_app(supervisor, settings, metrics)
+    app = create_app(supervisor, settings, metrics, coordinator)
     server = api_server(app, settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -165,6 +190,8 @@ async def serve(config: Config) -> int:
     finally:
         notify("STOPPING=1")
         watchdog.cancel()
+        if coordinator is not None:
+            await coordinator.close()
         await supervisor.close()
         await supervisor.probe.close()
         host.close()

@@ -213,6 +213,12 @@ class EngineRefused(LaneError):
     code = "engine-refused"
 
 
+class PeerUnreachable(LanedError):
+    """Another host's laned (a rank of a lane over several hosts) does not answer, or refuses."""
+
+    code = "peer-unreachable"
+
+
 class ApiUnavailable(LanedError):
     """laned's API does not answer."""
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laned import journal, policy
 from laned.config import load_config
@@ -27,12 +27,16 @@ from laned.ranks import rank_here
 from laned.supervisor import Supervisor
 from laned.traffic import Traffic
 
+if TYPE_CHECKING:
+    from laned.coordinator import Coordinator
+
 
 class Front:
     """One running laned, as its callers see it."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
+    def __init__(self, supervisor: Supervisor, coordinator: Coordinator | None = None) -> None:
         self.supervisor = supervisor
+        self.coordinator = coordinator  # lanes over several hosts (laned serve makes one)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -90,10 +94,10 @@ class Front:
             "proxy": sup.traffic.counts(lane),
             "startup": status.startup(sup.clock()),
             "container": await self._container(lane),
-            "rank": self._rank(lane),
+            "rank": self.rank_view(lane),
         }
 
-    def _rank(self, lane: str) -> dict[str, Any] | None:
+    def rank_view(self, lane: str) -> dict[str, Any] | None:
         """A lane over several hosts: this host's rank and the lane's nodes."""
         config = self.supervisor.config
         spec = config.lanes[lane]
@@ -101,7 +105,14 @@ class Front:
         if rank is None:
             return None
         nodes = [{"rank": i, "host": n.host, "laned": n.laned} for i, n in enumerate(spec.nodes)]
-        return {"rank": rank, "head": rank == 0, "headless": spec.headless(), "nodes": nodes}
+        peers = self.coordinator.peers_of(lane) if self.coordinator and rank == 0 else None
+        return {
+            "rank": rank,
+            "head": rank == 0,
+            "headless": spec.headless(),
+            "nodes": nodes,
+            "peers": peers,  # on the head: what it last saw of each worker
+        }
 
     async def _container(self, lane: str) -> dict[str, Any] | None:
         spec = self.supervisor.config.lanes[lane]
@@ -182,7 +193,7 @@ class Front:
     # --- requests ---------------------------------------------------------------------------
 
     async def activate(
-        self, lane: str, force: bool = False, reason: str = "activate"
+        self, lane: str, force: bool = False, reason: str = "activate", rank_only: bool = False
     ) -> asyncio.Future[LaneStatus]:
         """Activate the lane; PreflightFailed at once (nothing stopped) when preflight refuses.
         `force`: start despite preflight errors, stop its peers without draining requests.
@@ -190,23 +201,62 @@ class Front:
         The early preflight lets a caller that does not wait hear why, too; the activation
         then uses its findings instead of running preflight again."""
         status = self.status(lane)
+        rank = self._rank_of(lane, rank_only)
+        if rank is not None and rank > 0:  # a worker's host: the head coordinates
+            assert self.coordinator is not None
+            await self.coordinator.ask_head(lane, "activate", force)
+            return self.supervisor.ledger.wait_ready(lane)  # the head asked this rank meanwhile
         findings = None
         if not force and not policy.already_active(status.state, status.desired):
             findings = await self.supervisor.preflight(lane)
             if blocking(findings):
                 message, hint = refusal(lane, findings)
                 raise PreflightFailed(message, hint, findings)
+        if rank == 0:  # the head: its own preflight passed; now every worker's rank
+            assert self.coordinator is not None
+            await self.coordinator.ask_workers(lane, "activate", force)
         return self.supervisor.activate(lane, reason, force=force, findings=findings)
 
-    def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
+    async def deactivate(
+        self, lane: str, force: bool = False, rank_only: bool = False
+    ) -> asyncio.Future[LaneStatus]:
         """Stop the lane (never counted as a failure); `force`: without draining requests."""
         self.status(lane)
+        if await self._coordinated(lane, "deactivate", force, rank_only):
+            # The head asked this rank to stop before it answered; that stop is under way.
+            accepted: asyncio.Future[LaneStatus] = asyncio.get_running_loop().create_future()
+            accepted.set_result(self.status(lane))
+            return accepted
         return self.supervisor.deactivate(lane, force)
 
-    def restart(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
+    async def restart(
+        self, lane: str, force: bool = False, rank_only: bool = False
+    ) -> asyncio.Future[LaneStatus]:
         """Stop and start the lane again; `force`: without draining requests."""
         self.status(lane)
+        if await self._coordinated(lane, "restart", force, rank_only):
+            return self.supervisor.ledger.wait_ready(lane)
         return self.supervisor.restart(lane, force=force)
+
+    def _rank_of(self, lane: str, rank_only: bool) -> int | None:
+        """This host's rank when the request is for a whole lane over several hosts."""
+        if rank_only or self.coordinator is None:
+            return None
+        return self.coordinator.rank(lane)
+
+    async def _coordinated(self, lane: str, action: str, force: bool, rank_only: bool) -> bool:
+        """A whole lane over several hosts: on a worker's host the request goes to the head
+        (True: it calls this rank back); on the head, the workers act first (False: now this
+        rank)."""
+        rank = self._rank_of(lane, rank_only)
+        if rank is None:
+            return False
+        assert self.coordinator is not None
+        if rank > 0:
+            await self.coordinator.ask_head(lane, action, force)
+            return True
+        await self.coordinator.ask_workers(lane, action, force)
+        return False
 
     async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
         """Run acceptance gates against the lane and keep the results."""

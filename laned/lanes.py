@@ -76,6 +76,7 @@ class EventKind(str, Enum):
     CHECK = "check"
     STARTUP = "startup"  # what the engine said of its start: a compile cache hit, a skipped step
     DRAIN = "drain"  # requests at laned's OpenAI endpoint waited for (or cut) before a stop
+    PEER = "peer"  # a lane over several hosts: what was asked of (or seen at) another rank
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ the config, states and verdicts from fixed sets, exit codes are at most 0-255 an
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
@@ -31,6 +31,9 @@ class LaneSource(Protocol):
 
     def proxy_counts(self, lane: str) -> dict[str, int]:
         """The lane's requests at laned's OpenAI endpoint: in flight, queued."""
+
+    def rank_view(self, lane: str) -> dict[str, Any] | None:
+        """A lane over several hosts: this host's rank and, on the head, its workers."""
 
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
@@ -263,7 +266,23 @@ class _StateCollector(Collector):
             "Requests at laned's OpenAI endpoint waiting for the lane to be ready.",
             labels=["lane"],
         )
+        rank = GaugeMetricFamily(
+            "laned_lane_rank", "This host's rank in a lane over several hosts (0: the head).",
+            labels=["lane"],
+        )  # fmt: skip
+        peer_up = GaugeMetricFamily(
+            "laned_peer_up",
+            "On a lane's head: 1 when the worker's laned answered at the last look.",
+            labels=["lane", "host", "rank"],
+        )
         for name, status in sorted(self.source.statuses.items()):
+            ranks = self.source.rank_view(name)
+            if ranks is not None:
+                rank.add_metric([name], ranks["rank"])
+                for peer in ranks["peers"] or ():
+                    if "reachable" in peer:
+                        up = 1.0 if peer["reachable"] else 0.0
+                        peer_up.add_metric([name, peer["host"], str(peer["rank"])], up)
             counts = self.source.proxy_counts(name)
             in_flight.add_metric([name], counts["in_flight"])
             queued.add_metric([name], counts["queued"])
@@ -296,4 +315,6 @@ class _StateCollector(Collector):
             check_time,
             in_flight,
             queued,
+            rank,
+            peer_up,
         )

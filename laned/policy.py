@@ -341,7 +341,9 @@ def plan_reconcile(
     first: bool,
 ) -> Reconcile:
     """Adopt the lanes that run (never restart a healthy one); start desired lanes that do
-    not (a failed one stays failed until activated); on a first start, the default lane."""
+    not (a failed one stays failed until activated); on a first start, the default lane.
+    A worker rank of a lane over several hosts is never started here: its head's laned
+    starts it when the head says the lane is desired (docs/multinode.md)."""
     adopt = tuple(sorted(running))
     start = [
         (lane, "restore the desired lane")
@@ -349,7 +351,9 @@ def plan_reconcile(
         if desired.get(lane) is Desired.ACTIVE
         and lane not in adopt
         and states.get(lane) is not LaneState.FAILED
+        and not config.lanes[lane].headless()
     ]
-    if first and not adopt and config.daemon.default_lane:
-        start.append((config.daemon.default_lane, "default lane"))
+    default = config.daemon.default_lane
+    if first and not adopt and default and not config.lanes[default].headless():
+        start.append((default, "default lane"))
     return Reconcile(adopt, tuple(start))

@@ -12,24 +12,23 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine
 
 from laned import policy, render, state, steps, watchers
-from laned.acceptance import GateResult, merge_run
 from laned.bus import BusKeeper
-from laned.errors import LanedError, LaneNotRunning
+from laned.errors import LanedError
 from laned.host import Host
 from laned.lanes import Desired, Event, EventKind, LaneState, LaneStatus, LastExit, phase_durations
 from laned.ledger import Ledger, Listener
 from laned.liveness import EngineSample, engine_summary
 from laned.metrics import Recorder
-from laned.model import GATES, Config, LaneConfig
+from laned.model import Config, LaneConfig
 from laned.names import exit_record_path, unit_name
 from laned.operations import Operations
 from laned.phases import ALMOST_READY, Seen, add_mark
 from laned.policy import ExitAction, OpKind, RestartKind
 from laned.probes import Probe
+from laned.serving import Serving
 from laned.systemd import Systemd
 from laned.traffic import Traffic
 from laned.unit_state import UnitSnapshot
@@ -38,7 +37,7 @@ from laned.units import RESTART_STEPS_SINCE
 log = logging.getLogger("laned.supervisor")
 
 
-class Reactions:
+class Reactions(Serving):
     """The owner's state and its handlers for what happens to a lane's run."""
 
     def __init__(
@@ -316,67 +315,6 @@ class Reactions:
             if since < ready_at:  # late, but of this start: its timeline gets it
                 status.phases = add_mark(status.phases, seen.phase, since)
                 status.last_phases = dict(phase_durations(status.phases, ready_at))
-
-    # --- acceptance checks -------------------------------------------------------------------------
-
-    async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
-        """Run acceptance gates against the lane; keep, show and export the results.
-
-        LaneNotRunning at once when the lane is not serving, and when it stopped (a swap, a
-        restart) while the gates ran: a gate cut short by a stop says nothing of the engine."""
-        spec, status = self.spec(lane), self.statuses[lane]
-        if status.state not in (LaneState.READY, LaneState.DEGRADED):
-            raise LaneNotRunning(
-                f"lane {lane} is {status.state.value}, not serving: no gate can run",
-                f"activate it first: laned activate {lane} --wait",
-            )
-        run = self._runs.get(lane)
-
-        def still_serving() -> bool:
-            return self._runs.get(lane) == run and self._serving(lane)
-
-        def on_result(result: GateResult) -> None:
-            if still_serving():
-                verdict = "passed" if result.passed else f"failed: {result.reason}"
-                self.ledger.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
-
-        results = await steps.run_checks(spec, gates, status.last_cold_start, on_result)
-        if not still_serving():
-            raise LaneNotRunning(
-                f"lane {lane} stopped serving while its gates ran ({status.state.value}): "
-                "the results are not kept",
-                f"run them again once it is ready: laned check {lane}",
-            )
-        return self._record_checks(lane, results)
-
-    def _record_checks(self, lane: str, results: Sequence[GateResult]) -> dict[str, Any]:
-        status = self.statuses[lane]
-        digest = render.lane_digest(self.config, lane, self.systemd_version)
-        run = merge_run(lane, status.checks, digest, results, self.clock())
-        status.checks = run
-        try:
-            state.save_checks(self.config.daemon.state_dir, lane, run)
-        except LanedError as exc:
-            log.error("cannot save the check results of %s: %s", lane, exc)
-        failed = [r for r in results if not r.passed]
-        if failed and status.state is LaneState.READY:
-            # It serves, but not as it should (word salad, a broken tool parser...): a
-            # restart would not fix that, so the lane is degraded and left running.
-            self._check_degraded.add(lane)
-            reason = f"check {failed[0].gate}: {failed[0].reason}"
-            self.ledger.transition(lane, LaneState.DEGRADED, reason)
-        elif not failed and lane in self._check_degraded and status.state is LaneState.DEGRADED:
-            self._check_degraded.discard(lane)
-            self.ledger.transition(lane, LaneState.READY, "the acceptance checks pass again")
-        return run
-
-    async def _auto_check(self, lane: str) -> None:
-        try:
-            await self.check(lane, self.config.lanes[lane].checks.after_activate)
-        except LanedError as exc:
-            self.ledger.note(
-                lane, EventKind.CHECK, f"checks after activation did not run: {exc.message}"
-            )
 
     # --- small helpers -----------------------------------------------------------------------------
 

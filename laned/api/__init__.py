@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from laned import __version__
 from laned.api import daemon, errors, lanes, openai
 from laned.api.guard import ApiSettings, Guard
+from laned.coordinator import Coordinator
 from laned.front import Front
 from laned.metrics import LanedMetrics
 from laned.proxy import Proxy
@@ -25,10 +26,14 @@ __all__ = ["ApiSettings", "create_app"]
 
 
 def create_app(
-    supervisor: Supervisor, settings: ApiSettings, metrics: LanedMetrics | None = None
+    supervisor: Supervisor,
+    settings: ApiSettings,
+    metrics: LanedMetrics | None = None,
+    coordinator: Coordinator | None = None,
 ) -> FastAPI:
-    """The FastAPI application over one supervisor."""
-    front = Front(supervisor)
+    """The FastAPI application over one supervisor (and, for lanes over several hosts, the
+    coordinator of their ranks)."""
+    front = Front(supervisor, coordinator)
     if metrics is None:
         metrics = LanedMetrics()
         metrics.attach(front)

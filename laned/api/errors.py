@@ -25,6 +25,7 @@ STATUS: tuple[tuple[type[errors.LanedError], int], ...] = (
     (errors.ActivationFailed, 502),  # the engine failed: upstream of laned
     (errors.EngineUnreachable, 502),
     (errors.EngineRefused, 502),
+    (errors.PeerUnreachable, 503),  # another host's laned: nothing was started here
     (errors.PodmanError, 503),  # the podman API service does not answer or refuses
     (errors.SystemdError, 503),  # the user manager does not answer or refuses
     (errors.LaneError, 502),

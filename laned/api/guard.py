@@ -29,6 +29,8 @@ class ApiSettings:
     listen_port: int
     token: str | None = None
     token_for_reads: bool = False  # also /lanes, /metrics, /sd, /events ... (not /healthz)
+    peer_token: str | None = None  # lanes over several hosts: what the other hosts' laned send
+    peer_hosts: frozenset[str] = frozenset()  # their names for this host, as Host headers
 
 
 def host_of(value: str) -> str:
@@ -46,10 +48,11 @@ class Guard:
 
     def __init__(self, app: ASGIApp, settings: ApiSettings) -> None:
         self.app, self.settings = app, settings
-        self.allowed = LOCAL_NAMES | {
-            settings.listen_host.lower(),
-            f"[{settings.listen_host.lower()}]",
-        }
+        self.allowed = (
+            LOCAL_NAMES
+            | {settings.listen_host.lower(), f"[{settings.listen_host.lower()}]"}
+            | settings.peer_hosts
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -84,6 +87,19 @@ class Guard:
                     "cross-site requests may not change lanes",
                     "use curl or the laned CLI",
                 )
+        given = request.headers.get("authorization", "")
+        peer = settings.peer_token is not None and hmac.compare_digest(
+            given.encode(), f"Bearer {settings.peer_token}".encode()
+        )
+        if request.query_params.get("rank_only", "").lower() in ("true", "1") and not peer:
+            return envelope(
+                403,
+                "forbidden",
+                "rank_only is for laned's peers: it needs the peer token",
+                "ask for the whole lane (without rank_only); its head coordinates the ranks",
+            )
+        if peer:
+            return None
         # The OpenAI endpoint's Authorization is the lane's API key, for the engine to judge:
         # laned's token is not asked for there (the Host and cross-site checks still hold).
         openai = request.url.path.startswith("/v1/")
@@ -92,7 +108,6 @@ class Guard:
             and not openai
             and (mutating or (settings.token_for_reads and request.url.path != "/healthz"))
         ):
-            given = request.headers.get("authorization", "")
             if not given:
                 return envelope(
                     401,

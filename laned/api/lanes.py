@@ -93,11 +93,15 @@ def router(front: Front) -> APIRouter:
             description="start even when preflight finds errors; stop the others without "
             "draining the requests in flight through laned's OpenAI endpoint",
         ),
+        rank_only: bool = Query(
+            False, description="a lane over several hosts: this host's rank only (peers' call)"
+        ),
     ) -> JSONResponse:
         """Make the lane the running lane of its group (stopping the others, after their
         requests at laned's OpenAI endpoint end). Idempotent. Preflight runs first; its
         errors refuse the activation before anything is stopped."""
-        return await answer(lane, await front.activate(lane, force), wait, timeout, request)
+        future = await front.activate(lane, force, rank_only=rank_only)
+        return await answer(lane, future, wait, timeout, request)
 
     @api.get("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_get")
     @api.post("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_post")
@@ -107,10 +111,14 @@ def router(front: Front) -> APIRouter:
         wait: bool = Query(False, description="answer when the lane has stopped"),
         timeout: float | None = Query(None, gt=0, le=86400),
         force: bool = Query(False, description=NO_DRAIN),
+        rank_only: bool = Query(
+            False, description="a lane over several hosts: this host's rank only (peers' call)"
+        ),
     ) -> JSONResponse:
         """Stop the lane (never counted as a failure), after the requests in flight through
         laned's OpenAI endpoint end (the lane's drain_timeout at most)."""
-        return await answer(lane, front.deactivate(lane, force), wait, timeout, request)
+        future = await front.deactivate(lane, force, rank_only=rank_only)
+        return await answer(lane, future, wait, timeout, request)
 
     @api.post("/lanes/{lane}/restart", status_code=202)
     async def restart(
@@ -119,9 +127,13 @@ def router(front: Front) -> APIRouter:
         wait: bool = Query(False),
         timeout: float | None = Query(None, gt=0, le=86400),
         force: bool = Query(False, description=NO_DRAIN),
+        rank_only: bool = Query(
+            False, description="a lane over several hosts: this host's rank only (peers' call)"
+        ),
     ) -> JSONResponse:
         """Stop and start the lane again, after its requests at laned's OpenAI endpoint end."""
-        return await answer(lane, front.restart(lane, force), wait, timeout, request)
+        future = await front.restart(lane, force, rank_only=rank_only)
+        return await answer(lane, future, wait, timeout, request)
 
     @api.get("/lanes/{lane}/logs")
     async def logs(

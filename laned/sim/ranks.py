@@ -22,6 +22,7 @@ its end is the peer's death.
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from collections.abc import Callable
 
@@ -101,6 +102,10 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> int:
     """A `--headless` rank: join the head, "load", then hold until the head goes away (exit 1)
     or a stop (exit 0). It serves no API and binds no port of its own."""
     s = settings
+    # A headless rank has no /sim/fault endpoint: SIGUSR1 makes it die as vLLM's processes do
+    # when their engine dies, with status 0.
+    died = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, died.set)
     log("INFO", "serve.py:1", f"headless node rank {s.node_rank} of {s.nnodes}: no API server; the head is {s.master_addr}:{s.master_port}")  # fmt: skip
     if not s.headless:
         log(
@@ -137,11 +142,17 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> int:
     log("INFO", "parallel_state.py:1", f"joined the head at {s.master_addr}:{s.master_port}; loading this node's shards")  # fmt: skip
     ended = asyncio.ensure_future(_until_closed(reader))
     loading = asyncio.ensure_future(asyncio.sleep(s.startup))
-    await asyncio.wait({ended, loading, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if loading.done() and not ended.done():
+    dying = asyncio.ensure_future(died.wait())
+    await asyncio.wait({ended, loading, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
+    if loading.done() and not ended.done() and not died.is_set():
         log("INFO", "gpu_worker.py:1", f"node rank {s.node_rank} ready: serving the head's steps")
-        await asyncio.wait({ended, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({ended, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
     loading.cancel()
+    if died.is_set():
+        log("ERROR", "core.py:1", "EngineCore encountered a fatal error (fault injected: SIGUSR1); exiting with status 0")  # fmt: skip
+        writer.close()
+        sys.stderr.flush()
+        return 0
     if stop.is_set():
         writer.close()
         log("INFO", "serve.py:1", "headless worker stopped")

@@ -44,6 +44,7 @@ ADAPTERS = {
     "laned.bus",
     "laned.steps",
     "laned.watchers",
+    "laned.peers",
 }
 IO_LIBRARIES = {"asyncio", "httpx", "dbus_fast", "podman", "pynvml", "subprocess", "socket"}
 MAX_LINES = 430  # "a few hundred" each; the simulator's engine is held to it too

@@ -1,0 +1,287 @@
+"""A lane over two hosts, as seed 002 runs one: two laned, each in its own network namespace
+(a veth pair between them, 10.77.x.1 and .2) with its own private systemd user manager, the
+simulator as the head and the headless worker. Activated from the worker's host; the
+worker's engine dies (status 0) and the lane comes back as one; the link is cut (degraded,
+no restart for 30 s) and restored (ready); a one-host lane swaps the lane away on both.
+
+All traffic stays inside the namespaces and their loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import ROOT, wait_until
+
+TOKEN, PEER_TOKEN = "control-token-0123456789", "peer-token-9876543210"
+CALL = (
+    "import json, sys, httpx\n"
+    "method, path, token = sys.argv[1:4]\n"
+    "r = httpx.request(method, 'http://127.0.0.1:9000' + path, timeout=30,\n"
+    "                  headers={'Authorization': 'Bearer ' + token})\n"
+    "try:\n    body = r.json()\nexcept ValueError:\n    body = r.text\n"
+    "print(json.dumps({'status': r.status_code, 'body': body}))\n"
+)
+
+
+# Where a process's cgroup is set: the hybrid hierarchies here, else the unified root.
+CGROUP_ROOTS = [
+    Path("/sys/fs/cgroup") / h
+    for h in ("systemd", "unified")
+    if (Path("/sys/fs/cgroup") / h / "cgroup.procs").exists()
+] or [Path("/sys/fs/cgroup")]
+
+
+@dataclass
+class Host:
+    name: str
+    ns: str
+    address: str
+    harness: Path
+    env: dict[str, str]
+    laned: subprocess.Popen[bytes] | None = None
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            # nsenter, not `ip netns exec`: that one remounts /sys, and the user manager
+            # then finds no cgroup hierarchy.
+            ["nsenter", f"--net=/run/netns/{self.ns}", *argv],
+            env=self.env, capture_output=True, text=True, check=check, timeout=60,
+        )  # fmt: skip
+
+    def api(self, method: str, path: str) -> dict[str, Any]:
+        out = self.run(sys.executable, "-c", CALL, method, path, TOKEN)
+        answer: dict[str, Any] = json.loads(out.stdout)
+        return answer
+
+    def lane(self, lane: str) -> dict[str, Any]:
+        answer = self.api("GET", f"/lanes/{lane}")
+        assert answer["status"] == 200, answer
+        body: dict[str, Any] = answer["body"]
+        return body
+
+
+def ip(*argv: str) -> None:
+    subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nsenter") is None:
+        pytest.skip("network namespaces need root, iproute2 and nsenter")
+    tag = uuid.uuid4().hex[:6]
+    hosts = []
+    for i, name in enumerate(("host-a", "host-b")):
+        harness = Path(f"/tmp/laned-2h-{tag}-{i}")
+        env = {**os.environ, "LANED_HARNESS_DIR": str(harness)}
+        hosts.append(Host(name, f"laned-{tag}-{i}", f"10.77.0.{i + 1}", harness, env))
+    a, b = hosts
+    try:
+        for host in hosts:
+            ip("netns", "add", host.ns)
+        ip(
+            "link",
+            "add",
+            f"v{tag}a",
+            "netns",
+            a.ns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"v{tag}b",
+            "netns",
+            b.ns,
+        )
+        for host, dev in ((a, f"v{tag}a"), (b, f"v{tag}b")):
+            ip("-n", host.ns, "addr", "add", f"{host.address}/24", "dev", dev)
+            ip("-n", host.ns, "link", "set", dev, "up")
+            ip("-n", host.ns, "link", "set", "lo", "up")
+            # Each user manager in a cgroup of its own: two managers of one machine would
+            # otherwise give their units the same cgroup (/app.slice/laned-w.service), and a
+            # stop on one host would kill the other host's rank.
+            cgroups = [root / host.ns for root in CGROUP_ROOTS]
+            enter = "".join(f"mkdir -p {c} && echo $$ > {c}/cgroup.procs && " for c in cgroups)
+            host.run("sh", "-c", enter + f'exec "{ROOT}/scripts/harness" up')
+            exports = host.run(str(ROOT / "scripts" / "harness"), "env").stdout
+            host.env.update(
+                line.removeprefix("export ").split("=", 1) for line in exports.splitlines()
+            )
+        yield a, b
+    finally:
+        # Every step on its own: one that fails must not leave the others' processes behind.
+        for host in hosts:
+            if host.laned is not None and host.laned.poll() is None:
+                host.laned.terminate()
+                try:
+                    host.laned.wait(30)
+                except subprocess.TimeoutExpired:
+                    host.laned.kill()
+        for host in hosts:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                host.run(str(ROOT / "scripts" / "harness"), "down", check=False)
+            subprocess.run(["ip", "netns", "del", host.ns], check=False, capture_output=True)
+            for root in CGROUP_ROOTS:
+                cgroup = root / host.ns
+                for path in sorted(cgroup.glob("**/"), key=lambda p: -len(p.parts)):
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
+            shutil.rmtree(host.harness, ignore_errors=True)
+
+
+def config(tmp: Path, host: Host, master: int) -> Path:
+    """The one config both hosts share, but for daemon.host and where laned keeps its files."""
+    home = tmp / host.name
+    (home / "models").mkdir(parents=True, exist_ok=True)
+    for name, secret in (("token", TOKEN), ("peer-token", PEER_TOKEN)):
+        (home / name).write_text(secret)
+        (home / name).chmod(0o600)
+    sim = f'"{sys.executable}", "-m", "laned", "sim", "serve", "{home}/models"'
+    fast = 'restart_sec = "1s"\nprobe = { interval = "300ms", start_interval_min = "50ms", start_interval_max = "300ms" }\n'
+    text = f"""
+[daemon]
+host = "{host.name}"
+listen = "0.0.0.0:9000"
+token_file = "{home}/token"
+peer_token_file = "{home}/peer-token"
+unit_dir = "{host.env["XDG_CONFIG_HOME"]}/systemd/user"
+bin_dir = "{home}/bin"
+state_dir = "{home}/state"
+
+[lanes.w]
+port = 8100
+served_model_name = "w"
+{fast}nodes = [{{ host = "host-a", laned = "http://10.77.0.1:9000" }}, {{ host = "host-b", laned = "http://10.77.0.2:9000" }}]
+values = {{ HEAD_IP = "10.77.0.1" }}
+args = ["--nnodes", "${{NNODES}}", "--node-rank", "${{NODE_RANK}}", "--master-addr", "${{HEAD_IP}}", "--master-port", "{master}"]
+[lanes.w.exec]
+command = [{sim}]
+[lanes.w.env]
+LANED_SIM_STARTUP = "0.5"
+[lanes.w.rank.1]
+args = [{{ flag = "--headless" }}]
+
+[lanes.solo]
+port = 8100
+served_model_name = "solo"
+{fast}[lanes.solo.exec]
+command = [{sim}]
+[lanes.solo.env]
+LANED_SIM_STARTUP = "0.3"
+"""
+    path = home / "laned.toml"
+    path.write_text(text)
+    return path
+
+
+def start_laned(host: Host, path: Path, log: Path) -> None:
+    with log.open("ab") as out:
+        host.laned = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{host.ns}", sys.executable, "-m", "laned", "--config", str(path), "serve"],
+            env=host.env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+    wait_until(lambda: _answers(host), 60, f"{host.name}'s laned")
+
+
+def _answers(host: Host) -> bool:
+    assert host.laned is not None and host.laned.poll() is None, "laned exited"
+    try:
+        return bool(host.api("GET", "/healthz")["status"] == 200)
+    except (subprocess.CalledProcessError, json.JSONDecodeError):
+        return False
+
+
+def state(host: Host, lane: str = "w") -> str:
+    return str(host.lane(lane)["state"])
+
+
+def test_a_lane_over_two_hosts_runs_fails_and_recovers_as_one(
+    two_hosts: tuple[Host, Host], tmp_path: Path
+) -> None:
+    a, b = two_hosts
+    master = 29655
+    for host in (a, b):
+        start_laned(host, config(tmp_path, host, master), tmp_path / f"{host.name}.log")
+    try:
+        scenario(a, b, master)
+    except BaseException:
+        for host in (a, b):
+            print(
+                f"===== {host.name} laned =====\n{(tmp_path / f'{host.name}.log').read_text()[-6000:]}"
+            )
+            print(host.run("journalctl", "--user", "-n", "60", "--no-pager", check=False).stdout)
+        raise
+
+
+def scenario(a: Host, b: Host, master: int) -> None:
+    # Activated on the worker's host: the head coordinates, both ranks start.
+    asked = b.api("POST", "/lanes/w/activate")
+    assert asked["status"] == 202, asked
+    wait_until(lambda: state(a) == "ready" and state(b) == "ready", 60, "both ranks ready")
+    head = a.lane("w")
+    assert head["rank"]["rank"] == 0 and b.lane("w")["rank"]["headless"] is True
+    wait_until(
+        lambda: (a.lane("w")["rank"]["peers"][0] or {}).get("state") == "ready",
+        10,
+        "the head's view of its worker",
+    )
+    # Each host shows the lane with its rank; the head, its worker; /sd, the head's engine.
+    metrics = a.api("GET", "/metrics")["body"]
+    assert 'laned_lane_rank{lane="w"} 0.0' in metrics
+    assert 'laned_peer_up{host="host-b",lane="w",rank="1"} 1.0' in metrics
+    assert 'laned_lane_rank{lane="w"} 1.0' in b.api("GET", "/metrics")["body"]
+    assert [t["labels"]["lane"] for t in a.api("GET", "/sd")["body"]] == ["w"]
+    assert b.api("GET", "/sd")["body"] == []
+    # A rank_only call without the peer token is refused.
+    assert b.api("POST", "/lanes/w/deactivate?rank_only=true")["status"] == 403
+
+    # The worker's engine dies with status 0: the head's engine dies with it; both come back.
+    killed = subprocess.run(
+        ["pkill", "-USR1", "-f", f"node-rank 1 --master-addr 10.77.0.1 --master-port {master}"],
+        capture_output=True, timeout=10,
+    )  # fmt: skip
+    assert killed.returncode == 0, "no worker engine to kill"
+    wait_until(
+        lambda: a.lane("w")["restarts"] >= 1 and b.lane("w")["restarts"] >= 1,
+        30,
+        "both ranks restarted",
+    )
+    wait_until(lambda: state(a) == "ready" and state(b) == "ready", 60, "both ranks ready again")
+    assert (
+        b.lane("w")["last_exit"]["code"] == 0 and b.lane("w")["last_exit"]["verdict"] == "failure"
+    )
+    restarts = a.lane("w")["restarts"]
+
+    # The link is cut: the head cannot reach the worker's laned; degraded, nothing restarted.
+    tag = a.ns.split("-")[1]
+    a.run("ip", "link", "set", f"v{tag}a", "down")
+    wait_until(lambda: state(a) == "degraded", 20, "the head degraded")
+    assert "peer host-b (rank 1) unreachable" in a.lane("w")["reason"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # a restart storm would show within this window
+        assert a.lane("w")["restarts"] == restarts and state(a) == "degraded"
+        time.sleep(1)
+    a.run("ip", "link", "set", f"v{tag}a", "up")
+    wait_until(lambda: state(a) == "ready", 30, "the head ready again")
+
+    # A one-host lane on the head swaps the lane away there; the worker's rank follows.
+    assert a.api("POST", "/lanes/solo/activate")["status"] == 202
+    wait_until(lambda: state(a, "solo") == "ready", 30, "the one-host lane")
+    wait_until(
+        lambda: b.lane("w")["desired"] == "inactive" and state(b) == "inactive",
+        20,
+        "the worker stopped",
+    )
+    assert a.lane("w")["desired"] == "inactive"

@@ -49,6 +49,7 @@ class Coordinator:
         self.interval = interval
         self.seen: dict[str, dict[int, dict[str, Any]]] = {}  # lane -> rank -> what it showed
         self._tasks: list[asyncio.Task[None]] = []
+        self._asking: set[str] = set()  # lanes whose workers are being asked, now
 
     def spec(self, lane: str) -> LaneConfig:
         return self.supervisor.config.lanes[lane]
@@ -72,6 +73,13 @@ class Coordinator:
     async def ask_workers(self, lane: str, action: str, force: bool) -> None:
         """The head: every worker acts on its own rank. An activation is refused, with
         nothing started, when a worker cannot be reached; a stop goes on regardless."""
+        self._asking.add(lane)  # no look meanwhile: the head's own desire changes after this
+        try:
+            await self._ask_workers(lane, action, force)
+        finally:
+            self._asking.discard(lane)
+
+    async def _ask_workers(self, lane: str, action: str, force: bool) -> None:
         if action == "activate":
             for _, node in self.workers(lane):
                 await self.peers.view(node, lane)  # PeerUnreachable: refuse before any start
@@ -115,7 +123,6 @@ class Coordinator:
     async def look(self, lane: str) -> None:
         """One look at every worker of a lane this host heads (see the module's rules)."""
         status: LaneStatus = self.supervisor.statuses[lane]
-        desired = status.desired
         trouble = None
         seen = self.seen.setdefault(lane, {})
         for rank, node in self.workers(lane):
@@ -135,6 +142,9 @@ class Coordinator:
                 "state": view.get("state"), "desired": view.get("desired"),
                 "phase": view.get("phase"),
             }  # fmt: skip
+            desired = status.desired  # as it is now, after the await
+            if lane in self._asking:
+                return  # a coordinated request is under way: it sets every rank itself
             if view.get("desired") != desired.value:
                 action = "activate" if desired is Desired.ACTIVE else "deactivate"
                 try:
@@ -144,7 +154,7 @@ class Coordinator:
                     )
                 except PeerUnreachable as exc:
                     trouble = trouble or f"peer {node.host} (rank {rank}) refused: {exc.message}"
-        if desired is Desired.ACTIVE:
+        if status.desired is Desired.ACTIVE:
             self.supervisor.peer_trouble(lane, trouble)
 
     def peers_of(self, lane: str) -> list[dict[str, Any]]:

@@ -83,8 +83,17 @@ class Front:
         sup = self.supervisor
         status = self.status(lane)
         spec = sup.config.lanes[lane]
+        shown = status.to_json()
+        ranks = self.rank_view(lane)
+        if ranks is not None and ranks["peers"] and status.state.value == "starting":
+            # The head's cold start, with what each worker was doing at the last look.
+            others = [
+                f"rank {p['rank']} ({p['host']}): {p.get('phase') or p.get('state') or 'not seen yet'}"
+                for p in ranks["peers"]
+            ]
+            shown["phase"] = f"head: {status.phase or 'starting'}, " + ", ".join(others)
         return {
-            **status.to_json(),
+            **shown,
             "unit": unit_name(lane, spec),
             "group": spec.group,
             "port": spec.port,
@@ -94,7 +103,7 @@ class Front:
             "proxy": sup.traffic.counts(lane),
             "startup": status.startup(sup.clock()),
             "container": await self._container(lane),
-            "rank": self.rank_view(lane),
+            "rank": ranks,
         }
 
     def rank_view(self, lane: str) -> dict[str, Any] | None:

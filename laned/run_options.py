@@ -20,6 +20,7 @@ BOOL_OPTIONS = {
 ALIASES = {
     "--env": "-e", "--volume": "-v", "--publish": "-p", "-w": "--workdir", "-u": "--user",
     "--net": "--network", "-l": "--label", "-h": "--hostname", "-m": "--memory",
+    "--detach": "-d", "--interactive": "-i", "--tty": "-t",
 }  # fmt: skip
 MULTI = {
     "-e", "-v", "-p", "--device", "--cap-add", "--cap-drop", "--ulimit", "--security-opt",

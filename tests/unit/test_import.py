@@ -242,6 +242,8 @@ def test_docker_only_options_are_translated_each_with_a_note() -> None:
     ]
     assert ["--cap-add", "SYS_NICE"] in [words for words, _ in lane.podman_args]
     lane_config(text)  # and it validates
+    spelled_out = import_run("docker run --detach --interactive --tty img serve /m")
+    assert [c.split(" dropped")[0] for c in spelled_out.changes] == ["-d", "-i", "-t"]
 
 
 def test_a_lines_comment_explains_the_last_flag_on_it() -> None:

@@ -19,7 +19,7 @@ from laned.errors import LanedError, NotAContainer, PreflightFailed
 from laned.facts import HostFacts, blocking
 from laned.fit import fit_report
 from laned.host import meminfo
-from laned.lanes import Event, LaneStatus
+from laned.lanes import Event, LaneState, LaneStatus
 from laned.model import GATES
 from laned.names import container_name, unit_name
 from laned.preflight import refusal, report
@@ -85,7 +85,7 @@ class Front:
         spec = sup.config.lanes[lane]
         shown = status.to_json()
         ranks = self.rank_view(lane)
-        if ranks is not None and ranks["peers"] and status.state.value == "starting":
+        if ranks is not None and ranks["peers"] and status.state is LaneState.STARTING:
             # The head's cold start, with what each worker was doing at the last look.
             others = [
                 f"rank {p['rank']} ({p['host']}): {p.get('phase') or p.get('state') or 'not seen yet'}"

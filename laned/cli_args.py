@@ -96,6 +96,13 @@ def parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)
+    # `laned status --config F` as well as `laned --config F status`, as systemctl and podman
+    # take their global options (SUPPRESS: one given before the command is not overwritten).
+    for name, command in sub.choices.items():
+        if name != "sim":
+            command.add_argument(
+                "--config", metavar="PATH", default=argparse.SUPPRESS, help="the laned.toml to use"
+            )
     return parser
 
 
@@ -190,7 +197,10 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                 "--concurrency", default="1,2,4,8", help="streams to measure (default 1,2,4,8)"
             )
             command.add_argument(
-                "--contexts", default="8192,16384,32768", help="prefill sizes (default 8k,16k,32k)"
+                "--contexts",
+                default="8K,16K,32K",
+                help="prefill sizes in tokens: 8192, 8k (8000) or 8K (8192), as vLLM reads them "
+                "(default 8K,16K,32K)",
             )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from laned.cli_args import EXIT_FAILED, EXIT_OK, config_path
 from laned.cli_args import client as api_client
+from laned.durations import parse_count
 from laned.engine_api import EngineClient
 from laned.errors import ApiUnavailable, LanedError
 from laned.model import GATES, ChecksConfig
@@ -82,12 +83,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from laned.benchmark import run_bench, table
 
     try:
-        concurrency = [int(c) for c in args.concurrency.split(",")]
-        contexts = [int(c) for c in args.contexts.split(",")]
-    except ValueError:
+        concurrency = [parse_count(c) for c in args.concurrency.split(",")]
+        contexts = [parse_count(c) for c in args.contexts.split(",")]
+    except ValueError as exc:
         raise LanedError(
-            f"--concurrency {args.concurrency!r} / --contexts {args.contexts!r}: not numbers",
-            "e.g. --concurrency 1,2,4,8 --contexts 8192,16384,32768",
+            f"--concurrency {args.concurrency!r} / --contexts {args.contexts!r}: {exc}",
+            "e.g. --concurrency 1,2,4,8 --contexts 8K,16K,32K (K = 1024, k = 1000, as vLLM reads them)",
         ) from None
     engine, _settings, label = _engine_target(args)
 

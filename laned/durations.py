@@ -1,4 +1,5 @@
-"""Durations as people write them in the config ("90s", "15m", "1h30m", 600) and as systemd reads them."""
+"""Durations as people write them in the config ("90s", "15m", "1h30m", 600) and as systemd
+reads them; token counts as vLLM's flags take them ("8k", "32K", "1M")."""
 
 from __future__ import annotations
 
@@ -52,3 +53,20 @@ def human(seconds: float) -> str:
             parts.append(f"{whole // size}{name}")
             whole %= size
     return "".join(parts) or "0s"
+
+
+_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kmgKMG]?)")
+# vLLM's human_readable_int (vllm/engine/arg_utils.py): lowercase is decimal (8k = 8000),
+# uppercase binary (32K = 32768), and only a decimal multiplier takes a fraction (25.6k).
+_MULTIPLIERS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_count(text: str) -> int:
+    """A token count: 8192, 8k (8000), 32K (32768), 1M (1048576), 25.6k (25600)."""
+    match = _COUNT.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a count; write it like 8192, 8k, 32K or 1M")
+    number, suffix = match.groups()
+    if "." in number and suffix not in ("k", "m", "g"):
+        raise ValueError(f"{text!r}: only k, m and g take a fraction (25.6k); K, M and G do not")
+    return int(float(number) * _MULTIPLIERS[suffix])

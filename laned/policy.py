@@ -180,10 +180,35 @@ class ExitFacts:
     requested_by_systemd: bool
     oom_killed: bool
 
-    def describe(self) -> str:
-        """`status N` or `signal N`, with OOM where podman said so."""
+    def describe(self, command: str = "") -> str:
+        """`status N` or `signal N`, with what it usually means and OOM where podman said so."""
         what = f"signal {self.signal}" if self.signal is not None else f"status {self.code}"
+        meaning = explain_exit(self.code, self.signal, command)
+        what += f" ({meaning})" if meaning else ""
         return what + (", OOM-killed (podman: OOMKilled)" if self.oom_killed else "")
+
+
+WRAPPER_EXIT_0 = 75  # the serve wrapper's status for an engine that exited 0 on its own
+
+
+def explain_exit(code: int | None, signal: int | None, command: str = "") -> str:
+    """What an exit status usually means: shells' 126/127, 128+N for a signal (how a
+    container reports one), laned's own 75; "" when it means nothing in particular."""
+    if signal is None and code is not None and code > 128:
+        signal = code - 128
+    if signal is not None:
+        return {
+            9: "SIGKILL: killed, often by the kernel's OOM killer (journalctl -k | grep -i oom)",
+            11: "SIGSEGV: the engine crashed (segmentation fault)",
+            6: "SIGABRT: the engine aborted (a failed assertion, often in CUDA or NCCL)",
+            15: "SIGTERM: asked to stop",
+        }.get(signal, "")
+    named = f": {command}" if command else ""
+    return {
+        126: f"the command is not executable{named}",
+        127: f"command not found{named}",
+        WRAPPER_EXIT_0: "laned's wrapper: the engine exited with status 0 on its own",
+    }.get(code or 0, "")
 
 
 def exit_facts(record: ExitRecord | None, started_at: float, snap: UnitSnapshot) -> ExitFacts:
@@ -256,7 +281,15 @@ def plan_exit(
 ) -> ExitPlan:
     """Judge an exit (only a stop somebody asked for is not a failure) and plan what follows."""
     verdict = judge_exit(stopping_by_laned, facts.requested_by_systemd)
-    what = facts.describe()
+    container = spec.container
+    command = (
+        spec.exec.command[0]
+        if spec.exec
+        else (container.entrypoint or container.image)
+        if container
+        else ""
+    )
+    what = facts.describe(command)
     if verdict is Verdict.REQUESTED:
         own = stopping_by_laned or state in (LaneState.STOPPING, LaneState.RESTARTING)
         action = ExitAction.OWN_STOP if own else ExitAction.STOPPED_OUTSIDE

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from laned.durations import parse_count
 from laned.errors import EngineError
 from laned.sim import generation, ranks, startup
 from laned.sim.engine import VERSION, Engine
@@ -43,11 +44,8 @@ USAGE = "usage: laned sim serve MODEL [--host H] [--port P] [--served-model-name
 
 
 def _int(text: str, flag: str) -> int:
-    scale = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}
     try:
-        if text and text[-1] in scale:
-            return int(float(text[:-1]) * scale[text[-1]])
-        return int(text)
+        return parse_count(text)
     except ValueError:
         raise EngineError(f"{flag}: {text!r} is not a whole number", USAGE) from None
 

@@ -304,3 +304,27 @@ def test_tokens_per_second_over_a_window() -> None:
     assert tokens_per_second([]) == 0.0
     assert tokens_per_second([(0.0, sample(0)), (2.0, sample(100))]) == 50.0
     assert tokens_per_second([(0.0, sample(100)), (2.0, sample(0))]) == 0.0  # a restart
+
+
+@pytest.mark.parametrize(
+    ("code", "signal", "words"),
+    [
+        (127, None, "command not found: /opt/venv/bin/vllm"),
+        (126, None, "not executable: /opt/venv/bin/vllm"),
+        (137, None, "SIGKILL: killed, often by the kernel's OOM killer"),
+        (None, 9, "SIGKILL"),
+        (139, None, "SIGSEGV: the engine crashed"),
+        (75, None, "laned's wrapper: the engine exited with status 0 on its own"),
+    ],
+)
+def test_exit_statuses_are_explained_where_they_are_shown(
+    code: int | None, signal: int | None, words: str
+) -> None:
+    assert words in policy.explain_exit(code, signal, "/opt/venv/bin/vllm")
+    shown = ExitFacts(code, signal, False, False).describe("/opt/venv/bin/vllm")
+    assert words in shown and shown.startswith("signal" if signal else "status")
+
+
+def test_plain_statuses_get_no_invented_meaning() -> None:
+    assert policy.explain_exit(0, None) == "" and policy.explain_exit(1, None) == ""
+    assert ExitFacts(0, None, False, False).describe() == "status 0"

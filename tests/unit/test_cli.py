@@ -1,0 +1,58 @@
+"""The command line forgives what systemctl and podman users type: global options after the
+command, token counts as vLLM writes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from laned.cli import main
+from laned.durations import parse_count
+from tests.helpers import ROOT
+
+DEMO = str(ROOT / "config" / "demo.toml")
+
+
+@pytest.mark.parametrize("argv", [["--config", DEMO, "validate"], ["validate", "--config", DEMO]])
+def test_config_goes_before_or_after_the_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 0
+    assert "demo.toml: valid (2 lane(s)" in capsys.readouterr().out
+
+
+def test_the_option_after_the_command_wins(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", "/nonexistent.toml", "validate", "--config", DEMO]) == 0
+    assert main(["--config", DEMO, "validate", "--config", "/nonexistent.toml"]) == 2
+    assert "/nonexistent.toml: 1 error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("8192", 8192),
+        ("8k", 8000),
+        ("8K", 8192),
+        ("32K", 32768),
+        ("512K", 524288),
+        ("1M", 1048576),
+        ("1m", 1000000),
+        ("25.6k", 25600),
+    ],
+)
+def test_token_counts_read_as_vllm_reads_them(text: str, count: int) -> None:
+    assert parse_count(text) == count
+
+
+@pytest.mark.parametrize("text", ["", "8x", "-1", "1.5K", "k"])
+def test_what_is_not_a_count_is_refused_with_the_forms_it_takes(text: str) -> None:
+    with pytest.raises(ValueError, match=r"8k|fraction"):
+        parse_count(text)
+
+
+def test_bench_refuses_a_bad_size_before_it_reaches_the_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--config", DEMO, "bench", "dsv41", "--contexts", "8k,lots"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "'lots' is not a count" in err and "8K,16K,32K" in err

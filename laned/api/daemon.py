@@ -1,20 +1,32 @@
-"""laned's own endpoints: health, the host's fit, reload, metrics, service discovery, events."""
+"""laned's own endpoints: the status page, health, the host's fit, reload, metrics, service
+discovery, events."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from importlib import resources
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
 from laned import __version__
 from laned.errors import ConfigError, ConfigRefused
 from laned.front import Front
 from laned.lanes import Event
 from laned.metrics import LanedMetrics
+
+# One file shipped in the package: no build step, nothing fetched from elsewhere.
+PAGE = resources.files("laned.api").joinpath("static/status.html").read_text(encoding="utf-8")
+PAGE_HEADERS = {
+    # Its own inline script and style only; never framed (its buttons change lanes).
+    "Content-Security-Policy": "default-src 'self'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
 
 
 def _sse(event: Event) -> bytes:
@@ -24,6 +36,11 @@ def _sse(event: Event) -> bytes:
 def router(front: Front, metrics: LanedMetrics) -> APIRouter:
     """The daemon's endpoints over one front."""
     api = APIRouter()
+
+    @api.get("/", include_in_schema=False)
+    async def status_page() -> HTMLResponse:
+        """The status page: every lane live, activate/deactivate buttons (docs/api.md)."""
+        return HTMLResponse(PAGE, headers=PAGE_HEADERS)
 
     @api.get("/healthz")
     async def healthz() -> dict[str, str]:

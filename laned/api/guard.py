@@ -106,7 +106,10 @@ class Guard:
         if (
             settings.token is not None
             and not openai
-            and (mutating or (settings.token_for_reads and request.url.path != "/healthz"))
+            # The page itself holds no data (it asks for the token when /lanes wants one).
+            and (
+                mutating or (settings.token_for_reads and request.url.path not in ("/healthz", "/"))
+            )
         ):
             if not given:
                 return envelope(

@@ -97,7 +97,11 @@ def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
         # other starts, systemd orders the stop first whichever way the dependency points.
         before = [unit_name(p, config.lanes[p]) for p in peers if p < lane]
         after += before
-    unit.append(("After", " ".join([*after, "network-online.target"])))
+    # No network-online.target: a user manager has none (Debian 12's systemd 252 ships none
+    # in /usr/lib/systemd/user), so After= on it would order nothing. The ranks of a lane
+    # over several hosts retry their rendezvous, and laned its peers, instead.
+    if after:
+        unit.append(("After", " ".join(after)))
     systemd_restarts = systemd_version >= RESTART_STEPS_SINCE
     if systemd_restarts:
         unit += [

@@ -93,8 +93,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """`laned status [--fit]`."""
+    """`laned status [--fit] [--json] [--watch [SECONDS]]`."""
     import json
+    import time
 
     from laned.client import fit_table, table
 
@@ -106,9 +107,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=2) if args.json else fit_table(body))
         return EXIT_OK
     client = api_client(args)
-    body = client.call("GET", "/lanes")
-    print(json.dumps(body, indent=2) if args.json else table(body["lanes"]))
-    return EXIT_OK
+    # Colour only for a person at a terminal (and never with NO_COLOR, https://no-color.org).
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    while True:
+        body = client.call("GET", "/lanes")
+        shown = json.dumps(body, indent=2) if args.json else table(body["lanes"], colour)
+        if args.watch is None:
+            print(shown)
+            return EXIT_OK
+        print(("\033[H\033[2J" if sys.stdout.isatty() else "\n") + shown, flush=True)
+        time.sleep(args.watch)
 
 
 def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:

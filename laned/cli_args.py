@@ -128,6 +128,14 @@ def _lane_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     status.add_argument("--json", action="store_true", help="print the API's JSON")
     status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
+    status.add_argument(
         "--fit",
         action="store_true",
         help="which configured lanes this host can run at all (their needs against its GPUs, memory, disk)",

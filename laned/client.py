@@ -69,8 +69,14 @@ def _requests_cell(counts: dict[str, int] | None) -> str:
     return f"{counts['in_flight']} in flight, {counts['queued']} queued"
 
 
-def table(lanes: list[dict[str, Any]]) -> str:
-    """The `laned status` table."""
+COLOURS = {  # ANSI: the status page's colours, as a terminal has them
+    "ready": "32", "degraded": "33", "failed": "31;1", "inactive": "2",
+    "starting": "34", "stopping": "34", "restarting": "34",
+}  # fmt: skip
+
+
+def table(lanes: list[dict[str, Any]], colour: bool = False) -> str:
+    """The `laned status` table (its state column coloured, for a terminal)."""
     rows = [("LANE", "STATE", "DESIRED", "PORT", "MODEL", "REQUESTS", "RESTARTS", "CHECKS", "REASON")]  # fmt: skip
     for lane in lanes:
         state = lane["state"]
@@ -85,9 +91,20 @@ def table(lanes: list[dict[str, Any]]) -> str:
         rows.append((lane["name"], state, lane["desired"], str(lane["port"]), lane["served_model_name"],
                      _requests_cell(lane.get("proxy")), str(lane["restarts"]), _checks_cell(lane.get("checks")), lane.get("reason") or ""))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+
+    def paint(row: int, column: int, text: str) -> str:
+        if not colour or row == 0 or column != 1:
+            return text
+        code = COLOURS.get(lanes[row - 1]["state"])
+        return f"\033[{code}m{text}\033[0m" if code else text
+
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
-        for row in rows
+        "  ".join(
+            paint(r, i, cell.ljust(w)) for i, (cell, w) in enumerate(zip(row, widths, strict=False))
+        )
+        + "  "
+        + row[-1]
+        for r, row in enumerate(rows)
     )
 
 

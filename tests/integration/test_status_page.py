@@ -120,3 +120,24 @@ def _serve_page(tmp_path: Path, html: str) -> str:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://localhost:{server.server_address[1]}/index.html"
+
+
+def test_status_watch_redraws_until_stopped(laned_api: str) -> None:
+    """`laned status --watch`: a table again every interval, plain when not on a terminal."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "laned", "status", "--url", laned_api, "--watch", "0.2"],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert watch.stdout is not None
+    seen = 0
+    try:
+        for line in watch.stdout:
+            seen += line.startswith("LANE ")
+            assert "\033[" not in line, "colour on a pipe"
+            if seen == 3:
+                break
+    finally:
+        watch.terminate()
+        watch.wait(10)
+        watch.stdout.close()
+    assert seen == 3

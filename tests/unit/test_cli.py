@@ -3,6 +3,8 @@ command, token counts as vLLM writes them."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from laned.cli import main
@@ -56,3 +58,19 @@ def test_bench_refuses_a_bad_size_before_it_reaches_the_engine(
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "'lots' is not a count" in err and "8K,16K,32K" in err
+
+
+def test_the_status_table_colours_states_on_a_terminal_only() -> None:
+    from laned.client import table
+
+    lanes = [
+        {"name": "a", "state": "ready", "desired": "active", "port": 8000,
+         "served_model_name": "m", "restarts": 0, "reason": ""},
+        {"name": "bb", "state": "failed", "desired": "active", "port": 8001,
+         "served_model_name": "n", "restarts": 5, "reason": "crash-loop"},
+    ]  # fmt: skip
+    plain, coloured = table(lanes), table(lanes, colour=True)
+    assert "\033[" not in plain
+    assert "\033[32mready" in coloured and "\033[31;1mfailed" in coloured
+    # The colour codes do not shift the columns: stripped, both tables are the same.
+    assert re.sub(r"\033\[[0-9;]*m", "", coloured) == plain

@@ -16,6 +16,7 @@ from laned import __version__, cli_args
 from laned.cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, config_path
 from laned.cli_args import client as api_client
 from laned.cli_gates import cmd_bench, cmd_check
+from laned.cli_setup import cmd_completion, cmd_init, cmd_lanes
 from laned.errors import ApiUnavailable, ConfigError, LanedError, Severity
 
 if TYPE_CHECKING:
@@ -342,6 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "install": cmd_install,
         "events": cmd_events,
         "import": cmd_import,
+        "init": cmd_init,
+        "completion": cmd_completion,
+        "_lanes": cmd_lanes,
     }
     if args.command == "version":
         print(f"laned {__version__}")

@@ -86,6 +86,30 @@ def parser() -> argparse.ArgumentParser:
         help="a value for a ${NAME} placeholder of the command line (repeatable)",
     )
 
+    init = sub.add_parser(
+        "init",
+        help="write a starter config and say what to edit next",
+        description="Copy one of laned's examples to the config path (--config, $LANED_CONFIG, "
+        "else ~/.config/laned/laned.toml), say what to edit next, and validate it.",
+    )
+    init.add_argument(
+        "--example",
+        choices=("seed-000", "seed-001", "seed-002", "demo"),
+        default="seed-000",
+        help="seed-000: two RTX PRO 6000, DeepSeek and GLM (default); seed-001: 4x RTX PRO "
+        "6000; seed-002: two DGX Spark, one lane over both; demo: the simulated engine",
+    )
+    init.add_argument(
+        "--force", action="store_true", help="replace an existing config (kept as .bak)"
+    )
+    completion = sub.add_parser(
+        "completion",
+        help="print the shell completion script",
+        description="Print bash or zsh completion for laned: source <(laned completion bash).",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    sub.add_parser("_lanes")  # for completion: the configured lane names
+
     _lane_commands(sub)
     _gate_commands(sub)
     _watch_commands(sub)

@@ -3,7 +3,11 @@ command, token counts as vLLM writes them."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +78,41 @@ def test_the_status_table_colours_states_on_a_terminal_only() -> None:
     assert "\033[32mready" in coloured and "\033[31;1mfailed" in coloured
     # The colour codes do not shift the columns: stripped, both tables are the same.
     assert re.sub(r"\033\[[0-9;]*m", "", coloured) == plain
+
+
+def test_init_writes_a_starter_config_and_never_overwrites_one_unasked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "cfg" / "laned.toml"
+    assert main(["init", "--config", str(target), "--example", "demo"]) == 0
+    out = capsys.readouterr().out
+    assert target.read_text() == (ROOT / "config" / "demo.toml").read_text()
+    assert "edit next:" in out and "it validates now (lanes: dsv41, glm53)" in out
+    target.write_text("# mine\n")
+    assert main(["init", "--config", str(target)]) == 2
+    assert "exists; nothing written" in capsys.readouterr().err
+    assert target.read_text() == "# mine\n"
+    assert main(["init", "--config", str(target), "--force"]) == 0
+    assert (tmp_path / "cfg" / "laned.toml.bak").read_text() == "# mine\n"
+    assert "api_key_file" in capsys.readouterr().out  # seed 000's lanes: what to edit
+
+
+def complete(words: list[str]) -> list[str]:
+    """What bash completes for `words` (the last one being typed), with laned's script."""
+    script = (
+        'source <(laned completion bash); COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); '
+        '_laned; printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out = subprocess.run(
+        ["bash", "-c", script, "bash", *words], capture_output=True, text=True, env=env, check=True
+    )
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def test_bash_completes_commands_options_and_lane_names_from_the_config() -> None:
+    assert complete(["laned", "deac"]) == ["deactivate"]
+    assert complete(["laned", "status", "--w"]) == ["--watch"]
+    assert complete(["laned", "--config", DEMO, "activate", ""]) == ["dsv41", "glm53"]
+    assert complete(["laned", "activate", "--config", DEMO, "g"]) == ["glm53"]
+    assert complete(["laned", "--config", DEMO, "events", "--lane", "d"]) == ["dsv41"]

@@ -1,0 +1,29 @@
+"""bench/cost.py's smoke run: every part runs against the harness and reports its figures
+(no timing is asserted: a noisy CI machine says nothing about speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import ROOT
+from tests.integration.conftest import Harness
+
+
+def test_the_cost_bench_runs_every_part(harness: Harness, tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    result = subprocess.run(
+        [sys.executable, "bench/cost.py", "--smoke", "--json", str(out)],
+        cwd=ROOT, env=harness.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert (
+        figures["scrape"]["page_bytes"] > 200_000 and figures["scrape"]["parse_cpu_ms_median"] > 0
+    )
+    for lanes in ("2_lanes", "50_lanes"):
+        assert figures["footprint"][lanes]["rss_mb"] > 0
+    assert figures["scale"]["200_lanes"]["get_lanes_ms"] > 0
+    assert "scale, 50 -> 200 lanes" in result.stdout

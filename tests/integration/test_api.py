@@ -63,7 +63,7 @@ async def api_server(
             await asyncio.sleep(0.02)
         yield sup
     finally:
-        server.should_exit = True
+        server.stop()
         await task
         await sup.close()
         await sup.probe.close()

@@ -27,3 +27,16 @@ def test_the_cost_bench_runs_every_part(harness: Harness, tmp_path: Path) -> Non
         assert figures["footprint"][lanes]["rss_mb"] > 0
     assert figures["scale"]["200_lanes"]["get_lanes_ms"] > 0
     assert "scale, 50 -> 200 lanes" in result.stdout
+
+
+def test_the_detection_bench_runs(harness: Harness, tmp_path: Path) -> None:
+    out = tmp_path / "detection.json"
+    result = subprocess.run(
+        [sys.executable, "bench/detection.py", "--injections", "1", "--json", str(out)],
+        cwd=ROOT, env=harness.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    for kind in ("exit 0", "exit 1", "SIGKILL"):
+        assert figures[kind]["to_event_ms"]["p50"] > 0
+    assert figures["stall"]["to_restart_s"] > 0  # that it ran: no timing is asserted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -35,3 +36,9 @@ def sim_lane(
         f'[lanes.{name}.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "serve", "{model or f"/m/{name}"}"]\n'
         f'[lanes.{name}.env]\nLANED_SIM_STARTUP = "1"\n{env}'
     )
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

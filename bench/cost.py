@@ -36,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, free_port, harness_env, sim_lane
+from bench.common import ROOT, cpu_seconds, free_port, harness_env, sim_lane
 from laned import render
 from laned.config import parse_config
 from laned.probes import parse_engine_metrics
@@ -173,8 +173,7 @@ class Laned:
     def proc(self) -> tuple[float, int, int]:
         """(CPU seconds, RSS bytes, context switches over every thread) of laned."""
         pid = self.process.pid
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cpu = cpu_seconds(pid)
         rss = 0
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):

@@ -43,14 +43,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, free_port, harness_env, sim_lane
+from bench.common import ROOT, cpu_seconds, free_port, harness_env, sim_lane
 from laned.sim.http import KEEP_ALIVE
-
-
-def cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU time."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, int]:

@@ -32,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import free_port, harness_env, sim_lane
+from bench.common import free_port, harness_env, pct, sim_lane
 from laned import render
 from laned.config import parse_config
 from laned.lanes import LaneState
@@ -158,12 +158,8 @@ async def stall(client: httpx.AsyncClient, sup: Supervisor, port: int) -> dict[s
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    ms = sorted(v * 1e3 for v in values)
-    return {
-        "p50": statistics.median(ms),
-        "p99": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
-        "max": ms[-1],
-    }
+    ms = [v * 1e3 for v in values]
+    return {"p50": statistics.median(ms), "p99": pct(ms, 0.99), "max": max(ms)}
 
 
 def main() -> None:

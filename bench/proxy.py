@@ -43,7 +43,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, cpu_seconds, free_port, harness_env, sim_lane
+from bench.common import ROOT, cpu_seconds, free_port, harness_env, pct, sim_lane
 from laned.sim.http import KEEP_ALIVE
 
 
@@ -80,11 +80,6 @@ async def phase(
     results = [r for rs in await asyncio.gather(*(worker(m) for m in lengths)) for r in rs]
     wall = time.perf_counter() - began
     return sum(t for _, t in results) / wall, [f for f, _ in results]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def bench(

@@ -39,11 +39,6 @@ class Word:
     line: int
     comment: str = ""
 
-    @property
-    def placeholders(self) -> list[str]:
-        """The names of the placeholders in the word, in order."""
-        return PLACEHOLDER.findall(self.text)
-
     def shown(self) -> str:
         """The word as the recipe wrote it: `${NAME}` for each placeholder."""
         return shown(self.text)

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from laned.errors import Problem, Severity
 from laned.model import LaneConfig
 from laned.names import container_name
+from laned.ranks import PLACEHOLDER
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
@@ -66,9 +67,6 @@ def _argv_sources(base: str, lane: LaneConfig) -> Iterator[tuple[str, str]]:
 
 def _flag_of(text: str) -> str:
     return text.split("=", 1)[0] if text.startswith("--") else text
-
-
-PLACEHOLDER = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
 
 
 def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Problem]:

@@ -422,7 +422,11 @@ def test_schemathesis_finds_no_server_error(harness: Harness, units: Units, tmp_
         assert ready.wait(30), "the API did not come up"
         result = subprocess.run(
             [schemathesis, "run", f"http://127.0.0.1:{api_port}/openapi.json", "--checks", "not_a_server_error",
-             "--max-examples", "15", "--exclude-path", "/events", "--request-timeout", "30", "--no-color"],
+             "--max-examples", "15", "--exclude-path", "/events", "--request-timeout", "30", "--no-color",
+             # Not the stateful phase: it follows GET /lanes to lane x and meets the answers
+             # laned gives on purpose (502 activation-failed for a lane that crashes, 504 for a
+             # wait shorter than the start), which schemathesis counts as server errors.
+             "--phases", "examples,coverage,fuzzing"],
             capture_output=True, text=True, timeout=300,
             cwd=tmp_path,  # its cache stays out of the checkout
         )  # fmt: skip

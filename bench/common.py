@@ -6,7 +6,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,3 +51,68 @@ def pct(values: list[float], q: float) -> float:
     """The q-quantile (0-1) of `values`, nearest rank."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class LanedServe:
+    """`laned serve` as its own process on a config file (so that its RSS and CPU can be read
+    from /proc); up once `ready` lanes are ready; at exit its `units` are stopped and removed."""
+
+    def __init__(
+        self,
+        path: Path,
+        api: int,
+        env: dict[str, str],
+        units: list[str],
+        ready: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.path, self.api, self.env, self.units, self.ready = path, api, env, units, ready
+        self.headers = headers or {}
+        self.unit_dir = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user"
+        self.url = f"http://127.0.0.1:{api}"
+
+    def __enter__(self) -> LanedServe:
+        self.log = (self.path.parent / "laned.log").open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "laned", "--config", str(self.path), "serve"],
+            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                reply = httpx.get(f"{self.url}/lanes", headers=self.headers, timeout=10)
+                lanes = reply.json()["lanes"]
+                if sum(lane["state"] == "ready" for lane in lanes) >= self.ready:
+                    return self
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.__exit__()
+        log = (self.path.parent / "laned.log").read_text()
+        raise TimeoutError(f"laned did not come up:\n{log}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+        self.log.close()
+        subprocess.run(["systemctl", "--user", "stop", *self.units], env=self.env, check=False)
+        for unit in self.units:
+            (self.unit_dir / unit).unlink(missing_ok=True)
+        subprocess.run(["systemctl", "--user", "daemon-reload"], env=self.env, check=False)
+
+    def proc(self) -> tuple[float, int, int]:
+        """(CPU seconds, RSS bytes, context switches over every thread) of laned."""
+        pid = self.process.pid
+        cpu = cpu_seconds(pid)
+        rss = 0
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+        switches = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches" in line:
+                    switches += int(line.split()[1])
+        return cpu, rss, switches

@@ -36,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, cpu_seconds, free_port, harness_env, sim_lane
+from bench.common import ROOT, LanedServe, free_port, harness_env, sim_lane
 from laned import render
 from laned.config import parse_config
 from laned.probes import parse_engine_metrics
@@ -130,60 +130,17 @@ def config_text(tmp: Path, lanes: int, running: int, api: int, unit_dir: Path, t
     return text
 
 
-class Laned:
-    """`laned serve` as its own process, so that its RSS and CPU can be read from /proc."""
+class Laned(LanedServe):
+    """`laned serve` on a generated config of `lanes` lanes, `running` of them started."""
 
     def __init__(self, tmp: Path, lanes: int, running: int, env: dict[str, str]) -> None:
-        self.tmp, self.env = tmp, env
-        self.api = free_port()
-        self.unit_dir = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user"
+        api = free_port()
+        unit_dir = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user"
         self.tag = f"benchcost{os.getpid()}x{lanes}"
-        self.path = tmp / "laned.toml"
-        self.path.write_text(config_text(tmp, lanes, running, self.api, self.unit_dir, self.tag))
-        self.lanes, self.running = lanes, running
-
-    def __enter__(self) -> Laned:
-        self.log = (self.tmp / "laned.log").open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "laned", "--config", str(self.path), "serve"],
-            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        url = f"http://127.0.0.1:{self.api}/lanes"
-        while time.monotonic() < deadline:
-            try:
-                lanes = httpx.get(url, timeout=10).json()["lanes"]
-                if sum(lane["state"] == "ready" for lane in lanes) >= self.running:
-                    return self
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"laned did not come up:\n{(self.tmp / 'laned.log').read_text()}")
-
-    def __exit__(self, *exc: object) -> None:
-        self.process.terminate()
-        self.process.wait(30)
-        self.log.close()
-        units = [f"{self.tag}-l{i}.service" for i in range(self.lanes)]
-        subprocess.run(["systemctl", "--user", "stop", *units], env=self.env, check=False)
-        for unit in units:
-            (self.unit_dir / unit).unlink(missing_ok=True)
-        subprocess.run(["systemctl", "--user", "daemon-reload"], env=self.env, check=False)
-
-    def proc(self) -> tuple[float, int, int]:
-        """(CPU seconds, RSS bytes, context switches over every thread) of laned."""
-        pid = self.process.pid
-        cpu = cpu_seconds(pid)
-        rss = 0
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-        switches = 0
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for line in (task / "status").read_text().splitlines():
-                if "ctxt_switches" in line:
-                    switches += int(line.split()[1])
-        return cpu, rss, switches
+        path = tmp / "laned.toml"
+        path.write_text(config_text(tmp, lanes, running, api, unit_dir, self.tag))
+        units = [f"{self.tag}-l{i}.service" for i in range(lanes)]
+        super().__init__(path, api, env, units, ready=running)
 
 
 def bench_footprint(seconds: float, env: dict[str, str]) -> dict[str, Any]:

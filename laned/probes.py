@@ -6,6 +6,9 @@ exception, because an engine that does not answer is exactly what probes are for
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -47,6 +50,19 @@ class Probe:
     def url(self, port: int, path: str) -> str:
         """The engine URL for a path."""
         return f"http://{self.host}:{port}{path}"
+
+    async def accepts(self, port: int) -> bool:
+        """Whether the port takes a TCP connection: a refused connect costs about 45 µs of
+        CPU (an HTTP probe a millisecond), so a close watch on a port about to open asks
+        this first."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, (self.host, port))
+            except OSError:
+                return False
+        return True
 
     async def health(self, port: int, path: str = "/health") -> bool:
         """Whether the health path answers 200."""

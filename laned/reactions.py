@@ -217,7 +217,8 @@ class Reactions(Serving):
         spec = self.config.lanes[lane]
         report = functools.partial(self._observe, lane, run)
         poke = self._pokes.setdefault(lane, asyncio.Event())
-        if not await watchers.await_ready(self.probe, spec, poke, report):
+        expected = self.statuses[lane].last_cold_start
+        if not await watchers.await_ready(self.probe, spec, poke, report, expected):
             return
         image = await steps.running_image(self.host, lane, spec)
         if report(watchers.Ready(image)):

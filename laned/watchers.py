@@ -75,13 +75,39 @@ Observation = Tick | Ready | StartTimedOut | ProbeFailed | Sampled | Stalled | M
 Report = Callable[[Observation], bool]
 
 
-async def await_ready(probe: Probe, spec: LaneConfig, poke: asyncio.Event, report: Report) -> bool:
+# A close watch on the port: a connection attempt this often (HTTP once it accepts, at most
+# every CLOSE_HTTP), for CLOSE_FOR seconds after a trigger: the engine's last startup lines
+# (which journald hands on up to 250 ms late: it coalesces its change notifications), or the
+# time the lane's last cold start took, CLOSE_LEAD of it in, no more than CLOSE_LEAD_MAX
+# seconds early.
+CLOSE_EVERY = 0.01
+CLOSE_HTTP = 0.1
+CLOSE_FOR = 60.0
+CLOSE_LEAD = 0.8
+CLOSE_LEAD_MAX = 30.0
+
+
+def close_watch_from(expected: float | None) -> float | None:
+    """Seconds into a start when the close watch begins, given the last cold start."""
+    if expected is None or expected <= 0:
+        return None
+    return max(expected * CLOSE_LEAD, expected - CLOSE_LEAD_MAX)
+
+
+async def await_ready(
+    probe: Probe,
+    spec: LaneConfig,
+    poke: asyncio.Event,
+    report: Report,
+    expected: float | None = None,
+) -> bool:
     """Probe until the engine is ready (True) or start_timeout has passed (False, reported;
     a Ready the caller reports, with what it learns about the run).
 
     Probing backs off over a long cold start (×1.5 from start_interval_min to
-    start_interval_max), but `poke` — set when the engine logs that it is about to serve —
-    wakes it at once."""
+    start_interval_max). A close watch (the port every 10 ms) begins when `poke` is set —
+    the engine logged that it is about to serve — and when the start has run most of the
+    `expected` seconds the last cold start took: journald alone would be up to 250 ms late."""
     if spec.headless():
         # A worker rank serves no API: its unit running is all it shows. Its death (it exits
         # when the head goes away) reaches laned as the unit's exit.
@@ -89,18 +115,41 @@ async def await_ready(probe: Probe, spec: LaneConfig, poke: asyncio.Event, repor
     started = time.monotonic()
     interval = spec.probe.start_interval_min
     key = read_api_key(spec.api_key_file)
+    planned = close_watch_from(expected)
+    close_until, opened = 0.0, False
     while True:
         if await probe.health(spec.port, spec.health_path):
             models = await probe.models(spec.port, key)
             if models is not None and spec.served_model_name in models:
                 return True
-        if time.monotonic() - started >= spec.start_timeout:
+        elapsed = time.monotonic() - started
+        if elapsed >= spec.start_timeout:
             report(StartTimedOut(spec.start_timeout))
             return False
+        if poke.is_set():
+            poke.clear()
+            close_until = max(close_until, elapsed + CLOSE_FOR)
+        if planned is not None and elapsed >= planned:
+            close_until, planned = max(close_until, planned + CLOSE_FOR), None
+        if elapsed < close_until:
+            if opened:  # it takes connections but does not serve yet (or a proxy holds the port)
+                await asyncio.sleep(CLOSE_HTTP)
+            opened = await _until_accepting(probe, spec.port, CLOSE_HTTP)
+            continue
+        wait = interval if planned is None else min(interval, planned - elapsed)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(poke.wait(), interval)
-        poke.clear()
+            await asyncio.wait_for(poke.wait(), wait)
         interval = min(interval * 1.5, spec.probe.start_interval_max)
+
+
+async def _until_accepting(probe: Probe, port: int, at_most: float) -> bool:
+    """Whether the port took a connection within `at_most` seconds (tried every CLOSE_EVERY)."""
+    deadline = time.monotonic() + at_most
+    while not await probe.accepts(port):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(CLOSE_EVERY)
+    return True
 
 
 async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None:

@@ -9,6 +9,9 @@ and DeepGEMM JIT at a cold start, default 0; skipped when VLLM_CACHE_ROOT alread
 the results of an earlier start, as a persistent compile cache makes it),
 LANED_SIM_SHUTDOWN (seconds between closing the port and exiting after SIGTERM, default 0:
 a real engine spends them ending its engine-core processes and releasing GPU memory),
+LANED_SIM_HOLD_GPU_GIB (GiB of GPU 0 taken with torch at load and held until exit, for GPU
+hosts, LANED_SIM_GPU_LINGER seconds longer than the engine with it; laned/sim/gpu.py),
+LANED_SIM_TIMELINE (a file of milestone stamps, for the benches),
 LANED_SIM_LEGACY_METRICS (also vllm:gpu_cache_usage_perc), LANED_SIM_OLD_API_LINE (the
 pre-0.11 "Starting vLLM API server 0 on" line) and vLLM's own
 VLLM_KEEP_ALIVE_ON_ENGINE_DEATH. docs/simulator.md maps each behaviour to vLLM's source.
@@ -26,7 +29,7 @@ from typing import Any
 
 from laned.durations import parse_count
 from laned.errors import EngineError
-from laned.sim import generation, ranks, startup
+from laned.sim import generation, ranks, startup, timeline
 from laned.sim.engine import VERSION, Engine
 from laned.sim.http import Server, bind_socket
 from laned.sim.settings import Settings
@@ -169,6 +172,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.prefill_tps = _float(env, "LANED_SIM_PREFILL_TPS", 5000.0)
     settings.jit = _float(env, "LANED_SIM_JIT", 0.0)
     settings.shutdown = _float(env, "LANED_SIM_SHUTDOWN", 0.0)
+    settings.hold_gpu_gib = _float(env, "LANED_SIM_HOLD_GPU_GIB", 0.0)
+    settings.gpu_linger = _float(env, "LANED_SIM_GPU_LINGER", 0.0)
     settings.cache_root = env.get("VLLM_CACHE_ROOT") or None
     settings.legacy_metrics = _flag(env, "LANED_SIM_LEGACY_METRICS")
     settings.old_api_line = _flag(env, "LANED_SIM_OLD_API_LINE")
@@ -183,8 +188,13 @@ async def serve(settings: Settings) -> int:
     """Run the engine until SIGTERM/SIGINT (exit 0) or a fault ends it."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+
+    def on_signal() -> None:
+        timeline.mark("sigterm")
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     pid = os.getpid()
     if settings.nnodes > 1 and (settings.node_rank > 0 or settings.headless):
         return await ranks.serve_worker(settings, stop)
@@ -228,16 +238,19 @@ async def serve(settings: Settings) -> int:
     def exit_now(code: int) -> None:
         log("INFO", "launcher.py:1", "Shutting down FastAPI HTTP server.")
         sys.stderr.flush()
+        timeline.mark("exit")
         os._exit(code)
 
     engine = Engine(settings, exit_now)
     if rendezvous is not None:
         rendezvous.watch(lambda why: engine.die(why) if not stop.is_set() else None)
     server = Server(engine.handle)
-    await server.start(sock)
+    # uvicorn (server.py, lifespan/on.py) logs these three lines, then listens.
     print(f"INFO:     Started server process [{pid}]", file=sys.stderr, flush=True)
     print("INFO:     Waiting for application startup.", file=sys.stderr, flush=True)
     print("INFO:     Application startup complete.", file=sys.stderr, flush=True)
+    await server.start(sock)
+    timeline.mark("listen")
     await stop.wait()
     print("INFO:     Shutting down", file=sys.stderr, flush=True)
     if settings.shutdown_timeout > 0:
@@ -260,6 +273,7 @@ async def serve(settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, then serve; bad arguments exit 2 with the reason."""
+    timeline.mark("main")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]) or not argv:
         print(USAGE)
@@ -270,7 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineError as exc:
         print(f"laned sim: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings))
+    code = asyncio.run(serve(settings))
+    timeline.mark("exit")
+    return code
 
 
 if __name__ == "__main__":

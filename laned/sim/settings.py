@@ -44,6 +44,8 @@ class Settings:
     jit: float = 0.0  # seconds of kernel autotune/JIT at a cold start without a cache
     shutdown_timeout: float = 0.0  # --shutdown-timeout: drain in-flight requests this long
     shutdown: float = 0.0  # seconds between closing the port and exiting, after SIGTERM
+    hold_gpu_gib: float = 0.0  # LANED_SIM_HOLD_GPU_GIB: GPU memory taken at load (laned/sim/gpu.py)
+    gpu_linger: float = 0.0  # LANED_SIM_GPU_LINGER: that memory outlives the engine this long
     cache_root: str | None = None  # VLLM_CACHE_ROOT: where the "compiled kernels" are kept
     nnodes: int = 1  # --nnodes: ranks over several nodes (laned/sim/ranks.py)
     node_rank: int = 0  # --node-rank: 0 is the head, which serves the API

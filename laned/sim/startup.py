@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
+from laned.sim import gpu
 from laned.sim.settings import Settings
 
 Pause = Callable[[float], Awaitable[bool]]
@@ -181,6 +182,7 @@ async def cold_start(s: Settings, stop: asyncio.Event) -> bool:
             return True
 
     started = time.monotonic()
+    gpu.hold(s.hold_gpu_gib, s.gpu_linger)
     if not await load_weights(s, pause) or not await torch_compile(s, pause):
         return False
     profile(s)

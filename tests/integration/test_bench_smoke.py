@@ -40,3 +40,37 @@ def test_the_detection_bench_runs(harness: Harness, tmp_path: Path) -> None:
     for kind in ("exit 0", "exit 1", "SIGKILL"):
         assert figures[kind]["to_event_ms"]["p50"] > 0
     assert figures["stall"]["to_restart_s"] > 0  # that it ran: no timing is asserted
+
+
+def test_the_swap_bench_splits_swaps_and_measures_the_floor(
+    harness: Harness, tmp_path: Path
+) -> None:
+    out = tmp_path / "swap.json"
+    result = subprocess.run(
+        [sys.executable, "bench/swap.py", "--smoke", "--startup", "0.3", "--json", str(out)],
+        cwd=ROOT, env=harness.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    figures = json.loads(out.read_text())["exec"]
+    laned = figures["laned"]
+    # Every part was measured from the engine's own stamps and laned's events.
+    for part in ("stop_job", "gate", "start_job", "engine_start", "listen_to_ready"):
+        assert laned[part]["p50_ms"] >= 0, part
+    assert laned["engine_start"]["p50_ms"] >= 300  # the simulated cold start is inside it
+    assert figures["systemd"]["total"]["p50_ms"] > 0 and figures["by_hand"]["total"]["p50_ms"] > 0
+
+
+def test_the_api_bench_runs_wrk_against_laned_and_the_floor(
+    harness: Harness, tmp_path: Path
+) -> None:
+    out = tmp_path / "api.json"
+    result = subprocess.run(
+        [sys.executable, "bench/api.py", "--smoke", "--json", str(out)],
+        cwd=ROOT, env=harness.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 9
+    for name, row in runs.items():
+        assert row["laned"]["rps"] > 0 and row["floor"]["rps"] > 0, name
+        assert row["laned"]["non_2xx"] == 0, name  # laned answered every request

@@ -1,0 +1,69 @@
+"""GPU memory held as an engine holds it (LANED_SIM_HOLD_GPU_GIB, for runs on a GPU host).
+
+vLLM takes its GPU memory while it loads the weights and profiles the KV cache, and the
+driver gives it back only after the process holding it has ended. With
+LANED_SIM_HOLD_GPU_GIB=N the simulator does the same on GPU 0 with torch: N GiB taken and
+written when the weights start to load, held until the process exits.
+
+LANED_SIM_GPU_LINGER=S moves the memory into a child process of its own session that
+outlives the engine by S seconds: an engine-core or worker process left behind when the
+process a supervisor waits for has gone (one outside the unit's cgroup, say, or a container's
+under conmon when the `podman run` client was killed) — the case laned's GPU-memory gate is
+for. Unset (the default, and in the simulator image, which has no torch), nothing is
+imported and nothing is taken."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from laned.errors import EngineError
+
+_held: list[Any] = []
+
+# The lingering holder: take the memory, say so, outlive the engine (argv: GiB, pid, seconds).
+_HOLDER = """
+import os, sys, time, torch
+block = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device="cuda:0")
+block.fill_(1)
+torch.cuda.synchronize()
+print("held", flush=True)
+parent = int(sys.argv[2])
+while True:
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.05)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def hold(gib: float, linger: float = 0.0) -> None:
+    """Take `gib` GiB on GPU 0 and keep it until the process ends (`linger` s after it, in a
+    child of its own)."""
+    if gib <= 0:
+        return
+    if linger > 0:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, str(gib), str(os.getpid()), str(linger)],
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        assert child.stdout is not None
+        if child.stdout.readline().strip() != "held":
+            raise EngineError(f"could not take {gib:g} GiB of GPU 0", "see the log above")
+        _held.append(child)
+        return
+    try:
+        import torch  # type: ignore[import-not-found]  # only on GPU hosts: the image has none
+    except ImportError:
+        raise EngineError(
+            "LANED_SIM_HOLD_GPU_GIB is set but torch is not importable",
+            "unset it, or run the simulator with a Python that has torch",
+        ) from None
+    block = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda:0")
+    block.fill_(1)
+    torch.cuda.synchronize()
+    _held.append(block)

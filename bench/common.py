@@ -102,6 +102,12 @@ class LanedServe:
             (self.unit_dir / unit).unlink(missing_ok=True)
         subprocess.run(["systemctl", "--user", "daemon-reload"], env=self.env, check=False)
 
+    def kill(self) -> None:
+        """SIGKILL laned (a crash): its units are left as they are."""
+        self.process.kill()
+        self.process.wait(30)
+        self.log.close()
+
     def proc(self) -> tuple[float, int, int]:
         """(CPU seconds, RSS bytes, context switches over every thread) of laned."""
         pid = self.process.pid

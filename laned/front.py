@@ -40,6 +40,10 @@ class Front:
 
     # --- reading ----------------------------------------------------------------------------
 
+    def notices(self) -> list[str]:
+        """What laned met and recovered from since it started."""
+        return list(self.supervisor.notices)
+
     def status(self, lane: str) -> LaneStatus:
         """The lane's status; UnknownLane (with the configured names) otherwise."""
         self.supervisor.spec(lane)
@@ -224,7 +228,9 @@ class Front:
         if rank == 0:  # the head: its own preflight passed; now every worker's rank
             assert self.coordinator is not None
             await self.coordinator.ask_workers(lane, "activate", force)
-        return self.supervisor.activate(lane, reason, force=force, findings=findings)
+        return await self._kept(
+            self.supervisor.activate(lane, reason, force=force, findings=findings)
+        )
 
     async def deactivate(
         self, lane: str, force: bool = False, rank_only: bool = False
@@ -236,7 +242,7 @@ class Front:
             accepted: asyncio.Future[LaneStatus] = asyncio.get_running_loop().create_future()
             accepted.set_result(self.status(lane))
             return accepted
-        return self.supervisor.deactivate(lane, force)
+        return await self._kept(self.supervisor.deactivate(lane, force))
 
     async def restart(
         self, lane: str, force: bool = False, rank_only: bool = False
@@ -245,7 +251,13 @@ class Front:
         self.status(lane)
         if await self._coordinated(lane, "restart", force, rank_only):
             return self.supervisor.ledger.wait_ready(lane)
-        return self.supervisor.restart(lane, force=force)
+        return await self._kept(self.supervisor.restart(lane, force=force))
+
+    async def _kept(self, accepted: asyncio.Future[LaneStatus]) -> asyncio.Future[LaneStatus]:
+        """An accepted request is on disk (state.json) before laned answers it: a laned
+        killed right after its answer comes back wanting what the caller was told."""
+        await self.supervisor.writer.flush()
+        return accepted
 
     def _rank_of(self, lane: str, rank_only: bool) -> int | None:
         """This host's rank when the request is for a whole lane over several hosts."""

@@ -58,6 +58,7 @@ class Reactions(Serving):
         self.ledger = Ledger(config.lanes, clock, self.writer.mark)
         self.ops = Operations(self._recorder)
         self.traffic = Traffic()  # laned's OpenAI endpoint counts its requests here
+        self.notices: list[str] = []  # what laned itself met and recovered from (/healthz)
         self.bus = BusKeeper(systemd, lambda: self.units, self._on_unit_change, self._on_snapshot)
         self.snapshots: dict[str, UnitSnapshot] = {}
         self._runs: dict[str, int] = {}  # each lane's run number: reports of older runs drop

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ class Saved:
     last_phases: dict[str, dict[str, float]] = field(default_factory=dict)
     image_ids: dict[str, str] = field(default_factory=dict)  # of each lane's last good start
     events: list[Event] = field(default_factory=list)
+    problem: str | None = None  # why state.json could not be read (then everything is empty)
 
     def to_json(self) -> dict[str, Any]:
         """As written to state.json."""
@@ -57,9 +59,12 @@ class Saved:
 
 
 def load(state_dir: str) -> Saved:
-    """Read state.json; a missing or unreadable file is an empty state (and never fatal)."""
+    """Read state.json. A missing file is an empty state; an unreadable one (truncated,
+    garbled) too, never fatal: it is moved aside to state.json.unreadable for the operator
+    and `problem` says so, while laned recovers what runs from systemd."""
+    path = f"{state_dir}/{STATE_FILE}"
     try:
-        with open(f"{state_dir}/{STATE_FILE}", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
         return Saved(
             desired={k: Desired(v) for k, v in data.get("desired", {}).items()},
@@ -74,8 +79,14 @@ def load(state_dir: str) -> Saved:
             image_ids={k: str(v) for k, v in data.get("image_ids", {}).items()},
             events=[Event.from_json(e) for e in data.get("events", [])],
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except FileNotFoundError:
         return Saved()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = f"{path} is unreadable ({type(exc).__name__}: {exc})"
+        with contextlib.suppress(OSError):
+            os.replace(path, f"{path}.unreadable")
+            why += f"; kept as {path}.unreadable"
+        return Saved(problem=why + "; desired lanes recovered from what systemd runs")
 
 
 def save(state_dir: str, saved: Saved) -> None:
@@ -122,6 +133,11 @@ class StateWriter:
     def mark(self) -> None:
         """Something worth keeping changed."""
         self._dirty.set()
+
+    async def flush(self) -> None:
+        """Write now what changed (an accepted request must outlive a crash of laned)."""
+        if self._dirty.is_set():
+            await self._write()
 
     def start(self) -> None:
         """Begin writing in the background (on the running loop)."""

@@ -49,6 +49,9 @@ class Supervisor(Reactions):
     async def start(self) -> None:
         """Load the saved state, connect to systemd, reconcile with what runs."""
         saved = state.load(self.config.daemon.state_dir)
+        if saved.problem is not None:
+            log.warning("%s", saved.problem)
+            self.notices.append(saved.problem)
         for name, status in self.statuses.items():
             status.desired = saved.desired.get(name, Desired.INACTIVE)
             status.restarts = saved.restarts.get(name, 0)

@@ -43,9 +43,10 @@ def router(front: Front, metrics: LanedMetrics) -> APIRouter:
         return HTMLResponse(PAGE, headers=PAGE_HEADERS)
 
     @api.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        """laned itself is up."""
-        return {"status": "ok", "version": __version__}
+    async def healthz() -> dict[str, Any]:
+        """laned itself is up; `notices`: what it met and recovered from (an unreadable
+        state.json, say)."""
+        return {"status": "ok", "version": __version__, "notices": front.notices()}
 
     @api.get("/fit")
     async def host_fit() -> dict[str, Any]:

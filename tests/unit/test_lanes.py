@@ -167,3 +167,13 @@ def test_a_long_prefill_is_no_stall_and_a_frozen_engine_is() -> None:
     assert not detector.observe(frozen, 120.0)
     assert not detector.observe(frozen, 129.0)
     assert detector.observe(frozen, 130.0)
+
+
+def test_an_unreadable_state_file_is_kept_aside_and_said_with_its_path(tmp_path: Path) -> None:
+    assert state.load(str(tmp_path)).problem is None  # none yet: a first start, nothing to say
+    path = tmp_path / "state.json"
+    path.write_text('{"version": 1, "desired": {"a": "act')
+    saved = state.load(str(tmp_path))
+    assert saved.desired == {} and saved.problem is not None
+    assert str(path) in saved.problem and "state.json.unreadable" in saved.problem
+    assert not path.exists() and (tmp_path / "state.json.unreadable").exists()

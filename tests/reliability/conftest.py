@@ -1,0 +1,84 @@
+"""The reliability suite runs `laned serve` as its own process over the harness (the real user
+manager, journald, the simulator), as an operator runs it. Each test prints one `FIGURES`
+line that docs/reliability.md quotes from the last run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.common import LanedServe
+from tests.helpers import free_port
+from tests.integration import conftest as integration
+from tests.integration.conftest import Harness, Units
+from tests.integration.lanes import lane_config
+
+# The harness's fixtures, for this directory too.
+harness, units = integration.harness, integration.units
+
+
+def figures(name: str, **values: object) -> None:
+    """One line of figures for docs/reliability.md (shown with `pytest -s` or on failure)."""
+    print(f"FIGURES {name} {json.dumps(values, sort_keys=True)}")
+
+
+@pytest.fixture
+def daemon(harness: Harness, units: Units, tmp_path: Path) -> Iterator[object]:
+    """A factory: daemon(lanes, daemon_toml="", ready=1, headers=None, **lane_config's) -> a
+    running LanedServe (laned serve on tmp_path/laned.toml, its log in tmp_path/laned.log)."""
+    started: list[LanedServe] = []
+
+    def start(
+        lanes: dict[str, str],
+        daemon_toml: str = "",
+        ready: int = 1,
+        headers: dict[str, str] | None = None,
+        **kw: object,
+    ) -> LanedServe:
+        api = free_port()
+        lane_config(harness, units, tmp_path, lanes, free_port(), **kw)  # type: ignore[arg-type]
+        path = tmp_path / "laned.toml"
+        text = path.read_text().replace(
+            'listen = "127.0.0.1:1"\n', f'listen = "127.0.0.1:{api}"\n{daemon_toml}', 1
+        )
+        path.write_text(text)
+        serve = LanedServe(path, api, harness.env, list(units.names), ready, headers)
+        started.append(serve.__enter__())
+        return serve
+
+    yield start
+    for serve in started:
+        serve.__exit__()
+
+
+RUNNING = {"active", "activating", "deactivating", "reloading"}
+
+
+class Sampler(threading.Thread):
+    """Each lane unit's ActiveState every 20 ms; `overlaps` counts samples with both lanes of
+    one group running."""
+
+    def __init__(self, harness: Harness, groups: dict[str, list[str]]) -> None:
+        super().__init__(daemon=True)
+        self.harness, self.groups, self.done = harness, groups, False
+        self.samples = self.overlaps = 0
+
+    def run(self) -> None:
+        units = [u for pair in self.groups.values() for u in pair]
+        while not self.done:
+            out = subprocess.run(
+                ["systemctl", "--user", "show", "-p", "ActiveState", "--value", *units],
+                env=self.harness.env, capture_output=True, text=True, check=False,
+            ).stdout.split()  # fmt: skip
+            if len(out) == len(units):
+                state = dict(zip(units, out, strict=True))
+                self.samples += 1
+                for pair in self.groups.values():
+                    self.overlaps += all(state[u] in RUNNING for u in pair)
+            time.sleep(0.02)

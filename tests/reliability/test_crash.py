@@ -1,0 +1,117 @@
+"""laned killed (SIGKILL) at random moments of swaps — while it stops the old lane, at the gate,
+during the new lane's cold start — and started again: each time it comes back to the last
+request it accepted, state.json is whole, and two lanes of the group never run together. An
+unreadable state.json at start is reported with its path, kept aside, and what runs is
+adopted: nothing is started twice."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import subprocess
+import time
+from typing import Any
+
+import httpx
+
+from bench.common import LanedServe
+from tests.helpers import free_port, wait_until
+from tests.integration.conftest import Harness
+from tests.integration.lanes import FAST
+from tests.reliability.conftest import Sampler, figures
+
+KILLS = 20
+
+
+def views(url: str) -> dict[str, dict[str, Any]] | None:
+    try:
+        lanes = httpx.get(f"{url}/lanes", timeout=10).json()["lanes"]
+    except httpx.HTTPError:
+        return None
+    return {v["name"]: v for v in lanes}
+
+
+def converged(url: str, wanted: str, other: str) -> bool:
+    lanes = views(url)
+    return bool(lanes) and lanes[wanted]["state"] == "ready" and lanes[other]["state"] == "inactive"  # type: ignore[index]
+
+
+def main_pid(harness: Harness, unit: str) -> str:
+    return subprocess.run(
+        ["systemctl", "--user", "show", "-p", "MainPID", "--value", unit],
+        env=harness.env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def test_laned_killed_in_swaps_comes_back_to_the_last_accepted_request(
+    harness: Harness, daemon: Any
+) -> None:
+    port = free_port()
+    lanes = {"a": FAST, "b": FAST}
+    serve = daemon(lanes, daemon_toml='default_lane = "a"\n', ports={"a": port, "b": port})
+    sampler = Sampler(harness, {"g": list(serve.units)})
+    sampler.start()
+    rng = random.Random(18)
+    state_file = serve.path.parent / "state" / "state.json"
+    current, took, delays = serve, [], []
+    try:
+        wanted = "a"
+        for _ in range(KILLS):
+            wanted, other = ("b", "a") if wanted == "a" else ("a", "b")
+            assert (
+                httpx.post(f"{current.url}/lanes/{wanted}/activate", timeout=30).status_code == 202
+            )
+            delay = rng.uniform(0, 1.2)  # stop, gate, start job, cold start (0.3 s), probing
+            delays.append(delay)
+            time.sleep(delay)
+            current.kill()
+            json.loads(state_file.read_text())  # whole: written atomically
+            again = LanedServe(current.path, current.api, harness.env, current.units)
+            started = time.monotonic()
+            current = again.__enter__()
+            back = functools.partial(converged, current.url, wanted, other)
+            wait_until(back, 60, f"laned back with {wanted} ready")
+            took.append(time.monotonic() - started)
+    finally:
+        sampler.done = True
+        sampler.join()
+        if current is not serve:
+            current.__exit__()
+    assert sampler.overlaps == 0
+    figures("kill-during-swaps", kills=KILLS, converged_to_last_request=len(took), state_json_corrupt=0,
+            sampler_samples=sampler.samples, overlaps=sampler.overlaps,
+            kill_delay_s=[round(min(delays), 2), round(max(delays), 2)],
+            back_s_max=round(max(took), 2))  # fmt: skip
+
+
+def test_an_unreadable_state_file_is_reported_kept_and_what_runs_adopted(
+    harness: Harness, daemon: Any
+) -> None:
+    port = free_port()
+    serve = daemon(
+        {"a": FAST, "b": FAST}, daemon_toml='default_lane = "a"\n', ports={"a": port, "b": port}
+    )
+    unit_a = next(u for u in serve.units if u.endswith("-a.service"))
+    pid = main_pid(harness, unit_a)
+    serve.kill()
+    state_file = serve.path.parent / "state" / "state.json"
+    state_file.write_text('{"version": 1, "desired": {"a": "act')  # cut short mid-write
+    again = LanedServe(serve.path, serve.api, harness.env, serve.units, ready=1)
+    again.__enter__()
+    try:
+        notices = httpx.get(f"{again.url}/healthz", timeout=10).json()["notices"]
+        assert len(notices) == 1 and str(state_file) in notices[0] and "unreadable" in notices[0]
+        assert (state_file.parent / "state.json.unreadable").exists()
+        lanes = views(again.url)
+        assert (
+            lanes is not None
+            and lanes["a"]["state"] == "ready"
+            and lanes["b"]["state"] == "inactive"
+        )
+        assert main_pid(harness, unit_a) == pid  # adopted, not started again
+        log = (serve.path.parent / "laned.log").read_text()
+        assert str(state_file) in log
+    finally:
+        again.__exit__()
+    figures("unreadable-state", reported=1, kept_aside=1, engine_restarted=0, lanes_started=0)

@@ -113,6 +113,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     while True:
         body = client.call("GET", "/lanes")
         shown = json.dumps(body, indent=2) if args.json else table(body["lanes"], colour)
+        if not args.json:
+            shown += "".join(f"\nlaned: {notice}" for notice in body.get("notices", []))
         if args.watch is None:
             print(shown)
             return EXIT_OK

@@ -41,8 +41,8 @@ class Front:
     # --- reading ----------------------------------------------------------------------------
 
     def notices(self) -> list[str]:
-        """What laned met and recovered from since it started."""
-        return list(self.supervisor.notices)
+        """What laned met since it started and recovered from, or meets now."""
+        return list(self.supervisor.notices.values())
 
     def status(self, lane: str) -> LaneStatus:
         """The lane's status; UnknownLane (with the configured names) otherwise."""

@@ -54,11 +54,13 @@ class Reactions(Serving):
         self.systemd_restarts = systemd_version >= RESTART_STEPS_SINCE
         self._recorder = Recorder()
         self.units = {unit_name(n, spec): n for n, spec in config.lanes.items()}
-        self.writer = state.StateWriter(config.daemon.state_dir, lambda: self.ledger.saved())
+        self.writer = state.StateWriter(
+            config.daemon.state_dir, lambda: self.ledger.saved(), self._state_trouble
+        )
         self.ledger = Ledger(config.lanes, clock, self.writer.mark)
         self.ops = Operations(self._recorder)
         self.traffic = Traffic()  # laned's OpenAI endpoint counts its requests here
-        self.notices: list[str] = []  # what laned itself met and recovered from (/healthz)
+        self.notices: dict[str, str] = {}  # what laned itself meets, by source (/healthz)
         self.bus = BusKeeper(systemd, lambda: self.units, self._on_unit_change, self._on_snapshot)
         self.snapshots: dict[str, UnitSnapshot] = {}
         self._runs: dict[str, int] = {}  # each lane's run number: reports of older runs drop
@@ -72,6 +74,13 @@ class Reactions(Serving):
         self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
         self._check_degraded: set[str] = set()  # degraded by a failed check, still serving
         self._closing = False
+
+    def _state_trouble(self, why: str | None) -> None:
+        """The state writer's trouble (None: over), shown in /healthz until it is over."""
+        if why is None:
+            self.notices.pop("state.json", None)
+        else:
+            self.notices["state.json"] = why
 
     # --- reading ------------------------------------------------------------------------------
 

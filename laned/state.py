@@ -25,6 +25,7 @@ from laned.lanes import Desired, Event, LastExit
 STATE_FILE = "state.json"
 EVENTS_KEPT = 500
 DEBOUNCE = 0.2  # seconds between two writes of state.json
+RETRY = 5.0  # seconds between two tries while state.json cannot be written
 
 log = logging.getLogger("laned.state")
 
@@ -118,11 +119,20 @@ class StateWriter:
     """Writes state.json when something changed: the first change at once, later ones
     gathered for DEBOUNCE seconds; the JSON is built and fsynced in a thread.
 
-    `snapshot` is called on the loop (copies of plain data); `mark()` says it changed."""
+    `snapshot` is called on the loop (copies of plain data); `mark()` says it changed.
+    `trouble` hears why a write failed (a full disk, a state dir made unwritable), and None
+    once one succeeds again: laned keeps running, and says that what it was asked is not
+    kept across a restart meanwhile."""
 
-    def __init__(self, state_dir: str, snapshot: Callable[[], Saved]) -> None:
+    def __init__(
+        self,
+        state_dir: str,
+        snapshot: Callable[[], Saved],
+        trouble: Callable[[str | None], None] = lambda why: None,
+    ) -> None:
         self.state_dir = state_dir
         self.snapshot = snapshot
+        self.trouble = trouble
         self.writes = 0
         self._taken = 0  # snapshots taken, numbered
         self._written = 0  # the newest snapshot on disk
@@ -147,7 +157,7 @@ class StateWriter:
         while True:
             await self._dirty.wait()
             await self._write()
-            await asyncio.sleep(DEBOUNCE)
+            await asyncio.sleep(DEBOUNCE if self._written == self._taken else RETRY)
 
     async def _write(self) -> None:
         self._dirty.clear()
@@ -157,8 +167,15 @@ class StateWriter:
             await asyncio.to_thread(self._save, number, saved)
         except LanedError as exc:
             log.error("cannot save state: %s", exc)
+            self.trouble(
+                f"{exc.message} ({exc.hint}): requests are not kept across a restart of laned until it can"
+            )
+            self._dirty.set()  # try again with the next round
+            return
         except Exception:  # a bug must not end the writer: the next change tries again
             log.exception("cannot save state")
+            return
+        self.trouble(None)
 
     def _save(self, number: int, saved: Saved) -> None:
         with self._lock:

@@ -51,7 +51,7 @@ class Supervisor(Reactions):
         saved = state.load(self.config.daemon.state_dir)
         if saved.problem is not None:
             log.warning("%s", saved.problem)
-            self.notices.append(saved.problem)
+            self.notices["state.json at start"] = saved.problem
         for name, status in self.statuses.items():
             status.desired = saved.desired.get(name, Desired.INACTIVE)
             status.restarts = saved.restarts.get(name, 0)

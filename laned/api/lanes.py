@@ -47,8 +47,9 @@ def router(front: Front) -> APIRouter:
 
     @api.get("/lanes")
     async def lanes(request: Request) -> dict[str, Any]:
-        """Every lane with its state."""
-        return {"lanes": [await front.view(n, host(request)) for n in front.lanes()]}
+        """Every lane with its state; `notices`: what laned itself meets (as in /healthz)."""
+        views = [await front.view(n, host(request)) for n in front.lanes()]
+        return {"lanes": views, "notices": front.notices()}
 
     @api.get("/lanes/{lane}")
     async def lane(lane: str, request: Request) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from laned import state
@@ -177,3 +178,20 @@ def test_an_unreadable_state_file_is_kept_aside_and_said_with_its_path(tmp_path:
     assert saved.desired == {} and saved.problem is not None
     assert str(path) in saved.problem and "state.json.unreadable" in saved.problem
     assert not path.exists() and (tmp_path / "state.json.unreadable").exists()
+
+
+def test_the_state_writer_says_when_it_cannot_write_and_when_it_can_again(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocked"
+    blocker.write_text("a file where the state dir should be")
+    heard: list[str | None] = []
+
+    async def run() -> None:
+        writer = state.StateWriter(str(blocker / "state"), state.Saved, heard.append)
+        writer.mark()
+        await writer.flush()
+        assert heard and heard[-1] is not None and "cannot write" in heard[-1]
+        blocker.unlink()
+        await writer.flush()  # still marked: the failed write is tried again
+        assert heard[-1] is None and (blocker / "state" / "state.json").exists()
+
+    asyncio.run(run())

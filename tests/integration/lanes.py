@@ -24,7 +24,7 @@ def lane_config(
 ) -> Config:
     """Render lanes (name -> extra lane-level TOML) into the harness's unit dir; daemon-reload.
 
-    Lanes without a [lanes.X.container] table run the simulator as exec lanes, with a short
+    Lanes without a [lanes.X.container] or [lanes.X.exec] table run the simulator as exec lanes, with a short
     cold start unless `env` says otherwise. Unit names are unique to the test (Units.name).
     """
     text = (
@@ -38,7 +38,7 @@ def lane_config(
         )
         if "restart_sec" not in extra:
             text += 'restart_sec = "1s"\n'
-        if f"[lanes.{name}.container]" not in extra:
+        if f"[lanes.{name}.container]" not in extra and f"[lanes.{name}.exec]" not in extra:
             # A real model directory: preflight checks that it exists.
             (tmp / "models" / name).mkdir(parents=True, exist_ok=True)
             text += f'[lanes.{name}.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "serve", "{tmp}/models/{name}"]\n'

@@ -58,6 +58,7 @@ def daemon(harness: Harness, units: Units, tmp_path: Path) -> Iterator[object]:
 
 
 RUNNING = {"active", "activating", "deactivating", "reloading"}
+SAMPLE_EVERY = 0.02  # seconds between two readings of the units' states
 
 
 class Sampler(threading.Thread):
@@ -81,4 +82,4 @@ class Sampler(threading.Thread):
                 self.samples += 1
                 for pair in self.groups.values():
                     self.overlaps += all(state[u] in RUNNING for u in pair)
-            time.sleep(0.02)
+            time.sleep(SAMPLE_EVERY)

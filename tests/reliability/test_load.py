@@ -45,7 +45,6 @@ def test_swaps_under_a_thousand_reads_a_second(daemon: Any, tmp_path: Path) -> N
         ["wrk", "-t2", "-c3", f"-d{seconds}s", "-s", str(script), f"{serve.url}/lanes"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(1)  # the load is on
     loaded = swaps(serve.url, "a")
     out, _ = load.communicate(timeout=seconds + 30)
     assert load.returncode == 0, out

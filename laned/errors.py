@@ -149,6 +149,12 @@ class BusUnavailable(SystemdError):
     code = "bus-unavailable"
 
 
+class JournalUnavailable(LanedError):
+    """journald's log cannot be read: journalctl is missing, or it ended."""
+
+    code = "journal-unavailable"
+
+
 class PodmanError(LanedError):
     """A call to the podman API service failed."""
 

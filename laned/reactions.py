@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 
 from laned import policy, render, state, steps, watchers
 from laned.bus import BusKeeper
-from laned.errors import LanedError
+from laned.errors import JournalUnavailable, LanedError
 from laned.host import Host
 from laned.lanes import Desired, Event, EventKind, LaneState, LaneStatus, LastExit, phase_durations
 from laned.ledger import Ledger, Listener
@@ -35,6 +35,7 @@ from laned.unit_state import UnitSnapshot
 from laned.units import RESTART_STEPS_SINCE
 
 log = logging.getLogger("laned.supervisor")
+JOURNAL_RETRY = 30.0  # seconds between two tries to follow the lanes' logs without journald
 
 
 class Reactions(Serving):
@@ -74,6 +75,9 @@ class Reactions(Serving):
         self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
         self._check_degraded: set[str] = set()  # degraded by a failed check, still serving
         self._closing = False
+
+    def _journal_back(self) -> None:
+        self.notices.pop("journald", None)
 
     def _state_trouble(self, why: str | None) -> None:
         """The state writer's trouble (None: over), shown in /healthz until it is over."""
@@ -299,8 +303,28 @@ class Reactions(Serving):
         self._restart(lane, reason, kind)
 
     async def _follow_logs(self) -> None:
-        """Startup phases of starting lanes, from their engines' log lines (one journalctl)."""
-        await watchers.follow_phases(lambda: self.units, self._phase_seen)
+        """Startup phases of starting lanes, from their engines' log lines (one journalctl).
+        Without journald laned runs on (readiness is probed) and says so, and tries again
+        every JOURNAL_RETRY seconds from where it stopped."""
+        since = None
+        while not self._closing:
+            try:
+                await watchers.follow_phases(
+                    lambda: self.units,
+                    self._phase_seen,
+                    since,
+                    self._journal_back,
+                )
+                return  # no lane to follow
+            except JournalUnavailable as exc:
+                if "journald" not in self.notices:
+                    log.warning("cannot follow the lanes' logs: %s", exc.message)
+                self.notices["journald"] = (
+                    f"cannot follow the lanes' logs: {exc.message}; startup phases are not "
+                    f"shown and readiness is found by probing alone ({exc.hint})"
+                )
+            since = since or time.time()
+            await asyncio.sleep(JOURNAL_RETRY)
 
     def _phase_seen(self, unit: str, seen: Seen, at: float) -> None:
         lane = self.units.get(unit)

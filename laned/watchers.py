@@ -187,11 +187,14 @@ async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None
 
 
 async def follow_phases(
-    units: Callable[[], Mapping[str, str]], report: Callable[[str, Seen, float], None]
+    units: Callable[[], Mapping[str, str]],
+    report: Callable[[str, Seen, float], None],
+    since: float | None = None,
+    opened: Callable[[], None] | None = None,
 ) -> None:
     """Report (unit, what it says, when it was logged) for every startup line of the lane
-    units' logs."""
-    async for unit, line, at in journal.follow(units()):
+    units' logs from `since` (default: now); JournalUnavailable when they cannot be read."""
+    async for unit, line, at in journal.follow(units(), since, opened):
         seen = read_line(line)
         if seen is not None:
             report(unit, seen, at)

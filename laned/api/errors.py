@@ -27,6 +27,7 @@ STATUS: tuple[tuple[type[errors.LanedError], int], ...] = (
     (errors.EngineRefused, 502),
     (errors.PeerUnreachable, 503),  # another host's laned: nothing was started here
     (errors.PodmanError, 503),  # the podman API service does not answer or refuses
+    (errors.JournalUnavailable, 503),  # journalctl is missing, or journald cannot be read
     (errors.SystemdError, 503),  # the user manager does not answer or refuses
     (errors.LaneError, 502),
     (errors.LanedError, 500),

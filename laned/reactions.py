@@ -323,7 +323,7 @@ class Reactions(Serving):
                     f"cannot follow the lanes' logs: {exc.message}; startup phases are not "
                     f"shown and readiness is found by probing alone ({exc.hint})"
                 )
-            since = since or time.time()
+            since = time.time()  # the next try reads the lines logged from this failure on
             await asyncio.sleep(JOURNAL_RETRY)
 
     def _phase_seen(self, unit: str, seen: Seen, at: float) -> None:

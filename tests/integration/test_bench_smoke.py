@@ -12,13 +12,19 @@ from tests.helpers import ROOT
 from tests.integration.conftest import Harness
 
 
-def test_the_cost_bench_runs_every_part(harness: Harness, tmp_path: Path) -> None:
-    out = tmp_path / "cost.json"
+def run_bench(harness: Harness, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """One bench script against the harness; it must end well."""
     result = subprocess.run(
-        [sys.executable, "bench/cost.py", "--smoke", "--json", str(out)],
+        [sys.executable, script, *args],
         cwd=ROOT, env=harness.env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    return result
+
+
+def test_the_cost_bench_runs_every_part(harness: Harness, tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    result = run_bench(harness, "bench/cost.py", "--smoke", "--json", str(out))
     figures = json.loads(out.read_text())
     assert (
         figures["scrape"]["page_bytes"] > 200_000 and figures["scrape"]["parse_cpu_ms_median"] > 0
@@ -31,11 +37,7 @@ def test_the_cost_bench_runs_every_part(harness: Harness, tmp_path: Path) -> Non
 
 def test_the_detection_bench_runs(harness: Harness, tmp_path: Path) -> None:
     out = tmp_path / "detection.json"
-    result = subprocess.run(
-        [sys.executable, "bench/detection.py", "--injections", "1", "--json", str(out)],
-        cwd=ROOT, env=harness.env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    run_bench(harness, "bench/detection.py", "--injections", "1", "--json", str(out))
     figures = json.loads(out.read_text())
     for kind in ("exit 0", "exit 1", "SIGKILL"):
         assert figures[kind]["to_event_ms"]["p50"] > 0
@@ -46,11 +48,7 @@ def test_the_swap_bench_splits_swaps_and_measures_the_floor(
     harness: Harness, tmp_path: Path
 ) -> None:
     out = tmp_path / "swap.json"
-    result = subprocess.run(
-        [sys.executable, "bench/swap.py", "--smoke", "--startup", "0.3", "--json", str(out)],
-        cwd=ROOT, env=harness.env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    run_bench(harness, "bench/swap.py", "--smoke", "--startup", "0.3", "--json", str(out))
     figures = json.loads(out.read_text())["exec"]
     laned = figures["laned"]
     # Every part was measured from the engine's own stamps and laned's events.
@@ -64,11 +62,7 @@ def test_the_api_bench_runs_wrk_against_laned_and_the_floor(
     harness: Harness, tmp_path: Path
 ) -> None:
     out = tmp_path / "api.json"
-    result = subprocess.run(
-        [sys.executable, "bench/api.py", "--smoke", "--json", str(out)],
-        cwd=ROOT, env=harness.env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    run_bench(harness, "bench/api.py", "--smoke", "--json", str(out))
     runs = json.loads(out.read_text())["runs"]
     assert len(runs) == 9
     for name, row in runs.items():

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,10 +18,33 @@ from bench.common import LanedServe
 from tests.helpers import free_port
 from tests.integration import conftest as integration
 from tests.integration.conftest import Harness, Units
-from tests.integration.lanes import lane_config
+from tests.integration.lanes import FAST, lane_config
 
 # The harness's fixtures, for this directory too.
 harness, units = integration.harness, integration.units
+
+
+@pytest.fixture
+def swap_pair(daemon: Any) -> Any:
+    """A factory: lanes `a` and `b` of one group on one port, `a` the default and running;
+    `daemon_toml` adds to [daemon]."""
+
+    def start(daemon_toml: str = "") -> LanedServe:
+        port = free_port()
+        lanes = {"a": FAST, "b": FAST}
+        return daemon(
+            lanes, daemon_toml=f'default_lane = "a"\n{daemon_toml}', ports={"a": port, "b": port}
+        )  # type: ignore[no-any-return]
+
+    return start
+
+
+def unit_property(harness: Harness, name: str, unit: str) -> str:
+    """One property of a unit, as the user manager has it (MainPID, ActiveState ...)."""
+    return subprocess.run(
+        ["systemctl", "--user", "show", "-p", name, "--value", unit],
+        env=harness.env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
 
 
 def figures(name: str, **values: object) -> None:

@@ -6,7 +6,6 @@ lists its model on /v1/models end `failed("start-timeout")` with their unit stop
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import httpx
 
 from tests.helpers import free_port, wait_until
 from tests.integration.conftest import Harness
-from tests.reliability.conftest import figures
+from tests.reliability.conftest import figures, unit_property
 
 # A stand-in engine: /health answers by FLAP (1 = 200, 0 = 503, in turn), /v1/models lists
 # the served name unless MODELS=none. It takes the flags laned appends (--port, --served-model-name).
@@ -51,12 +50,6 @@ def view(url: str, name: str) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/lanes/{name}", timeout=10).json())
 
 
-def unit_state(harness: Harness, unit: str) -> str:
-    return subprocess.run(
-        ["systemctl", "--user", "is-active", unit], env=harness.env, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def test_engines_that_never_serve_fail_at_their_start_timeout(
     harness: Harness, daemon: Any, tmp_path: Path
 ) -> None:
@@ -82,7 +75,9 @@ def test_engines_that_never_serve_fail_at_their_start_timeout(
         assert seen["state"] == "failed" and "start-timeout" in seen["reason"], seen
         unit = next(u for u in serve.units if u.endswith(f"-{name}.service"))
         assert wait_until(
-            lambda u=unit: unit_state(harness, u) in ("inactive", "failed"), 20, f"{unit} stopped"
+            lambda u=unit: unit_property(harness, "ActiveState", u) in ("inactive", "failed"),
+            20,
+            f"{unit} stopped",
         )
     figures(
         "never-serving",

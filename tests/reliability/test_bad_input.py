@@ -4,7 +4,6 @@ each leaves the running lane, its unit and laned's config untouched (checked, no
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from typing import Any
 
 import httpx
@@ -15,7 +14,7 @@ from laned.errors import ConfigError, Severity
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST
 from tests.reliability.bad_configs import CASES
-from tests.reliability.conftest import figures
+from tests.reliability.conftest import figures, unit_property
 
 
 @pytest.mark.parametrize(("name", "text", "key"), CASES, ids=[c[0] for c in CASES])
@@ -30,14 +29,6 @@ def test_a_malformed_config_is_refused_at_its_key_with_a_hint(
     assert all(p.hint for p in where), f"{name}: an error without a hint: {where}"
 
 
-def main_pid(harness: Harness, unit: str) -> str:
-    out = subprocess.run(
-        ["systemctl", "--user", "show", "-p", "MainPID", "--value", unit],
-        env=harness.env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout.strip()
-
-
 def snapshot(harness: Harness, serve: Any, unit: str) -> dict[str, Any]:
     """What a bad reload must not change: the lanes' views, the engine's process, the unit
     and wrapper files, laned's own config as its API shows it."""
@@ -45,7 +36,7 @@ def snapshot(harness: Harness, serve: Any, unit: str) -> dict[str, Any]:
     lanes = httpx.get(f"{serve.url}/lanes", timeout=10).json()["lanes"]
     return {
         "lanes": [(v["name"], v["state"], v["desired"], v.get("port")) for v in lanes],
-        "pid": main_pid(harness, unit),
+        "pid": unit_property(harness, "MainPID", unit),
         "files": {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files},
     }
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 import functools
 import json
 import random
-import subprocess
 import time
 from typing import Any
 
 import httpx
 
 from bench.common import LanedServe
-from tests.helpers import free_port, wait_until
+from tests.helpers import wait_until
 from tests.integration.conftest import Harness
-from tests.integration.lanes import FAST
-from tests.reliability.conftest import Sampler, figures
+from tests.reliability.conftest import Sampler, figures, unit_property
 
 KILLS = 20
 
@@ -37,19 +35,10 @@ def converged(url: str, wanted: str, other: str) -> bool:
     return bool(lanes) and lanes[wanted]["state"] == "ready" and lanes[other]["state"] == "inactive"  # type: ignore[index]
 
 
-def main_pid(harness: Harness, unit: str) -> str:
-    return subprocess.run(
-        ["systemctl", "--user", "show", "-p", "MainPID", "--value", unit],
-        env=harness.env, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-
-
 def test_laned_killed_in_swaps_comes_back_to_the_last_accepted_request(
-    harness: Harness, daemon: Any
+    harness: Harness, swap_pair: Any
 ) -> None:
-    port = free_port()
-    lanes = {"a": FAST, "b": FAST}
-    serve = daemon(lanes, daemon_toml='default_lane = "a"\n', ports={"a": port, "b": port})
+    serve = swap_pair()
     sampler = Sampler(harness, {"g": list(serve.units)})
     sampler.start()
     rng = random.Random(18)
@@ -86,14 +75,11 @@ def test_laned_killed_in_swaps_comes_back_to_the_last_accepted_request(
 
 
 def test_an_unreadable_state_file_is_reported_kept_and_what_runs_adopted(
-    harness: Harness, daemon: Any
+    harness: Harness, swap_pair: Any
 ) -> None:
-    port = free_port()
-    serve = daemon(
-        {"a": FAST, "b": FAST}, daemon_toml='default_lane = "a"\n', ports={"a": port, "b": port}
-    )
+    serve = swap_pair()
     unit_a = next(u for u in serve.units if u.endswith("-a.service"))
-    pid = main_pid(harness, unit_a)
+    pid = unit_property(harness, "MainPID", unit_a)
     serve.kill()
     state_file = serve.path.parent / "state" / "state.json"
     state_file.write_text('{"version": 1, "desired": {"a": "act')  # cut short mid-write
@@ -109,7 +95,7 @@ def test_an_unreadable_state_file_is_reported_kept_and_what_runs_adopted(
             and lanes["a"]["state"] == "ready"
             and lanes["b"]["state"] == "inactive"
         )
-        assert main_pid(harness, unit_a) == pid  # adopted, not started again
+        assert unit_property(harness, "MainPID", unit_a) == pid  # adopted, not started again
         log = (serve.path.parent / "laned.log").read_text()
         assert str(state_file) in log
     finally:

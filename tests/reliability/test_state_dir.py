@@ -15,8 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import ROOT, free_port, wait_until
-from tests.integration.lanes import FAST
+from tests.helpers import ROOT, wait_until
 from tests.reliability.conftest import figures
 
 
@@ -33,11 +32,8 @@ def desired_on_disk(state_dir: Path) -> dict[str, str]:
     return dict(json.loads((state_dir / "state.json").read_text())["desired"])
 
 
-def test_an_unwritable_state_dir_is_said_the_lanes_run_on_and_it_recovers(daemon: Any) -> None:
-    port = free_port()
-    serve = daemon(
-        {"a": FAST, "b": FAST}, daemon_toml='default_lane = "a"\n', ports={"a": port, "b": port}
-    )
+def test_an_unwritable_state_dir_is_said_the_lanes_run_on_and_it_recovers(swap_pair: Any) -> None:
+    serve = swap_pair()
     state_dir = serve.path.parent / "state"
     aside = state_dir.with_name("state.aside")
     state_dir.rename(aside)
@@ -59,11 +55,8 @@ def test_an_unwritable_state_dir_is_said_the_lanes_run_on_and_it_recovers(daemon
     figures("state-dir-unwritable", swap_during_fault="ok", notice_shown=True, recovered=True)
 
 
-def test_a_full_disk_under_the_state_dir_is_said_and_recovered_from(daemon: Any) -> None:
-    port = free_port()
-    serve = daemon(
-        {"a": FAST, "b": FAST}, daemon_toml='default_lane = "a"\n', ports={"a": port, "b": port}
-    )
+def test_a_full_disk_under_the_state_dir_is_said_and_recovered_from(swap_pair: Any) -> None:
+    serve = swap_pair()
     state_dir = serve.path.parent / "state"
     saved = state_dir.with_name("state.before")
     shutil.copytree(state_dir, saved)

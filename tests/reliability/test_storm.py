@@ -83,17 +83,12 @@ def in_flight(url: str, lane: str) -> int:
     )
 
 
-def test_requests_through_a_swap_are_all_answered(harness: Harness, daemon: Any) -> None:
+def test_requests_through_a_swap_are_all_answered(swap_pair: Any) -> None:
     """100 requests in flight on `a` when the swap to `b` begins (the swap drains them), 100
     for `b` sent as it begins (they wait for it); then 50 more for `a`, which is gone: those
     are told so (503 with Retry-After), by design. The queue holds 128 here (its default, 64,
     would answer the 65th waiter 503 at once, by design too)."""
-    port = free_port()
-    serve = daemon(
-        {"a": FAST, "b": FAST},
-        daemon_toml='default_lane = "a"\nproxy = { queue_limit = 128 }\n',
-        ports={"a": port, "b": port},
-    )
+    serve = swap_pair("proxy = { queue_limit = 128 }\n")
     body = {"prompt": "hello", "max_tokens": 60}  # about 1.2 s at the simulator's 50 tokens/s
 
     async def traffic() -> tuple[list[int], list[httpx.Response]]:

@@ -1,7 +1,8 @@
 """The connection to the user manager, kept: connect, reconnect when it drops, and catch up
 (subscribe again, re-read every lane unit) after a reconnect or a manager re-exec.
 
-It hands what it reads to the owner (`on_snapshot`); it changes no lane state itself.
+It hands what it reads to the owner (`on_resync`, with whether the manager is a new one)
+and says while it is out of reach (`trouble`); it changes no lane state itself.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from laned.systemd import Systemd, UnitCallback
 from laned.unit_state import UnitSnapshot
 
 log = logging.getLogger("laned.supervisor")
+QUIET = 60.0  # seconds between two log lines about a reconnect that keeps failing
+Resync = Callable[[str, dict[str, UnitSnapshot], bool], None]
 
 
 class BusKeeper:
@@ -28,12 +31,16 @@ class BusKeeper:
         systemd: Systemd,
         units: Callable[[], Iterable[str]],
         on_change: UnitCallback,
-        on_snapshot: Callable[[str, UnitSnapshot], None],
+        on_resync: Resync,
+        trouble: Callable[[str | None], None] = lambda why: None,
     ) -> None:
         self.systemd = systemd
         self.units = units  # the lane units of the config in force
         self.on_change = on_change
-        self.on_snapshot = on_snapshot
+        self.on_resync = on_resync  # (why, every lane unit's snapshot, a new manager?)
+        self.trouble = trouble  # why the manager is out of reach; None once it is back
+        self.started: int | None = None  # the manager's start (µs): a new one differs
+        self.reconnecting = False
         self.closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._signals: dict[str, int] = {}  # PropertiesChanged seen, per unit
@@ -45,6 +52,9 @@ class BusKeeper:
         if self.systemd.bus is None or not self.systemd.bus.connected:
             await self.systemd.connect()
         await self.ref_units()
+        if self.started is None:
+            with contextlib.suppress(SystemdError):
+                self.started = await self.systemd.manager_started()
 
     def _changed(self, unit: str, props: dict[str, Any]) -> None:
         self._signals[unit] = self._signals.get(unit, 0) + 1
@@ -71,8 +81,10 @@ class BusKeeper:
                 await self.systemd.ref_unit(unit)
 
     def _manager_restarted(self) -> None:
+        if self.reconnecting:
+            return  # the manager taking its name on the new connection: the reconnect resyncs
         task = asyncio.get_running_loop().create_task(
-            self.resync("the user manager was re-executed")
+            self.resync("the user manager left the bus and came back")
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -83,21 +95,37 @@ class BusKeeper:
             await self.systemd.wait_closed()
             if self.closing:
                 return
-            log.warning("lost the user bus; reconnecting")
-            delay = 0.05
+            lost, where = time.monotonic(), self.systemd.address
+            self.reconnecting = True
+            log.warning("lost the user bus (%s); reconnecting", where)
+            self.trouble(
+                f"lost the connection to the user manager ({where}); reconnecting: until it is "
+                "back no lane can be started, stopped or swapped (is the user manager running? "
+                "`systemctl --user status`)"
+            )
+            delay, said = 0.05, -QUIET
             while not self.closing:
                 try:
                     await self.connect()
                     break
                 except LanedError as exc:
-                    log.warning("reconnect failed: %s", exc)
+                    if time.monotonic() - said >= QUIET:
+                        log.warning("reconnect failed (trying again every 5 s): %s", exc)
+                        said = time.monotonic()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
-            await self.resync("reconnected to the user bus")
+            if self.closing:
+                return
+            self.trouble(None)
+            took = time.monotonic() - lost
+            try:
+                await self.resync(f"reconnected to the user manager after {took:.1f}s")
+            finally:
+                self.reconnecting = False
 
     async def resync(self, why: str) -> None:
-        """Subscribe again and hand every lane unit's present state to the owner."""
-        log.info("%s: re-reading every lane unit", why)
+        """Subscribe again and hand every lane unit's present state to the owner, with whether
+        the manager is a new one (started again, not re-executed)."""
         # Right after a re-exec the manager may not have its bus name back yet; until the
         # subscription is renewed it sends no signals, so keep trying (bounded).
         delay, deadline = 0.02, time.monotonic() + 30
@@ -111,13 +139,23 @@ class BusKeeper:
                     break
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+        before = self.started
+        with contextlib.suppress(SystemdError):
+            self.started = await self.systemd.manager_started()
+        replaced = before is not None and self.started != before
+        if replaced:
+            why += " (a new manager: the one before is gone, and what it ran with it)"
+        else:
+            why += " (the same manager: what it runs carries on)"
+        log.info("%s: re-reading every lane unit", why)
+        snaps = {}
         for unit in list(self.units()):
             try:
                 await self.systemd.ref_unit(unit)  # a re-exec forgets clients' references
-                snap = await self.snapshot(unit)
+                snaps[unit] = await self.snapshot(unit)
             except SystemdError:
                 continue
-            self.on_snapshot(unit, snap)
+        self.on_resync(why, snaps, replaced)
 
     async def close(self) -> None:
         """Stop keeping the connection, and close it."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from laned import journal, policy
 from laned.config import load_config
-from laned.errors import LanedError, NotAContainer, PreflightFailed
+from laned.errors import BusUnavailable, LanedError, NotAContainer, PreflightFailed
 from laned.facts import HostFacts, blocking
 from laned.fit import fit_report
 from laned.host import meminfo
@@ -214,6 +214,7 @@ class Front:
         The early preflight lets a caller that does not wait hear why, too; the activation
         then uses its findings instead of running preflight again."""
         status = self.status(lane)
+        self._reachable(lane, "activated")
         rank = self._rank_of(lane, rank_only)
         if rank is not None and rank > 0:  # a worker's host: the head coordinates
             assert self.coordinator is not None
@@ -237,6 +238,7 @@ class Front:
     ) -> asyncio.Future[LaneStatus]:
         """Stop the lane (never counted as a failure); `force`: without draining requests."""
         self.status(lane)
+        self._reachable(lane, "stopped")
         if await self._coordinated(lane, "deactivate", force, rank_only):
             # The head asked this rank to stop before it answered; that stop is under way.
             accepted: asyncio.Future[LaneStatus] = asyncio.get_running_loop().create_future()
@@ -249,9 +251,19 @@ class Front:
     ) -> asyncio.Future[LaneStatus]:
         """Stop and start the lane again; `force`: without draining requests."""
         self.status(lane)
+        self._reachable(lane, "restarted")
         if await self._coordinated(lane, "restart", force, rank_only):
             return self.supervisor.ledger.wait_ready(lane)
         return await self._kept(self.supervisor.restart(lane, force=force))
+
+    def _reachable(self, lane: str, what: str) -> None:
+        """Refuse a request while the user manager is out of reach (nothing is recorded)."""
+        away = self.supervisor.notices.get("user manager")
+        if away is not None:
+            raise BusUnavailable(
+                f"lane {lane} cannot be {what} now: {away}",
+                "laned reconnects by itself (GET /healthz says while it cannot); ask again then",
+            )
 
     async def _kept(self, accepted: asyncio.Future[LaneStatus]) -> asyncio.Future[LaneStatus]:
         """An accepted request is on disk (state.json) before laned answers it: a laned

@@ -77,6 +77,7 @@ class EventKind(str, Enum):
     STARTUP = "startup"  # what the engine said of its start: a compile cache hit, a skipped step
     DRAIN = "drain"  # requests at laned's OpenAI endpoint waited for (or cut) before a stop
     PEER = "peer"  # a lane over several hosts: what was asked of (or seen at) another rank
+    MANAGER = "manager"  # the user manager re-executed, out of reach, back (or a new one)
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,9 @@ class LanedMetrics(Recorder):
         return generate_latest(self.registry)
 
     def exit(self, lane: str, code: int | None, signal: int | None, verdict: str) -> None:
-        label = f"signal-{signal}" if signal is not None else str(code)
+        label = (
+            f"signal-{signal}" if signal is not None else "unknown" if code is None else str(code)
+        )
         self.exits.labels(lane, label, verdict).inc()
 
     def restart(self, lane: str, reason: str) -> None:

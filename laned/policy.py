@@ -179,9 +179,12 @@ class ExitFacts:
     signal: int | None
     requested_by_systemd: bool
     oom_killed: bool
+    lost: bool = False  # its user manager went away (killed), and the engine with it
 
     def describe(self, command: str = "") -> str:
         """`status N` or `signal N`, with what it usually means and OOM where podman said so."""
+        if self.lost:
+            return "no status known: the user manager that ran it went away, and the engine with it"
         what = f"signal {self.signal}" if self.signal is not None else f"status {self.code}"
         meaning = explain_exit(self.code, self.signal, command)
         what += f" ({meaning})" if meaning else ""
@@ -221,6 +224,10 @@ def exit_facts(record: ExitRecord | None, started_at: float, snap: UnitSnapshot)
     if snap.exec_main_code in (CLD_KILLED, CLD_DUMPED):
         return ExitFacts(None, snap.exec_main_status, by_systemd, False)
     return ExitFacts(snap.exec_main_status, None, by_systemd, False)
+
+
+# A run that a new user manager knows nothing of (the one that ran it was killed): a failure.
+LOST_WITH_MANAGER = ExitFacts(None, None, False, False, lost=True)
 
 
 def judge_exit(requested_by_laned: bool, requested_by_systemd: bool) -> Verdict:
@@ -353,6 +360,37 @@ def restart_needed(old: Config, new: Config, states: Mapping[str, LaneState]) ->
         for lane, state in states.items()
         if lane in new.lanes and state in HOLDING_STATES and new.lanes[lane] != old.lanes[lane]
     )
+
+
+# --- after laned lost sight of systemd ------------------------------------------------------
+
+
+class CatchUp(str, Enum):
+    """What a lane needs once laned sees systemd again (see plan_catch_up)."""
+
+    NOTHING = "nothing"
+    ADOPT = "adopt"  # its unit runs and nothing watches it: follow it again
+    START = "start"  # desired, and its unit does not run: start it again
+    STOP = "stop"  # not desired, and its unit still runs: stop it again
+
+
+def plan_catch_up(
+    state: LaneState, desired: Desired, running: bool, busy: bool, headless: bool
+) -> CatchUp:
+    """After the user bus came back or the manager was re-executed or replaced: what a lane
+    needs to match the last request. An operation, a pending restart or a watch under way
+    carries on by itself (busy); an operation the lost bus broke left the lane in between
+    (restarting with its unit still running, starting with nothing watching, a stop not
+    done): a desired lane is followed again if its unit runs, started again if it does not;
+    a lane not desired whose unit runs is stopped. A failed lane stays failed until
+    activated; a worker rank of a lane over several hosts is its head's to start or stop."""
+    if busy or headless:
+        return CatchUp.NOTHING
+    if desired is not Desired.ACTIVE:
+        return CatchUp.STOP if running else CatchUp.NOTHING
+    if state is LaneState.FAILED:
+        return CatchUp.NOTHING
+    return CatchUp.ADOPT if running else CatchUp.START
 
 
 # --- at start ---------------------------------------------------------------------------------

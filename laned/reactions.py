@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 
 from laned import policy, render, state, steps, watchers
 from laned.bus import BusKeeper
-from laned.errors import JournalUnavailable, LanedError
+from laned.errors import LanedError
 from laned.host import Host
 from laned.lanes import Desired, Event, EventKind, LaneState, LaneStatus, LastExit, phase_durations
 from laned.ledger import Ledger, Listener
@@ -25,6 +25,7 @@ from laned.metrics import Recorder
 from laned.model import Config, LaneConfig
 from laned.names import exit_record_path, unit_name
 from laned.operations import Operations
+from laned.outages import Outages
 from laned.phases import ALMOST_READY, Seen, add_mark
 from laned.policy import ExitAction, OpKind, RestartKind
 from laned.probes import Probe
@@ -35,10 +36,9 @@ from laned.unit_state import UnitSnapshot
 from laned.units import RESTART_STEPS_SINCE
 
 log = logging.getLogger("laned.supervisor")
-JOURNAL_RETRY = 30.0  # seconds between two tries to follow the lanes' logs without journald
 
 
-class Reactions(Serving):
+class Reactions(Outages, Serving):
     """The owner's state and its handlers for what happens to a lane's run."""
 
     def __init__(
@@ -62,7 +62,9 @@ class Reactions(Serving):
         self.ops = Operations(self._recorder)
         self.traffic = Traffic()  # laned's OpenAI endpoint counts its requests here
         self.notices: dict[str, str] = {}  # what laned itself meets, by source (/healthz)
-        self.bus = BusKeeper(systemd, lambda: self.units, self._on_unit_change, self._on_snapshot)
+        self.bus = BusKeeper(
+            systemd, lambda: self.units, self._on_unit_change, self._on_resync, self._bus_trouble
+        )
         self.snapshots: dict[str, UnitSnapshot] = {}
         self._runs: dict[str, int] = {}  # each lane's run number: reports of older runs drop
         self._stopping: set[str] = set()  # lanes whose stop laned asked for, under way
@@ -75,16 +77,6 @@ class Reactions(Serving):
         self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
         self._check_degraded: set[str] = set()  # degraded by a failed check, still serving
         self._closing = False
-
-    def _journal_back(self) -> None:
-        self.notices.pop("journald", None)
-
-    def _state_trouble(self, why: str | None) -> None:
-        """The state writer's trouble (None: over), shown in /healthz until it is over."""
-        if why is None:
-            self.notices.pop("state.json", None)
-        else:
-            self.notices["state.json"] = why
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -131,11 +123,6 @@ class Reactions(Serving):
             return
         self._apply(lane, self.snapshots.get(lane, UnitSnapshot(unit)).update(props))
 
-    def _on_snapshot(self, unit: str, snap: UnitSnapshot) -> None:
-        lane = self.units.get(unit)
-        if lane is not None and not self._closing:
-            self._apply(lane, snap)
-
     def _apply(self, lane: str, snap: UnitSnapshot) -> None:
         """Compare a lane unit's new state with the last one seen and act on the difference."""
         previous = self.snapshots.get(lane, UnitSnapshot(snap.name))
@@ -153,10 +140,13 @@ class Reactions(Serving):
             self.ledger.transition(lane, LaneState.STARTING, "started outside laned")
             self._start_follow(lane)
 
-    def _on_exit(self, lane: str, snap: UnitSnapshot) -> None:
+    def _on_exit(
+        self, lane: str, snap: UnitSnapshot, facts: policy.ExitFacts | None = None
+    ) -> None:
         spec, status, now = self.config.lanes[lane], self.statuses[lane], self.clock()
-        record = steps.read_exit_record(exit_record_path(self.config, lane))
-        facts = policy.exit_facts(record, self._started_at.get(lane, 0), snap)
+        if facts is None:
+            record = steps.read_exit_record(exit_record_path(self.config, lane))
+            facts = policy.exit_facts(record, self._started_at.get(lane, 0), snap)
         plan = policy.plan_exit(
             spec,
             facts,
@@ -301,30 +291,6 @@ class Reactions(Serving):
     def _degrade(self, lane: str, reason: str, kind: RestartKind) -> None:
         self.ledger.transition(lane, LaneState.DEGRADED, reason)
         self._restart(lane, reason, kind)
-
-    async def _follow_logs(self) -> None:
-        """Startup phases of starting lanes, from their engines' log lines (one journalctl).
-        Without journald laned runs on (readiness is probed) and says so, and tries again
-        every JOURNAL_RETRY seconds from where it stopped."""
-        since = None
-        while not self._closing:
-            try:
-                await watchers.follow_phases(
-                    lambda: self.units,
-                    self._phase_seen,
-                    since,
-                    self._journal_back,
-                )
-                return  # no lane to follow
-            except JournalUnavailable as exc:
-                if "journald" not in self.notices:
-                    log.warning("cannot follow the lanes' logs: %s", exc.message)
-                self.notices["journald"] = (
-                    f"cannot follow the lanes' logs: {exc.message}; startup phases are not "
-                    f"shown and readiness is found by probing alone ({exc.hint})"
-                )
-            since = time.time()  # the next try reads the lines logged from this failure on
-            await asyncio.sleep(JOURNAL_RETRY)
 
     def _phase_seen(self, unit: str, seen: Seen, at: float) -> None:
         lane = self.units.get(unit)

@@ -168,6 +168,14 @@ class Systemd:
         body = await self._call("Get", "ss", [MANAGER, "SystemState"], PATH, PROPERTIES)
         return str(body[0].value)
 
+    async def manager_started(self) -> int:
+        """When the manager started (UserspaceTimestampMonotonic, µs): kept across a re-exec,
+        new for a manager started again, which knows nothing of what the one before ran."""
+        body = await self._call(
+            "Get", "ss", [MANAGER, "UserspaceTimestampMonotonic"], PATH, PROPERTIES
+        )
+        return int(body[0].value)
+
     async def load_unit(self, name: str) -> str:
         """LoadUnit(): the unit's object path (loads it if needed)."""
         return str((await self._call("LoadUnit", "s", [name], unit=name))[0])

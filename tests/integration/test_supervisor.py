@@ -574,3 +574,36 @@ def test_bus_reconnect_keeps_watching(
             )
 
     run(scenario())
+
+
+def test_a_restart_broken_by_a_lost_bus_is_caught_up(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    """The bus drops and stays away while a restart is asked for: the restart fails at its
+    first call to systemd, leaving the lane in between (restarting, its unit still running).
+    Once the same manager is back, laned follows the running engine again instead of leaving
+    the lane restarting forever, and says in the events what it found."""
+    config = lane_config(harness, units, tmp_path, {"a": FAST}, free_port())
+    unit = f"{units.name('a')}.service"
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            engine = harness.show(unit, "MainPID")["MainPID"]
+            address = sup.systemd.address
+            sup.systemd.address = f"unix:path={tmp_path}/no-bus"  # reconnects fail meanwhile
+            assert sup.systemd.bus is not None
+            sup.systemd.bus.disconnect()
+            restarted = sup.restart("a")  # resolves when the lane is ready again
+            await until(lambda: sup.ops.of("gpu") is None, 10, "the restart ended by the bus")
+            assert sup.statuses["a"].state is LaneState.RESTARTING
+            assert "user manager" in sup.notices
+            sup.systemd.address = address
+            await asyncio.wait_for(restarted, 30)
+            assert harness.show(unit, "MainPID")["MainPID"] == engine  # the same engine
+            assert "user manager" not in sup.notices
+            reasons = [e.reason for e in sup.events if e.lane == "a"]
+            assert any("the same manager" in r and "is active (running)" in r for r in reasons)
+            assert any(r.startswith("adopted again after reconnected") for r in reasons), reasons
+
+    run(scenario())

@@ -283,6 +283,49 @@ def test_reconcile_adopts_what_runs_and_starts_what_is_desired() -> None:
     assert policy.plan_reconcile(first, ["a"], {}, idle, first=True).start == ()
 
 
+@pytest.mark.parametrize(
+    ("state", "desired", "running", "busy", "headless", "want"),
+    [
+        # An operation, a pending restart or a watch under way finishes by itself.
+        (LaneState.RESTARTING, Desired.ACTIVE, True, True, False, policy.CatchUp.NOTHING),
+        (LaneState.READY, Desired.ACTIVE, True, True, False, policy.CatchUp.NOTHING),
+        # A restart the lost bus broke, its unit still running: follow the engine again.
+        (LaneState.RESTARTING, Desired.ACTIVE, True, False, False, policy.CatchUp.ADOPT),
+        (LaneState.STARTING, Desired.ACTIVE, True, False, False, policy.CatchUp.ADOPT),
+        # Desired, and nothing runs it: start it again.
+        (LaneState.RESTARTING, Desired.ACTIVE, False, False, False, policy.CatchUp.START),
+        (LaneState.READY, Desired.ACTIVE, False, False, False, policy.CatchUp.START),
+        # A failed lane stays failed until activated.
+        (LaneState.FAILED, Desired.ACTIVE, False, False, False, policy.CatchUp.NOTHING),
+        # A stop the lost bus broke: stop it again; a stopped lane stays stopped.
+        (LaneState.STOPPING, Desired.INACTIVE, True, False, False, policy.CatchUp.STOP),
+        (LaneState.INACTIVE, Desired.INACTIVE, False, False, False, policy.CatchUp.NOTHING),
+        # A worker rank of a lane over several hosts is its head's.
+        (LaneState.INACTIVE, Desired.ACTIVE, False, False, True, policy.CatchUp.NOTHING),
+    ],
+)
+def test_catch_up_after_the_bus_or_the_manager_came_back(
+    state: LaneState,
+    desired: Desired,
+    running: bool,
+    busy: bool,
+    headless: bool,
+    want: policy.CatchUp,
+) -> None:
+    assert policy.plan_catch_up(state, desired, running, busy, headless) is want
+
+
+def test_a_run_lost_with_its_user_manager_is_a_failure_with_no_status() -> None:
+    lost = policy.LOST_WITH_MANAGER
+    plan = policy.plan_exit(
+        SPEC, lost, stopping_by_laned=False, state=LaneState.READY, desired=Desired.ACTIVE,
+        failures=[], now=100.0, systemd_restarts=False, sub_state="dead",
+    )  # fmt: skip
+    assert plan.verdict is Verdict.FAILURE and plan.action is ExitAction.RESTART_LATER
+    assert "the user manager that ran it went away" in plan.reason
+    assert "status None" not in plan.reason
+
+
 # --- liveness -------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import threading
 import time
 from typing import Any
 
@@ -28,6 +29,15 @@ def views(url: str) -> dict[str, dict[str, Any]] | None:
     except httpx.HTTPError:
         return None
     return {v["name"]: v for v in lanes}
+
+
+def in_flight(url: str, lane: str) -> int:
+    view = httpx.get(f"{url}/lanes/{lane}", timeout=10).json()
+    return int((view.get("proxy") or {}).get("in_flight", 0))
+
+
+def stopping(url: str, lane: str) -> bool:
+    return (views(url) or {}).get(lane, {}).get("state") == "stopping"
 
 
 def converged(url: str, wanted: str, other: str) -> bool:
@@ -72,6 +82,62 @@ def test_laned_killed_in_swaps_comes_back_to_the_last_accepted_request(
             sampler_samples=sampler.samples, overlaps=sampler.overlaps,
             kill_delay_s=[round(min(delays), 2), round(max(delays), 2)],
             back_s_max=round(max(took), 2))  # fmt: skip
+
+
+DRAIN_KILLS = 5
+
+
+def test_laned_killed_while_it_drains_a_swap_comes_back_to_the_last_accepted_request(
+    harness: Harness, swap_pair: Any
+) -> None:
+    """A request streams from the old lane when the swap begins: laned waits for it before it
+    stops the lane (the drain), and is killed then. The request is cut with laned (it was its
+    proxy); the restarted laned still swaps to the lane asked for."""
+    serve = swap_pair()
+    sampler = Sampler(harness, {"g": list(serve.units)})
+    sampler.start()
+    current, cut, wanted = serve, 0, "a"
+    body = {"prompt": "hello", "max_tokens": 400, "stream": True}  # 8 s at 50 tokens/s
+    try:
+        for _ in range(DRAIN_KILLS):
+            old = wanted
+            wanted = "b" if wanted == "a" else "a"
+
+            def stream(url: str = current.url, model: str = old) -> None:
+                nonlocal cut
+                try:
+                    with httpx.stream(
+                        "POST", f"{url}/v1/completions", json={**body, "model": model}, timeout=30
+                    ) as reply:
+                        for _chunk in reply.iter_bytes():
+                            pass
+                except httpx.HTTPError:
+                    cut += 1
+
+            reader = threading.Thread(target=stream)
+            reader.start()
+            wait_until(functools.partial(in_flight, current.url, old), 20, "a request in flight")
+            assert (
+                httpx.post(f"{current.url}/lanes/{wanted}/activate", timeout=30).status_code == 202
+            )
+            wait_until(functools.partial(stopping, current.url, old), 20, f"{old} draining")
+            assert in_flight(current.url, old) >= 1  # still draining when killed
+            current.kill()
+            reader.join(30)
+            again = LanedServe(current.path, current.api, harness.env, current.units)
+            current = again.__enter__()
+            wait_until(
+                functools.partial(converged, current.url, wanted, old), 60, f"{wanted} ready"
+            )
+    finally:
+        sampler.done = True
+        sampler.join()
+        if current is not serve:
+            current.__exit__()
+    assert sampler.overlaps == 0
+    figures("kill-during-drains", kills=DRAIN_KILLS, converged_to_last_request=DRAIN_KILLS,
+            requests_cut_with_laned=cut, sampler_samples=sampler.samples,
+            overlaps=sampler.overlaps)  # fmt: skip
 
 
 def test_an_unreadable_state_file_is_reported_kept_and_what_runs_adopted(

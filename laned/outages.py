@@ -60,6 +60,8 @@ class Outages:
 
         def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]: ...
 
+        def _spawn_activation(self, lane: str, reason: str) -> None: ...
+
         def _phase_seen(self, unit: str, seen: Seen, at: float) -> None: ...
 
     # --- the user manager ----------------------------------------------------------------------
@@ -89,31 +91,37 @@ class Outages:
                 self._on_exit(lane, snap, policy.LOST_WITH_MANAGER)
             else:
                 self._apply(lane, snap)
-        for lane in list(self.statuses):
-            self._catch_up(lane, why)
+        self._catch_up(why)
 
-    def _catch_up(self, lane: str, why: str) -> None:
-        spec, status = self.config.lanes[lane], self.statuses[lane]
-        watch = self._follow.get(lane)
-        busy = (
-            self.ops.of(spec.group) is not None
-            or lane in self._timers
-            or (watch is not None and not watch.done())
-        )
-        running = self.snapshots.get(lane, UnitSnapshot("")).running
-        action = policy.plan_catch_up(status.state, status.desired, running, busy, spec.headless())
-        if action is CatchUp.ADOPT:
-            self._begin_start(lane)
-            self.ledger.transition(lane, LaneState.STARTING, f"adopted again after {why}")
-            self._start_follow(lane)
-        elif action is CatchUp.START:
-            self.ledger.transition(lane, LaneState.RESTARTING, f"started again after {why}")
-            self._timers[lane] = asyncio.get_running_loop().call_later(
-                0, self._restart_after_failure, lane
+    def _catch_up(self, why: str) -> None:
+        """Each lane made to match the last request again (policy.plan_catch_up)."""
+        lanes = {}
+        for lane, status in self.statuses.items():
+            watch = self._follow.get(lane)
+            busy = (
+                self.ops.of(self.config.lanes[lane].group) is not None
+                or lane in self._timers
+                or (watch is not None and not watch.done())
             )
-        elif action is CatchUp.STOP:
-            log.info("%s: stopped again after %s (not desired, and its unit runs)", lane, why)
-            self.deactivate(lane)
+            running = self.snapshots.get(lane, UnitSnapshot("")).running
+            lanes[lane] = policy.LaneNow(status.state, status.desired, running, busy)
+        for lane, plan in policy.plan_catch_up(self.config, lanes).items():
+            if plan is CatchUp.ADOPT:
+                self._begin_start(lane)
+                self.ledger.transition(lane, LaneState.STARTING, f"adopted again after {why}")
+                self._start_follow(lane)
+            elif plan is CatchUp.RESTART:
+                self.ledger.transition(lane, LaneState.RESTARTING, f"started again after {why}")
+                self._timers[lane] = asyncio.get_running_loop().call_later(
+                    0, self._restart_after_failure, lane
+                )
+            elif plan is CatchUp.ACTIVATE:
+                self._spawn_activation(lane, f"activated again after {why}")
+            elif plan is CatchUp.STOP:
+                log.info("%s: stopped again after %s (not desired, and its unit runs)", lane, why)
+                self.deactivate(lane)
+            elif plan is CatchUp.SETTLE:
+                self.ledger.transition(lane, LaneState.INACTIVE, f"found stopped after {why}")
 
     # --- journald ------------------------------------------------------------------------------
 

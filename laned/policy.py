@@ -369,28 +369,53 @@ class CatchUp(str, Enum):
     """What a lane needs once laned sees systemd again (see plan_catch_up)."""
 
     NOTHING = "nothing"
-    ADOPT = "adopt"  # its unit runs and nothing watches it: follow it again
-    START = "start"  # desired, and its unit does not run: start it again
-    STOP = "stop"  # not desired, and its unit still runs: stop it again
+    ADOPT = "adopt"  # desired, its unit runs and nothing watches it: follow it again
+    RESTART = "restart"  # desired, its own run lost (no peer holds the GPUs): start it again
+    ACTIVATE = "activate"  # desired, never got going: activate it (its peers stop first)
+    STOP = "stop"  # not desired, and its unit still runs: stop it
+    SETTLE = "settle"  # not desired, its unit stopped, its state not yet inactive
 
 
-def plan_catch_up(
-    state: LaneState, desired: Desired, running: bool, busy: bool, headless: bool
-) -> CatchUp:
-    """After the user bus came back or the manager was re-executed or replaced: what a lane
-    needs to match the last request. An operation, a pending restart or a watch under way
-    carries on by itself (busy); an operation the lost bus broke left the lane in between
-    (restarting with its unit still running, starting with nothing watching, a stop not
-    done): a desired lane is followed again if its unit runs, started again if it does not;
-    a lane not desired whose unit runs is stopped. A failed lane stays failed until
-    activated; a worker rank of a lane over several hosts is its head's to start or stop."""
-    if busy or headless:
-        return CatchUp.NOTHING
-    if desired is not Desired.ACTIVE:
-        return CatchUp.STOP if running else CatchUp.NOTHING
-    if state is LaneState.FAILED:
-        return CatchUp.NOTHING
-    return CatchUp.ADOPT if running else CatchUp.START
+@dataclass(frozen=True)
+class LaneNow:
+    """A lane as the owner knows it when systemd is seen again."""
+
+    state: LaneState
+    desired: Desired
+    running: bool  # its unit runs, as systemd now says
+    busy: bool  # an operation of its group, a pending restart or a watch is under way
+
+
+def plan_catch_up(config: Config, lanes: Mapping[str, LaneNow]) -> dict[str, CatchUp]:
+    """After the user bus came back or the manager was re-executed or replaced: what each
+    lane needs to match the last request. Busy lanes carry on by themselves. An operation
+    the lost bus broke left its lanes in between (restarting with the unit still running,
+    a swap that stopped nothing or started nothing, a stop not done): a desired lane is
+    followed again if its unit runs, started again if it does not (activated, stopping its
+    peers, unless it held the GPUs itself); a lane not desired is stopped if its unit runs
+    (unless a peer's activation stops it anyway) and marked inactive if not. A failed lane
+    stays failed until activated; a worker rank of a lane over several hosts is its head's."""
+    plans: dict[str, CatchUp] = {}
+    for lane, now in lanes.items():
+        plan = CatchUp.NOTHING
+        if now.busy or config.lanes[lane].headless():
+            pass
+        elif now.desired is not Desired.ACTIVE:
+            if now.running:
+                plan = CatchUp.STOP
+            elif now.state not in SETTLED_STATES:
+                plan = CatchUp.SETTLE
+        elif now.state is not LaneState.FAILED:
+            if now.running:
+                plan = CatchUp.ADOPT
+            else:
+                plan = CatchUp.RESTART if now.state in HOLDING_STATES else CatchUp.ACTIVATE
+        plans[lane] = plan
+    activating = {config.lanes[n].group for n, p in plans.items() if p is CatchUp.ACTIVATE}
+    for lane, plan in plans.items():
+        if plan is CatchUp.STOP and config.lanes[lane].group in activating:
+            plans[lane] = CatchUp.NOTHING  # the activation of its peer stops it first
+    return plans
 
 
 # --- at start ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -576,6 +576,19 @@ def test_bus_reconnect_keeps_watching(
     run(scenario())
 
 
+@contextlib.contextmanager
+def bus_kept_away(sup: Supervisor, tmp_path: Path) -> Iterator[None]:
+    """The bus connection drops and every reconnect fails until the block ends."""
+    address = sup.systemd.address
+    sup.systemd.address = f"unix:path={tmp_path}/no-bus"
+    assert sup.systemd.bus is not None
+    sup.systemd.bus.disconnect()
+    try:
+        yield
+    finally:
+        sup.systemd.address = address
+
+
 def test_a_restart_broken_by_a_lost_bus_is_caught_up(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
@@ -590,20 +603,44 @@ def test_a_restart_broken_by_a_lost_bus_is_caught_up(
         async with supervising(harness, config) as sup:
             await sup.activate("a")
             engine = harness.show(unit, "MainPID")["MainPID"]
-            address = sup.systemd.address
-            sup.systemd.address = f"unix:path={tmp_path}/no-bus"  # reconnects fail meanwhile
-            assert sup.systemd.bus is not None
-            sup.systemd.bus.disconnect()
-            restarted = sup.restart("a")  # resolves when the lane is ready again
-            await until(lambda: sup.ops.of("gpu") is None, 10, "the restart ended by the bus")
-            assert sup.statuses["a"].state is LaneState.RESTARTING
-            assert "user manager" in sup.notices
-            sup.systemd.address = address
+            with bus_kept_away(sup, tmp_path):
+                restarted = sup.restart("a")  # resolves when the lane is ready again
+                await until(lambda: sup.ops.of("gpu") is None, 10, "the restart ended by the bus")
+                assert sup.statuses["a"].state is LaneState.RESTARTING
+                assert "user manager" in sup.notices
             await asyncio.wait_for(restarted, 30)
             assert harness.show(unit, "MainPID")["MainPID"] == engine  # the same engine
             assert "user manager" not in sup.notices
             reasons = [e.reason for e in sup.events if e.lane == "a"]
             assert any("the same manager" in r and "is active (running)" in r for r in reasons)
             assert any(r.startswith("adopted again after reconnected") for r in reasons), reasons
+
+    run(scenario())
+
+
+def test_a_swap_broken_by_a_lost_bus_is_carried_out_when_it_is_back(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    """A swap a -> b whose first call to systemd fails (the bus is away): b is desired and
+    never started, a runs and is not desired. When the bus is back laned activates b, which
+    stops a first: the swap the operator asked for, carried out."""
+    port = free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST, "b": FAST}, port)
+    unit_a, unit_b = (f"{units.name(n)}.service" for n in ("a", "b"))
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            with bus_kept_away(sup, tmp_path):
+                with pytest.raises(ActivationFailed, match="user bus"):
+                    await sup.activate("b")
+                assert sup.statuses["b"].desired is Desired.ACTIVE
+                assert sup.statuses["a"].desired is Desired.INACTIVE
+            await until(lambda: sup.statuses["b"].state is LaneState.READY, 30, "b ready")
+            await until(lambda: sup.statuses["a"].state is LaneState.INACTIVE, 10, "a stopped")
+            assert harness.show(unit_b, "ActiveState")["ActiveState"] == "active"
+            assert harness.show(unit_a, "ActiveState")["ActiveState"] != "active"
+            reasons = [e.reason for e in sup.events if e.lane == "b"]
+            assert any(r.startswith("activated again after reconnected") for r in reasons), reasons
 
     run(scenario())

@@ -283,36 +283,54 @@ def test_reconcile_adopts_what_runs_and_starts_what_is_desired() -> None:
     assert policy.plan_reconcile(first, ["a"], {}, idle, first=True).start == ()
 
 
+CU = policy.CatchUp
+ON, OFF = Desired.ACTIVE, Desired.INACTIVE
+
+
 @pytest.mark.parametrize(
-    ("state", "desired", "running", "busy", "headless", "want"),
+    ("state", "desired", "running", "busy", "want"),
     [
         # An operation, a pending restart or a watch under way finishes by itself.
-        (LaneState.RESTARTING, Desired.ACTIVE, True, True, False, policy.CatchUp.NOTHING),
-        (LaneState.READY, Desired.ACTIVE, True, True, False, policy.CatchUp.NOTHING),
+        (LaneState.RESTARTING, ON, True, True, CU.NOTHING),
+        (LaneState.READY, ON, False, True, CU.NOTHING),
         # A restart the lost bus broke, its unit still running: follow the engine again.
-        (LaneState.RESTARTING, Desired.ACTIVE, True, False, False, policy.CatchUp.ADOPT),
-        (LaneState.STARTING, Desired.ACTIVE, True, False, False, policy.CatchUp.ADOPT),
-        # Desired, and nothing runs it: start it again.
-        (LaneState.RESTARTING, Desired.ACTIVE, False, False, False, policy.CatchUp.START),
-        (LaneState.READY, Desired.ACTIVE, False, False, False, policy.CatchUp.START),
+        (LaneState.RESTARTING, ON, True, False, CU.ADOPT),
+        (LaneState.STARTING, ON, True, False, CU.ADOPT),
+        # Its own run gone (it held the GPUs): start it again.
+        (LaneState.RESTARTING, ON, False, False, CU.RESTART),
+        (LaneState.READY, ON, False, False, CU.RESTART),
+        # A swap that never started it: activate it (its peers stop first).
+        (LaneState.INACTIVE, ON, False, False, CU.ACTIVATE),
         # A failed lane stays failed until activated.
-        (LaneState.FAILED, Desired.ACTIVE, False, False, False, policy.CatchUp.NOTHING),
-        # A stop the lost bus broke: stop it again; a stopped lane stays stopped.
-        (LaneState.STOPPING, Desired.INACTIVE, True, False, False, policy.CatchUp.STOP),
-        (LaneState.INACTIVE, Desired.INACTIVE, False, False, False, policy.CatchUp.NOTHING),
-        # A worker rank of a lane over several hosts is its head's.
-        (LaneState.INACTIVE, Desired.ACTIVE, False, False, True, policy.CatchUp.NOTHING),
+        (LaneState.FAILED, ON, False, False, CU.NOTHING),
+        # A stop the lost bus broke: stop it; one that happened: say so.
+        (LaneState.STOPPING, OFF, True, False, CU.STOP),
+        (LaneState.STOPPING, OFF, False, False, CU.SETTLE),
+        (LaneState.INACTIVE, OFF, False, False, CU.NOTHING),
+        (LaneState.FAILED, OFF, False, False, CU.NOTHING),
     ],
 )
-def test_catch_up_after_the_bus_or_the_manager_came_back(
-    state: LaneState,
-    desired: Desired,
-    running: bool,
-    busy: bool,
-    headless: bool,
-    want: policy.CatchUp,
+def test_catch_up_one_lane_after_the_bus_or_the_manager_came_back(
+    state: LaneState, desired: Desired, running: bool, busy: bool, want: policy.CatchUp
 ) -> None:
-    assert policy.plan_catch_up(state, desired, running, busy, headless) is want
+    now = policy.LaneNow(state, desired, running, busy)
+    assert policy.plan_catch_up(CONFIG, {"c": now}) == {"c": want}
+
+
+def test_catch_up_a_broken_swap_activates_the_lane_and_leaves_its_peers_to_it() -> None:
+    # a -> b broke at a's stop: a runs and is not desired, b is desired and never started.
+    lanes = {
+        "a": policy.LaneNow(LaneState.STOPPING, OFF, True, False),
+        "b": policy.LaneNow(LaneState.INACTIVE, ON, False, False),
+        "c": policy.LaneNow(LaneState.READY, OFF, True, False),  # another group: stopped
+    }
+    assert policy.plan_catch_up(CONFIG, lanes) == {"a": CU.NOTHING, "b": CU.ACTIVATE, "c": CU.STOP}
+
+
+def test_catch_up_leaves_a_worker_rank_to_its_head() -> None:
+    workers = config('args = ["--headless"]\n')
+    lanes = {"a": policy.LaneNow(LaneState.INACTIVE, ON, False, False)}
+    assert policy.plan_catch_up(workers, lanes) == {"a": CU.NOTHING}
 
 
 def test_a_run_lost_with_its_user_manager_is_a_failure_with_no_status() -> None:

@@ -89,7 +89,41 @@ def load_config(path: str, env: Mapping[str, str] | None = None) -> Config:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(path, [Problem("", f"not UTF-8 text ({exc.reason})")]) from exc
-    return parse_config(text, source=path, env=env)
+    config = parse_config(text, source=path, env=env)
+    problems = linked_away(config, env)
+    if problems:
+        raise ConfigError(path, problems)
+    return config
+
+
+WRITTEN = {"unit_dir": "units", "bin_dir": "serve wrappers"}  # the dirs laned writes into
+
+
+def linked_away(config: Config, env: Mapping[str, str]) -> list[Problem]:
+    """A directory laned writes into, named inside the user's own places (HOME,
+    XDG_RUNTIME_DIR), that a symlink leads out of them: laned would write its units or
+    wrappers somewhere the config does not say (a link to /etc/systemd/user, to another
+    user's directory). A directory named outside them is the operator's explicit choice."""
+    own = [d for d in (env.get("HOME"), env.get("XDG_RUNTIME_DIR")) if d and d != "/"]
+    own += [os.path.realpath(d) for d in own]
+
+    def inside(path: str) -> bool:
+        return any(path == d or path.startswith(d.rstrip("/") + "/") for d in own)
+
+    problems = []
+    for key, what in WRITTEN.items():
+        path = os.path.normpath(getattr(config.daemon, key))
+        real = os.path.realpath(path)
+        if inside(path) and not inside(real):
+            problems.append(
+                Problem(
+                    f"daemon.{key}",
+                    f"{path} leads through a symlink to {real}, outside your home: laned "
+                    f"would write its {what} there",
+                    f"point daemon.{key} at a directory of your own, or remove the link",
+                )
+            )
+    return problems
 
 
 def parse_config(

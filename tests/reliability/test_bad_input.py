@@ -4,12 +4,13 @@ each leaves the running lane, its unit and laned's config untouched (checked, no
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from laned.config import parse_config
+from laned.config import load_config, parse_config
 from laned.errors import ConfigError, Severity
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST
@@ -68,3 +69,29 @@ def test_reloading_each_malformed_config_leaves_everything_running_as_it_was(
     assert snapshot(harness, serve, unit) == before
     figures("bad-configs", cases=len(CASES), refused_at_key=len(CASES), reloads_refused=refused,
             engine_pid_changed=False, files_changed=0)  # fmt: skip
+
+
+def test_a_unit_dir_linked_out_of_home_is_refused_and_reloading_it_changes_nothing(
+    harness: Harness, daemon: Any, tmp_path: Path
+) -> None:
+    serve = daemon({"a": FAST}, daemon_toml='default_lane = "a"\n')
+    unit = next(u for u in serve.units if "-a." in u)
+    good = serve.path.read_text()
+    before = snapshot(harness, serve, unit)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    link = Path(harness.env["HOME"]) / f"units-{tmp_path.name}"  # in HOME, leading out of it
+    link.symlink_to(outside)
+    try:
+        serve.path.write_text(good.replace(str(harness.unit_dir), str(link), 1))
+        with pytest.raises(ConfigError) as refused:
+            load_config(str(serve.path), harness.env)
+        assert [p.path for p in refused.value.problems] == ["daemon.unit_dir"]
+        assert str(outside) in refused.value.problems[0].message
+        reply = httpx.post(f"{serve.url}/reload", timeout=30)
+        assert reply.status_code == 400 and "daemon.unit_dir" in reply.text, reply.text
+    finally:
+        serve.path.write_text(good)
+        link.unlink()
+    assert snapshot(harness, serve, unit) == before
+    assert not list(outside.iterdir())  # nothing was written there

@@ -77,9 +77,11 @@ class Outages:
         """Every lane unit as systemd has it after a reconnect or a re-exec (`why`). Under a
         new manager (`replaced`) a run laned saw is gone with the one before: a failure,
         restarted as any other, never taken for an operator's stop."""
+        if self._closing:
+            return
         for unit, snap in snaps.items():
             lane = self.units.get(unit)
-            if lane is None or self._closing:
+            if lane is None:
                 continue
             previous = self.snapshots.get(lane, UnitSnapshot(unit))
             status = self.statuses[lane]

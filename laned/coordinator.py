@@ -15,7 +15,7 @@
   when a worker goes away, and a worker exits when its head does. Each host's laned restarts
   its own rank, and the ranks meet again at the rendezvous. The head's backoff and crash-loop
   rule pace the lane, because a worker waits for its head.
-- A worker's laned starts its rank at boot only when the head asks (policy.plan_reconcile).
+- A worker's laned starts its rank at boot only when the head asks (resume.plan_reconcile).
 """
 
 from __future__ import annotations

@@ -12,11 +12,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from laned import policy, watchers
+from laned import policy, resume, watchers
 from laned.errors import JournalUnavailable
 from laned.lanes import EventKind, LaneState, LaneStatus
 from laned.phases import Seen
-from laned.policy import CatchUp, ExitFacts
+from laned.policy import ExitFacts
+from laned.resume import CatchUp
 from laned.unit_state import UnitSnapshot
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class Outages:
         self._catch_up(why)
 
     def _catch_up(self, why: str) -> None:
-        """Each lane made to match the last request again (policy.plan_catch_up)."""
+        """Each lane made to match the last request again (resume.plan_catch_up)."""
         lanes = {}
         for lane, status in self.statuses.items():
             watch = self._follow.get(lane)
@@ -106,8 +107,8 @@ class Outages:
                 or (watch is not None and not watch.done())
             )
             running = self.snapshots.get(lane, UnitSnapshot("")).running
-            lanes[lane] = policy.LaneNow(status.state, status.desired, running, busy)
-        for lane, plan in policy.plan_catch_up(self.config, lanes).items():
+            lanes[lane] = resume.LaneNow(status.state, status.desired, running, busy)
+        for lane, plan in resume.plan_catch_up(self.config, lanes).items():
             if plan is CatchUp.ADOPT:
                 self._begin_start(lane)
                 self.ledger.transition(lane, LaneState.STARTING, f"adopted again after {why}")

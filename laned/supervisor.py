@@ -20,7 +20,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from laned import policy, render, state, steps
+from laned import policy, render, resume, state, steps
 from laned.errors import (
     ActivationFailed,
     ConfigRefused,
@@ -94,7 +94,7 @@ class Supervisor(Reactions):
             if snap.running:
                 running.append(lane)
         desired = {n: s.desired for n, s in self.statuses.items()}
-        plan = policy.plan_reconcile(self.config, running, desired, self.ledger.states(), first)
+        plan = resume.plan_reconcile(self.config, running, desired, self.ledger.states(), first)
         for lane in plan.adopt:
             self.ledger.desire(lane, Desired.ACTIVE)
             if lane not in self._started_at:

@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "laned"
 # The pure core: config model, rendering, decisions. No I/O library, no adapter.
 CORE = {
     "laned.policy",
+    "laned.resume",
     "laned.lanes",
     "laned.liveness",
     "laned.phases",

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from laned import policy
+from laned import policy, resume
 from laned.config import Config, parse_config
 from laned.lanes import Desired, LaneState, Verdict
 from laned.liveness import EngineSample, MemoryFloor, tokens_per_second
@@ -273,17 +273,17 @@ def test_a_running_lane_whose_config_changed_needs_a_restart() -> None:
 def test_reconcile_adopts_what_runs_and_starts_what_is_desired() -> None:
     idle = dict.fromkeys(CONFIG.lanes, LaneState.INACTIVE)
     desired = {"a": Desired.ACTIVE, "b": Desired.INACTIVE, "c": Desired.ACTIVE}
-    got = policy.plan_reconcile(CONFIG, ["c"], desired, idle, first=False)
+    got = resume.plan_reconcile(CONFIG, ["c"], desired, idle, first=False)
     assert got.adopt == ("c",) and got.start == (("a", "restore the desired lane"),)
-    failed = policy.plan_reconcile(CONFIG, [], desired, {**idle, "a": LaneState.FAILED}, False)
+    failed = resume.plan_reconcile(CONFIG, [], desired, {**idle, "a": LaneState.FAILED}, False)
     assert failed.start == (("c", "restore the desired lane"),)
     first = config(default_lane="b")
-    fresh = policy.plan_reconcile(first, [], {}, idle, first=True)
+    fresh = resume.plan_reconcile(first, [], {}, idle, first=True)
     assert fresh.start == (("b", "default lane"),)
-    assert policy.plan_reconcile(first, ["a"], {}, idle, first=True).start == ()
+    assert resume.plan_reconcile(first, ["a"], {}, idle, first=True).start == ()
 
 
-CU = policy.CatchUp
+CU = resume.CatchUp
 ON, OFF = Desired.ACTIVE, Desired.INACTIVE
 
 
@@ -311,26 +311,26 @@ ON, OFF = Desired.ACTIVE, Desired.INACTIVE
     ],
 )
 def test_catch_up_one_lane_after_the_bus_or_the_manager_came_back(
-    state: LaneState, desired: Desired, running: bool, busy: bool, want: policy.CatchUp
+    state: LaneState, desired: Desired, running: bool, busy: bool, want: resume.CatchUp
 ) -> None:
-    now = policy.LaneNow(state, desired, running, busy)
-    assert policy.plan_catch_up(CONFIG, {"c": now}) == {"c": want}
+    now = resume.LaneNow(state, desired, running, busy)
+    assert resume.plan_catch_up(CONFIG, {"c": now}) == {"c": want}
 
 
 def test_catch_up_a_broken_swap_activates_the_lane_and_leaves_its_peers_to_it() -> None:
     # a -> b broke at a's stop: a runs and is not desired, b is desired and never started.
     lanes = {
-        "a": policy.LaneNow(LaneState.STOPPING, OFF, True, False),
-        "b": policy.LaneNow(LaneState.INACTIVE, ON, False, False),
-        "c": policy.LaneNow(LaneState.READY, OFF, True, False),  # another group: stopped
+        "a": resume.LaneNow(LaneState.STOPPING, OFF, True, False),
+        "b": resume.LaneNow(LaneState.INACTIVE, ON, False, False),
+        "c": resume.LaneNow(LaneState.READY, OFF, True, False),  # another group: stopped
     }
-    assert policy.plan_catch_up(CONFIG, lanes) == {"a": CU.NOTHING, "b": CU.ACTIVATE, "c": CU.STOP}
+    assert resume.plan_catch_up(CONFIG, lanes) == {"a": CU.NOTHING, "b": CU.ACTIVATE, "c": CU.STOP}
 
 
 def test_catch_up_leaves_a_worker_rank_to_its_head() -> None:
     workers = config('args = ["--headless"]\n')
-    lanes = {"a": policy.LaneNow(LaneState.INACTIVE, ON, False, False)}
-    assert policy.plan_catch_up(workers, lanes) == {"a": CU.NOTHING}
+    lanes = {"a": resume.LaneNow(LaneState.INACTIVE, ON, False, False)}
+    assert resume.plan_catch_up(workers, lanes) == {"a": CU.NOTHING}
 
 
 def test_a_run_lost_with_its_user_manager_is_a_failure_with_no_status() -> None:

@@ -45,38 +45,57 @@ def converged(url: str, wanted: str, other: str) -> bool:
     return bool(lanes) and lanes[wanted]["state"] == "ready" and lanes[other]["state"] == "inactive"  # type: ignore[index]
 
 
+class Crashes:
+    """laned killed and started again on the same config, while a Sampler reads the group's
+    units; at the end the sampler stops and the last laned with it."""
+
+    def __init__(self, harness: Harness, serve: LanedServe) -> None:
+        self.harness, self.first = harness, serve
+        self.current = serve
+        self.sampler = Sampler(harness, {"g": list(serve.units)})
+
+    def __enter__(self) -> Crashes:
+        self.sampler.start()
+        return self
+
+    def kill(self) -> None:
+        self.current.kill()
+
+    def start_again(self) -> LanedServe:
+        old = self.current
+        self.current = LanedServe(old.path, old.api, self.harness.env, old.units).__enter__()
+        return self.current
+
+    def __exit__(self, *exc: object) -> None:
+        self.sampler.done = True
+        self.sampler.join()
+        if self.current is not self.first:
+            self.current.__exit__()
+
+
 def test_laned_killed_in_swaps_comes_back_to_the_last_accepted_request(
     harness: Harness, swap_pair: Any
 ) -> None:
     serve = swap_pair()
-    sampler = Sampler(harness, {"g": list(serve.units)})
-    sampler.start()
     rng = random.Random(18)
     state_file = serve.path.parent / "state" / "state.json"
-    current, took, delays = serve, [], []
-    try:
+    took, delays = [], []
+    with Crashes(harness, serve) as crashes:
         wanted = "a"
         for _ in range(KILLS):
             wanted, other = ("b", "a") if wanted == "a" else ("a", "b")
-            assert (
-                httpx.post(f"{current.url}/lanes/{wanted}/activate", timeout=30).status_code == 202
-            )
+            url = crashes.current.url
+            assert httpx.post(f"{url}/lanes/{wanted}/activate", timeout=30).status_code == 202
             delay = rng.uniform(0, 1.2)  # stop, gate, start job, cold start (0.3 s), probing
             delays.append(delay)
             time.sleep(delay)
-            current.kill()
+            crashes.kill()
             json.loads(state_file.read_text())  # whole: written atomically
-            again = LanedServe(current.path, current.api, harness.env, current.units)
             started = time.monotonic()
-            current = again.__enter__()
-            back = functools.partial(converged, current.url, wanted, other)
+            back = functools.partial(converged, crashes.start_again().url, wanted, other)
             wait_until(back, 60, f"laned back with {wanted} ready")
             took.append(time.monotonic() - started)
-    finally:
-        sampler.done = True
-        sampler.join()
-        if current is not serve:
-            current.__exit__()
+    sampler = crashes.sampler
     assert sampler.overlaps == 0
     figures("kill-during-swaps", kills=KILLS, converged_to_last_request=len(took), state_json_corrupt=0,
             sampler_samples=sampler.samples, overlaps=sampler.overlaps,
@@ -94,16 +113,14 @@ def test_laned_killed_while_it_drains_a_swap_comes_back_to_the_last_accepted_req
     stops the lane (the drain), and is killed then. The request is cut with laned (it was its
     proxy); the restarted laned still swaps to the lane asked for."""
     serve = swap_pair()
-    sampler = Sampler(harness, {"g": list(serve.units)})
-    sampler.start()
-    current, cut, wanted = serve, 0, "a"
+    cut, wanted = 0, "a"
     body = {"prompt": "hello", "max_tokens": 400, "stream": True}  # 8 s at 50 tokens/s
-    try:
+    with Crashes(harness, serve) as crashes:
         for _ in range(DRAIN_KILLS):
-            old = wanted
+            old, url = wanted, crashes.current.url
             wanted = "b" if wanted == "a" else "a"
 
-            def stream(url: str = current.url, model: str = old) -> None:
+            def stream(url: str = url, model: str = old) -> None:
                 nonlocal cut
                 try:
                     with httpx.stream(
@@ -116,24 +133,15 @@ def test_laned_killed_while_it_drains_a_swap_comes_back_to_the_last_accepted_req
 
             reader = threading.Thread(target=stream)
             reader.start()
-            wait_until(functools.partial(in_flight, current.url, old), 20, "a request in flight")
-            assert (
-                httpx.post(f"{current.url}/lanes/{wanted}/activate", timeout=30).status_code == 202
-            )
-            wait_until(functools.partial(stopping, current.url, old), 20, f"{old} draining")
-            assert in_flight(current.url, old) >= 1  # still draining when killed
-            current.kill()
+            wait_until(functools.partial(in_flight, url, old), 20, "a request in flight")
+            assert httpx.post(f"{url}/lanes/{wanted}/activate", timeout=30).status_code == 202
+            wait_until(functools.partial(stopping, url, old), 20, f"{old} draining")
+            assert in_flight(url, old) >= 1  # still draining when killed
+            crashes.kill()
             reader.join(30)
-            again = LanedServe(current.path, current.api, harness.env, current.units)
-            current = again.__enter__()
-            wait_until(
-                functools.partial(converged, current.url, wanted, old), 60, f"{wanted} ready"
-            )
-    finally:
-        sampler.done = True
-        sampler.join()
-        if current is not serve:
-            current.__exit__()
+            back = functools.partial(converged, crashes.start_again().url, wanted, old)
+            wait_until(back, 60, f"{wanted} ready")
+    sampler = crashes.sampler
     assert sampler.overlaps == 0
     figures("kill-during-drains", kills=DRAIN_KILLS, converged_to_last_request=DRAIN_KILLS,
             requests_cut_with_laned=cut, sampler_samples=sampler.samples,

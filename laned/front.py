@@ -41,8 +41,17 @@ class Front:
     # --- reading ----------------------------------------------------------------------------
 
     def notices(self) -> list[str]:
-        """What laned met since it started and recovered from, or meets now."""
-        return list(self.supervisor.notices.values())
+        """What laned met since it started and recovered from, or meets now; journald's
+        liveness is read as asked (one connect to its socket)."""
+        notices = list(self.supervisor.notices.values())
+        down = journal.journald_down()
+        if down is not None:
+            notices.append(
+                f"{down}: the engines' log lines are lost until it is back, startup phases are "
+                "not shown and readiness is found by probing alone (start it: "
+                "`systemctl start systemd-journald`)"
+            )
+        return notices
 
     def status(self, lane: str) -> LaneStatus:
         """The lane's status; UnknownLane (with the configured names) otherwise."""

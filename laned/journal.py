@@ -7,8 +7,10 @@ host) and `_SYSTEMD_UNIT=` (a private `systemd --user`, as in the test harness).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import shutil
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -19,6 +21,23 @@ OPENED_AFTER = 1.0  # seconds journalctl must run to count as following
 HINT = (
     "install systemd's journalctl, check that journald runs and that this user may read its journal"
 )
+
+
+SOCKET = "/run/systemd/journal/socket"  # journald's native socket (where units' logs go)
+
+
+def journald_down(path: str = SOCKET) -> str | None:
+    """Why journald is not running: its socket is there and nobody answers it (journald died
+    and left it). None otherwise: it answers (or PID 1 holds the socket for it), there is no
+    journal at all (journalctl says so), or it cannot be told. A datagram connect sends
+    nothing, so journald logs nothing for it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno == errno.ECONNREFUSED:
+                return f"journald is not running ({path} refuses connections)"
+    return None
 
 
 def journalctl() -> str:

@@ -4,13 +4,18 @@ The lanes still start and become ready (by probing), laned says why in /healthz 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.common import LanedServe
-from tests.helpers import free_port, wait_until
+from laned import journal
+from tests.helpers import ROOT, free_port, wait_until
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST
 from tests.reliability.conftest import figures
@@ -41,3 +46,63 @@ def test_without_journald_lanes_still_start_and_laned_says_why(
     figures(
         "journald-unreachable", lane_ready=True, notice_shown=True, logs_answer=logs.status_code
     )
+
+
+def journald_pids() -> list[int]:
+    """The journald processes that live (not a killed one's zombie)."""
+    found = subprocess.run(["pgrep", "-x", "systemd-journal"], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split() if alive(int(pid))]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_journald_killed_under_laned_is_said_and_its_return_seen(
+    harness: Harness, daemon: Any
+) -> None:
+    """journald killed while its socket stays (journalctl still follows its files and sees
+    nothing new): /healthz says journald is not running; once it is back the notice goes, and
+    the lane (its engine's log stream broke with journald) is ready again."""
+    serve = daemon({"a": FAST}, daemon_toml='default_lane = "a"\n', ports={"a": free_port()})
+    pids = journald_pids()
+    assert pids, "no journald to kill"
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        assert Path(journal.SOCKET).exists()  # left behind, nobody answers it
+        down = wait_until(
+            lambda: [n for n in notices(serve.url) if "journald is not running" in n],
+            20,
+            "a notice that journald is not running",
+        )
+        assert journal.SOCKET in down[0] and "systemctl start systemd-journald" in down[0]
+        status = subprocess.run(
+            [sys.executable, "-m", "laned", "status", "--url", serve.url],
+            env=harness.env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert "journald is not running" in status.stdout + status.stderr, status
+    finally:
+        up = subprocess.run(
+            [str(ROOT / "scripts" / "harness"), "up"],
+            env=harness.env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert up.returncode == 0, up.stderr
+    wait_until(lambda: not notices(serve.url), 20, "the notice gone with journald back")
+    wait_until(lambda: lane_state(serve.url, "a") == "ready", 60, "lane a ready with journald back")
+    restarts = httpx.get(f"{serve.url}/lanes/a", timeout=10).json()["restarts"]
+    figures("journald-killed", notice_shown=True, shown_by_laned_status=True, cleared=True,
+            lane_restarts=restarts)  # fmt: skip
+
+
+def notices(url: str) -> list[str]:
+    return httpx.get(f"{url}/healthz", timeout=10).json()["notices"]  # type: ignore[no-any-return]
+
+
+def lane_state(url: str, name: str) -> str:
+    lanes = httpx.get(f"{url}/lanes", timeout=10).json()["lanes"]
+    return str(next(v["state"] for v in lanes if v["name"] == name))

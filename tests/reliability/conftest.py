@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from bench.common import LanedServe
-from tests.helpers import free_port
+from tests.helpers import ROOT, free_port
 from tests.integration import conftest as integration
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
@@ -45,6 +46,26 @@ def unit_property(harness: Harness, name: str, unit: str) -> str:
         ["systemctl", "--user", "show", "-p", name, "--value", unit],
         env=harness.env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
+
+
+def harness_up(harness: Harness) -> None:
+    """`scripts/harness up`: whatever a test killed of the harness (the user manager,
+    journald) runs again."""
+    up = subprocess.run(
+        [str(ROOT / "scripts" / "harness"), "up"], env=harness.env, capture_output=True, text=True
+    )
+    assert up.returncode == 0, up.stderr
+
+
+def lane_view(url: str, name: str) -> dict[str, Any]:
+    """One lane as GET /lanes shows it."""
+    lanes = httpx.get(f"{url}/lanes", timeout=10).json()["lanes"]
+    return next(v for v in lanes if v["name"] == name)  # type: ignore[no-any-return]
+
+
+def notices(url: str) -> list[str]:
+    """laned's notices, as /healthz shows them."""
+    return httpx.get(f"{url}/healthz", timeout=10).json()["notices"]  # type: ignore[no-any-return]
 
 
 def figures(name: str, **values: object) -> None:

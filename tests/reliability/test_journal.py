@@ -15,10 +15,10 @@ import httpx
 
 from bench.common import LanedServe
 from laned import journal
-from tests.helpers import ROOT, free_port, wait_until
+from tests.helpers import free_port, wait_until
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST
-from tests.reliability.conftest import figures
+from tests.reliability.conftest import figures, harness_up, lane_view, notices
 
 
 def test_without_journald_lanes_still_start_and_laned_says_why(
@@ -33,9 +33,7 @@ def test_without_journald_lanes_still_start_and_laned_says_why(
     try:
         ready = httpx.post(f"{blind.url}/lanes/a/activate", params={"wait": "true"}, timeout=60)
         assert ready.status_code == 200, ready.text
-        said = wait_until(
-            lambda: httpx.get(f"{blind.url}/healthz", timeout=10).json()["notices"], 10, "a notice"
-        )
+        said = wait_until(lambda: notices(blind.url), 10, "a notice")
         assert any("journalctl is not on laned's PATH" in n for n in said), said
         logs = httpx.get(f"{blind.url}/lanes/a/logs", timeout=10)
         assert logs.status_code == 503 and logs.json()["error"]["code"] == "journal-unavailable", (
@@ -87,22 +85,11 @@ def test_journald_killed_under_laned_is_said_and_its_return_seen(
         )  # fmt: skip
         assert "journald is not running" in status.stdout + status.stderr, status
     finally:
-        up = subprocess.run(
-            [str(ROOT / "scripts" / "harness"), "up"],
-            env=harness.env, capture_output=True, text=True,
-        )  # fmt: skip
-        assert up.returncode == 0, up.stderr
+        harness_up(harness)
     wait_until(lambda: not notices(serve.url), 20, "the notice gone with journald back")
-    wait_until(lambda: lane_state(serve.url, "a") == "ready", 60, "lane a ready with journald back")
+    wait_until(
+        lambda: lane_view(serve.url, "a")["state"] == "ready", 60, "lane a ready with journald back"
+    )
     restarts = httpx.get(f"{serve.url}/lanes/a", timeout=10).json()["restarts"]
     figures("journald-killed", notice_shown=True, shown_by_laned_status=True, cleared=True,
             lane_restarts=restarts)  # fmt: skip
-
-
-def notices(url: str) -> list[str]:
-    return httpx.get(f"{url}/healthz", timeout=10).json()["notices"]  # type: ignore[no-any-return]
-
-
-def lane_state(url: str, name: str) -> str:
-    lanes = httpx.get(f"{url}/lanes", timeout=10).json()["lanes"]
-    return str(next(v["state"] for v in lanes if v["name"] == name))

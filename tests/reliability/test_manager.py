@@ -10,17 +10,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.helpers import ROOT, free_port, wait_until
+from tests.helpers import free_port, wait_until
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST
-from tests.reliability.conftest import figures, unit_property
+from tests.reliability.conftest import figures, harness_up, lane_view, notices, unit_property
 
 
 def descendants(pid: int) -> list[int]:
@@ -52,26 +51,10 @@ def kill_manager(harness: Harness) -> int:
     return len(doomed)
 
 
-def harness_up(harness: Harness) -> None:
-    up = subprocess.run(
-        [str(ROOT / "scripts" / "harness"), "up"], env=harness.env, capture_output=True, text=True
-    )
-    assert up.returncode == 0, up.stderr
-
-
-def lane(url: str, name: str) -> dict[str, Any]:
-    lanes = httpx.get(f"{url}/lanes", timeout=10).json()["lanes"]
-    return next(v for v in lanes if v["name"] == name)  # type: ignore[no-any-return]
-
-
 def said_since(url: str, since: float, kind: str) -> list[str]:
     """The reasons of the events of `kind` since `since` (epoch seconds)."""
     events = httpx.get(f"{url}/events", params={"limit": 500}, timeout=10).json()["events"]
     return [e["reason"] for e in events if e["at"] >= since and e["kind"] == kind]
-
-
-def notices(url: str) -> list[str]:
-    return httpx.get(f"{url}/healthz", timeout=10).json()["notices"]  # type: ignore[no-any-return]
 
 
 def test_the_user_manager_reexecuted_then_killed_and_started_again(
@@ -89,7 +72,7 @@ def test_the_user_manager_reexecuted_then_killed_and_started_again(
     )
     assert len(reexec) == 1, reexec
     assert "the same manager" in reexec[0] and f"{unit} is active (running)" in reexec[0], reexec
-    assert lane(serve.url, "a")["state"] == "ready"
+    assert lane_view(serve.url, "a")["state"] == "ready"
     assert unit_property(harness, "MainPID", unit) == engine
     assert not said_since(serve.url, since, "transition")  # nothing restarted
 
@@ -105,11 +88,13 @@ def test_the_user_manager_reexecuted_then_killed_and_started_again(
             "a notice that the user manager is out of reach",
         )
         refused = httpx.post(f"{serve.url}/lanes/a/restart", timeout=30)
-        wait_until(lambda: lane(serve.url, "a")["state"] != "ready", 20, "the dead engine seen")
+        wait_until(
+            lambda: lane_view(serve.url, "a")["state"] != "ready", 20, "the dead engine seen"
+        )
     finally:
         harness_up(harness)
     back = wait_until(
-        lambda: (v := lane(serve.url, "a"))["state"] == "ready" and v,
+        lambda: (v := lane_view(serve.url, "a"))["state"] == "ready" and v,
         60,
         "lane a ready again under the new manager",
     )

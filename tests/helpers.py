@@ -31,6 +31,15 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
     )
 
 
+def alive(pid: int | str) -> bool:
+    """The process exists and is not a zombie (PID 1 here may never reap it)."""
+    try:
+        state = Path(f"/proc/{str(pid).strip()}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now."""
     with socket.socket() as sock:

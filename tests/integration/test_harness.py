@@ -6,18 +6,9 @@ import os
 import signal
 from pathlib import Path
 
-from tests.helpers import ROOT, run, wait_until
+from tests.helpers import ROOT, alive, run, wait_until
 
 HARNESS = str(ROOT / "scripts" / "harness")
-
-
-def alive(pid: str) -> bool:
-    """Exists and is not a zombie (PID 1 here may never reap it)."""
-    try:
-        state = Path(f"/proc/{pid.strip()}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_harness_up_twice_survives_a_killed_manager_and_goes_down(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import httpx
 
 from bench.common import LanedServe
 from laned import journal
-from tests.helpers import free_port, wait_until
+from tests.helpers import alive, free_port, wait_until
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST
 from tests.reliability.conftest import figures, harness_up, lane_view, notices
@@ -50,14 +50,6 @@ def journald_pids() -> list[int]:
     """The journald processes that live (not a killed one's zombie)."""
     found = subprocess.run(["pgrep", "-x", "systemd-journal"], capture_output=True, text=True)
     return [int(pid) for pid in found.stdout.split() if alive(int(pid))]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_journald_killed_under_laned_is_said_and_its_return_seen(

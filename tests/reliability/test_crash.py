@@ -114,7 +114,8 @@ def test_laned_killed_while_it_drains_a_swap_comes_back_to_the_last_accepted_req
     proxy); the restarted laned still swaps to the lane asked for."""
     serve = swap_pair()
     cut, wanted = 0, "a"
-    body = {"prompt": "hello", "max_tokens": 400, "stream": True}  # 8 s at 50 tokens/s
+    # ignore_eos: all 400 tokens (8 s at 50 tokens/s); "hello" alone is answered in 12.
+    body = {"prompt": "hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
     with Crashes(harness, serve) as crashes:
         for _ in range(DRAIN_KILLS):
             old, url = wanted, crashes.current.url

@@ -89,7 +89,7 @@ def test_requests_through_a_swap_are_all_answered(swap_pair: Any) -> None:
     are told so (503 with Retry-After), by design. The queue holds 128 here (its default, 64,
     would answer the 65th waiter 503 at once, by design too)."""
     serve = swap_pair("proxy = { queue_limit = 128 }\n")
-    body = {"prompt": "hello", "max_tokens": 60}  # about 1.2 s at the simulator's 50 tokens/s
+    body = {"prompt": "hello", "max_tokens": 60, "ignore_eos": True}  # 1.2 s at 50 tokens/s
 
     async def traffic() -> tuple[list[int], list[httpx.Response]]:
         async with httpx.AsyncClient(

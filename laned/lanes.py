@@ -40,13 +40,15 @@ class Verdict(str, Enum):
 
 @dataclass(frozen=True)
 class LastExit:
-    """An engine exit: its own status (not the wrapper's mapping) or signal, and the verdict."""
+    """An engine exit: its own status (not the wrapper's mapping) or signal, the verdict,
+    and why (for a failure: what laned saw first, e.g. failed health probes)."""
 
     code: int | None
     signal: int | None
     at: float
     verdict: Verdict
     oom_killed: bool = False
+    reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """As stored and served."""
@@ -63,6 +65,7 @@ class LastExit:
             float(data["at"]),
             Verdict(data["verdict"]),
             bool(data.get("oom_killed", False)),
+            str(data.get("reason", "")),
         )
 
 
@@ -78,6 +81,7 @@ class EventKind(str, Enum):
     DRAIN = "drain"  # requests at laned's OpenAI endpoint waited for (or cut) before a stop
     PEER = "peer"  # a lane over several hosts: what was asked of (or seen at) another rank
     MANAGER = "manager"  # the user manager re-executed, out of reach, back (or a new one)
+    EXIT = "exit"  # how an engine's exit was judged where a transition does not say it
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,10 @@ class Recorder:
     def restart(self, lane: str, reason: str) -> None:
         """laned restarts a lane; `reason` is failure, health, stalled or requested."""
 
+    def failure(self, lane: str, seen_by: str) -> None:
+        """A run of the lane failed (counted once toward its crash loop); `seen_by`: the path
+        that saw it first (exit, health, stalled, start-timeout, memory-guard)."""
+
     def probe_failure(self, lane: str) -> None:
         """A health probe of a ready lane failed."""
 
@@ -93,6 +97,13 @@ class LanedMetrics(Recorder):
         )
         self.restarts = Counter(
             "laned_lane_restarts", "Lane restarts by reason.", ["lane", "reason"], registry=r
+        )
+        self.failures = Counter(
+            "laned_lane_failures",
+            "Failed runs of a lane, each counted once toward its crash loop, by the path that "
+            "saw the failure first (exit, health, stalled, start-timeout, memory-guard).",
+            ["lane", "seen_by"],
+            registry=r,
         )
         self.probe_failures = Counter(
             "laned_health_probe_failures",
@@ -180,6 +191,9 @@ class LanedMetrics(Recorder):
 
     def restart(self, lane: str, reason: str) -> None:
         self.restarts.labels(lane, reason).inc()
+
+    def failure(self, lane: str, seen_by: str) -> None:
+        self.failures.labels(lane, seen_by).inc()
 
     def probe_failure(self, lane: str) -> None:
         self.probe_failures.labels(lane).inc()

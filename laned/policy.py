@@ -142,16 +142,18 @@ def judge_unit_change(
 
 @dataclass(frozen=True)
 class ExitRecord:
-    """What the serve wrapper wrote about the engine's exit."""
+    """What the serve wrapper wrote about the engine's exit: `requested` when a stop reached
+    it while the engine ran, `late` when one came only after the engine had exited."""
 
     status: int
     requested: bool
     at: float
     oom_killed: bool = False
+    late: bool = False
 
 
 def parse_exit_record(text: str) -> ExitRecord | None:
-    """Parse the wrapper's `status=N requested=0|1 at=EPOCH [oom=0|1]` line."""
+    """Parse the wrapper's `status=N requested=0|1 [late=0|1] at=EPOCH [oom=0|1]` line."""
     try:
         fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
         return ExitRecord(
@@ -159,6 +161,7 @@ def parse_exit_record(text: str) -> ExitRecord | None:
             fields["requested"] == "1",
             float(fields["at"]),
             fields.get("oom") == "1",
+            fields.get("late") == "1",
         )
     except (KeyError, ValueError):
         return None
@@ -173,13 +176,20 @@ def decode_status(status: int) -> tuple[int | None, int | None]:
 
 @dataclass(frozen=True)
 class ExitFacts:
-    """An engine exit as far as it can be known: code or signal, who asked, OOM."""
+    """An engine exit as far as it can be known: code or signal, who asked, OOM.
+
+    `witnessed`: the serve wrapper saw the exit and wrote down whether a stop reached the
+    engine before it (`requested_by_systemd`), so the order is known; without its record
+    only systemd's Result says whether the unit was stopped. `late_stop`: a stop arrived
+    after the engine had already exited (during the wrapper's clean-up)."""
 
     code: int | None
     signal: int | None
     requested_by_systemd: bool
     oom_killed: bool
     lost: bool = False  # its user manager went away (killed), and the engine with it
+    witnessed: bool = False
+    late_stop: bool = False
 
     def describe(self, command: str = "") -> str:
         """`status N` or `signal N`, with what it usually means and OOM where podman said so."""
@@ -219,7 +229,9 @@ def exit_facts(record: ExitRecord | None, started_at: float, snap: UnitSnapshot)
     wrapper's mapping of it), else what systemd says about the unit's main process."""
     if record is not None and record.at >= started_at - 2:
         code, signal = decode_status(record.status)
-        return ExitFacts(code, signal, record.requested, record.oom_killed)
+        return ExitFacts(
+            code, signal, record.requested, record.oom_killed, witnessed=True, late_stop=record.late
+        )
     by_systemd = snap.result == "success"
     if snap.exec_main_code in (CLD_KILLED, CLD_DUMPED):
         return ExitFacts(None, snap.exec_main_status, by_systemd, False)
@@ -230,9 +242,17 @@ def exit_facts(record: ExitRecord | None, started_at: float, snap: UnitSnapshot)
 LOST_WITH_MANAGER = ExitFacts(None, None, False, False, lost=True)
 
 
-def judge_exit(requested_by_laned: bool, requested_by_systemd: bool) -> Verdict:
-    """An exit is `requested` only when someone asked for the stop; anything else — status 0 too — fails."""
-    return Verdict.REQUESTED if requested_by_laned or requested_by_systemd else Verdict.FAILURE
+def judge_exit(requested_by_laned: bool, facts: ExitFacts) -> Verdict:
+    """An exit is `requested` only when a stop somebody asked for reached the engine before
+    it exited; anything else — status 0 too — fails. Where the wrapper saw the exit, its
+    record decides: an engine that exited before laned's stop reached it (laned restarting
+    it after failed probes, say) exited on its own. Without the record, a stop laned or
+    systemd was making is taken as the cause."""
+    if facts.witnessed:
+        return Verdict.REQUESTED if facts.requested_by_systemd else Verdict.FAILURE
+    return (
+        Verdict.REQUESTED if requested_by_laned or facts.requested_by_systemd else Verdict.FAILURE
+    )
 
 
 def recent(failures: Iterable[float], now: float, interval: float) -> list[float]:
@@ -243,6 +263,28 @@ def recent(failures: Iterable[float], now: float, interval: float) -> list[float
 def is_crash_loop(failures: Iterable[float], now: float, burst: int, interval: float) -> bool:
     """`burst` failures within `interval` seconds: stop restarting (systemd's StartLimitBurst rule)."""
     return len(recent(failures, now, interval)) >= burst
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A failure of a run added to the lane's window: the window after it, and whether it
+    makes a crash loop (`reason` then says so)."""
+
+    failures: tuple[float, ...]
+    crash_loop: bool
+    reason: str
+
+
+def count_failure(spec: LaneConfig, failures: Iterable[float], now: float, what: str) -> Counted:
+    """Add one failure (`what`: how it was seen) to the lane's recent failures. A run fails
+    once, whichever path saw it first: the owner calls this once per run."""
+    window = tuple(recent([*failures, now], now, spec.start_limit_interval))
+    if is_crash_loop(window, now, spec.start_limit_burst, spec.start_limit_interval):
+        reason = (
+            f"crash-loop: {len(window)} failures within {spec.start_limit_interval:g}s; last {what}"
+        )
+        return Counted(window, True, reason)
+    return Counted(window, False, what)
 
 
 def backoff_delay(base: float, failures: int, cap: float) -> float:
@@ -285,9 +327,17 @@ def plan_exit(
     now: float,
     systemd_restarts: bool,
     sub_state: str,
+    counted: str | None = None,
+    ready_at: float = 0.0,
 ) -> ExitPlan:
-    """Judge an exit (only a stop somebody asked for is not a failure) and plan what follows."""
-    verdict = judge_exit(stopping_by_laned, facts.requested_by_systemd)
+    """Judge an exit (only a stop somebody asked for is not a failure) and plan what follows.
+
+    `ready_at`: when the lane last became ready (the backoff restarts from there).
+    `counted`: this run's failure was already counted by another path (failed health
+    probes, a stall, a start timeout, the memory guard; its reason): the exit is that
+    failure's end, judged a failure and not counted again. A failure that ends a stop laned
+    was making (the engine died before the stop reached it) is counted, and the operation
+    that stops the lane goes on (OWN_STOP)."""
     container = spec.container
     command = (
         spec.exec.command[0]
@@ -297,25 +347,34 @@ def plan_exit(
         else ""
     )
     what = facts.describe(command)
+    own = stopping_by_laned or state in (LaneState.STOPPING, LaneState.RESTARTING)
+    if counted is not None:
+        reason = (
+            f"engine exited with {what}; the failure was seen first as {counted} (counted once)"
+        )
+        return ExitPlan(Verdict.FAILURE, ExitAction.OWN_STOP, reason, tuple(failures))
+    verdict = judge_exit(stopping_by_laned, facts)
     if verdict is Verdict.REQUESTED:
-        own = stopping_by_laned or state in (LaneState.STOPPING, LaneState.RESTARTING)
         action = ExitAction.OWN_STOP if own else ExitAction.STOPPED_OUTSIDE
         return ExitPlan(verdict, action, what, tuple(failures))
-    window = tuple(recent([*failures, now], now, spec.start_limit_interval))
-    reason = f"engine exited with {what} (failure)"
+    before = " before laned's stop reached it" if stopping_by_laned else ""
+    late = "; a stop arrived only after it" if facts.late_stop else ""
+    failure = count_failure(spec, failures, now, f"engine exited with {what}{before}{late}")
+    reason, window = f"{failure.reason} (failure)", failure.failures
+    if stopping_by_laned:
+        return ExitPlan(verdict, ExitAction.OWN_STOP, reason, window)
     if desired is not Desired.ACTIVE:
         return ExitPlan(verdict, ExitAction.FAIL, reason, window)
     if systemd_restarts and sub_state == AUTO_RESTART:
         return ExitPlan(
             verdict, ExitAction.SYSTEMD_RESTARTS, f"{reason}; systemd restarts it", window
         )
-    if is_crash_loop(window, now, spec.start_limit_burst, spec.start_limit_interval):
-        reason = (
-            f"crash-loop: {len(window)} failures within {spec.start_limit_interval:g}s; "
-            f"last {reason}"
-        )
+    if failure.crash_loop:
         return ExitPlan(verdict, ExitAction.CRASH_LOOP, reason, window)
-    delay = backoff_delay(spec.restart_sec, len(window), spec.restart_max_delay)
+    # The backoff grows with the failures since the last run that became ready (`ready_at`);
+    # the crash loop counts every failure within start_limit_interval.
+    in_a_row = len([t for t in window if t >= ready_at])
+    delay = backoff_delay(spec.restart_sec, in_a_row, spec.restart_max_delay)
     return ExitPlan(
         verdict, ExitAction.RESTART_LATER, f"{reason}; restarting in {delay:g}s", window, delay
     )

@@ -18,7 +18,16 @@ from laned import policy, render, state, steps, watchers
 from laned.bus import BusKeeper
 from laned.errors import LanedError
 from laned.host import Host
-from laned.lanes import Desired, Event, EventKind, LaneState, LaneStatus, LastExit, phase_durations
+from laned.lanes import (
+    Desired,
+    Event,
+    EventKind,
+    LaneState,
+    LaneStatus,
+    LastExit,
+    Verdict,
+    phase_durations,
+)
 from laned.ledger import Ledger, Listener
 from laned.liveness import EngineSample, engine_summary
 from laned.metrics import Recorder
@@ -76,6 +85,10 @@ class Reactions(Outages, Serving):
         self._log_task: asyncio.Task[None] | None = None
         self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
         self._check_degraded: set[str] = set()  # degraded by a failed check, still serving
+        # The run of each lane whose failure is counted already, and what saw it: a run
+        # fails once, whichever path (its exit, health probes, a stall, a timeout) saw it first.
+        self._failed_run: dict[str, tuple[int, str]] = {}
+        self._ready_at: dict[str, float] = {}  # when each lane last became ready
         self._closing = False
 
     # --- reading ------------------------------------------------------------------------------
@@ -147,6 +160,7 @@ class Reactions(Outages, Serving):
         if facts is None:
             record = steps.read_exit_record(exit_record_path(self.config, lane))
             facts = policy.exit_facts(record, self._started_at.get(lane, 0), snap)
+        counted = self._counted(lane)
         plan = policy.plan_exit(
             spec,
             facts,
@@ -157,11 +171,22 @@ class Reactions(Outages, Serving):
             now=now,
             systemd_restarts=self.systemd_restarts,
             sub_state=snap.sub_state,
+            counted=counted,
+            ready_at=self._ready_at.get(lane, 0.0),
         )
-        status.last_exit = LastExit(facts.code, facts.signal, now, plan.verdict, facts.oom_killed)
+        why = plan.reason if plan.verdict is Verdict.FAILURE else ""
+        status.last_exit = LastExit(
+            facts.code, facts.signal, now, plan.verdict, facts.oom_killed, why
+        )
         self.recorder.exit(lane, facts.code, facts.signal, plan.verdict.value)
         self._stop_follow(lane)
+        if plan.verdict is Verdict.FAILURE and counted is None:
+            self._failed_run[lane] = (self._runs.get(lane, 0), "its exit")
+            self.recorder.failure(lane, "exit")
         if plan.action is ExitAction.OWN_STOP:
+            if plan.verdict is Verdict.FAILURE:
+                status.failures[:] = plan.failures
+                self.ledger.note(lane, EventKind.EXIT, plan.reason)
             self.writer.mark()
             return  # laned's own stop: the operation makes the transition
         if plan.action is ExitAction.STOPPED_OUTSIDE:
@@ -183,6 +208,25 @@ class Reactions(Outages, Serving):
             self.ledger.transition(lane, LaneState.FAILED, plan.reason)
             if plan.action is ExitAction.CRASH_LOOP:
                 self.ledger.fail_waiters(lane, plan.reason)
+
+    def _counted(self, lane: str) -> str | None:
+        """What counted the current run's failure already (None: not counted yet)."""
+        run, seen_by = self._failed_run.get(lane, (-1, ""))
+        return seen_by if run == self._runs.get(lane, 0) else None
+
+    def _count_failure(self, lane: str, seen_by: str, what: str) -> policy.Counted | None:
+        """Count the current run's failure, seen first by a path other than its exit
+        (`seen_by`: health, stalled, start-timeout, memory-guard; `what` it saw); None when
+        it was counted already."""
+        if self._counted(lane) is not None:
+            return None
+        status = self.statuses[lane]
+        counted = policy.count_failure(self.config.lanes[lane], status.failures, self.clock(), what)
+        status.failures[:] = counted.failures
+        self._failed_run[lane] = (self._runs.get(lane, 0), what)
+        self.recorder.failure(lane, seen_by)
+        self.writer.mark()
+        return counted
 
     async def _stopped_outside(self, lane: str, what: str) -> None:
         """A stop laned did not ask for: an operator's, unless the whole manager is going down."""
@@ -253,12 +297,17 @@ class Reactions(Outages, Serving):
             s = seen.sample
             reason = f"stalled: {s.running:g} running, {s.waiting:g} waiting and no token for {seen.after:g}s"
             self._degrade(lane, reason, RestartKind.STALLED)
-        elif isinstance(seen, watchers.StartTimedOut):
-            self._spawn(
-                self._give_up(lane, run, f"start-timeout: not ready within {seen.after:g}s")
-            )
-        elif isinstance(seen, watchers.MemoryLow):
-            reason = f"memory-guard: MemAvailable {seen.available_gib:.1f} GiB below the floor"
+        elif isinstance(seen, (watchers.StartTimedOut, watchers.MemoryLow)):
+            if isinstance(seen, watchers.StartTimedOut):
+                seen_by, reason = (
+                    "start-timeout",
+                    f"start-timeout: not ready within {seen.after:g}s",
+                )
+            else:
+                seen_by = "memory-guard"
+                reason = f"memory-guard: MemAvailable {seen.available_gib:.1f} GiB below the floor"
+            # The run failed: its exit, which follows laned's stop, is this failure's end.
+            self._count_failure(lane, seen_by, reason)
             self._spawn(self._give_up(lane, run, reason))
         return False
 
@@ -273,7 +322,10 @@ class Reactions(Outages, Serving):
             status.last_phases = dict(phase_durations(status.phases, now))
         if image_id:
             status.image_id = image_id  # of a good start: a different one later is drift
-        status.failures.clear()
+        # The failures stay: an engine that dies after each good start is a crash loop too;
+        # they leave the window after start_limit_interval (or at the next activate). The
+        # backoff starts again from here.
+        self._ready_at[lane] = now
         self.ledger.transition(
             lane, LaneState.READY, "health 200 and /v1/models lists " + spec.served_model_name
         )
@@ -289,7 +341,13 @@ class Reactions(Outages, Serving):
         )
 
     def _degrade(self, lane: str, reason: str, kind: RestartKind) -> None:
+        """The engine stopped serving (failed probes, a stall): one failure of this run,
+        then a restart, or the end of a crash loop."""
         self.ledger.transition(lane, LaneState.DEGRADED, reason)
+        counted = self._count_failure(lane, kind.value, reason)
+        if counted is not None and counted.crash_loop:
+            self._spawn(self._give_up(lane, self._runs.get(lane, 0), counted.reason))
+            return
         self._restart(lane, reason, kind)
 
     def _phase_seen(self, unit: str, seen: Seen, at: float) -> None:

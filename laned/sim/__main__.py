@@ -235,8 +235,19 @@ async def serve(settings: Settings) -> int:
         return 0
     startup.api_server_lines(settings)
 
-    def exit_now(code: int) -> None:
+    closing: list[asyncio.Task[None]] = []
+
+    def exit_now(code: int, linger: float = 0.0) -> None:
         log("INFO", "launcher.py:1", "Shutting down FastAPI HTTP server.")
+        if linger > 0:
+            # A shutdown that hangs: the port and its connections close, the process stays,
+            # deaf to SIGTERM, for `linger` s (an API server whose engine-core teardown hangs).
+            closing.append(loop.create_task(server.close()))
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
+            loop.call_later(linger, exit_now, code)
+            return
         sys.stderr.flush()
         timeline.mark("exit")
         os._exit(code)

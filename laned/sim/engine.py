@@ -41,7 +41,7 @@ def _hog_memory() -> None:
 class Engine:
     """The simulated engine: state, routes, and faults."""
 
-    def __init__(self, settings: Settings, on_exit: Callable[[int], None]) -> None:
+    def __init__(self, settings: Settings, on_exit: Callable[[int, float], None]) -> None:
         self.settings = settings
         self.on_exit = on_exit
         self.metrics = Metrics(
@@ -152,8 +152,8 @@ class Engine:
             return error('expected {"kind": "exit"|"engine-dead"|"stall"|"crash"|"oom", ...}', 400)
         log("WARNING", "sim.py:1", f"fault injected: {json.dumps(body)}")
         if kind == "exit":
-            code = int(body.get("code", 1))
-            return Response(200, b'{"fault":"exit"}', after=lambda: self.on_exit(code))
+            code, linger = int(body.get("code", 1)), float(body.get("linger", 0))
+            return Response(200, b'{"fault":"exit"}', after=lambda: self.on_exit(code, linger))
         if kind == "crash":
             sig = int(body.get("signal", signal.SIGKILL))
 
@@ -208,7 +208,7 @@ class Engine:
     def _terminate(self) -> None:
         """terminate_if_errored: exit 0 once the engine is dead, unless told to stay up."""
         if self.dead and not self.settings.keep_alive_on_engine_death:
-            self.on_exit(0)
+            self.on_exit(0, 0.0)
 
     # --- completions -----------------------------------------------------------------
 

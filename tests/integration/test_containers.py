@@ -130,10 +130,14 @@ def test_an_exit_inside_the_container_is_a_failure_and_restarted(
             await sup.activate("c")
             async with httpx.AsyncClient() as client:
                 await client.post(f"http://127.0.0.1:{port}/sim/fault", json=fault)
+            # The probes may see the death before the exit arrives (podman's clean-up takes
+            # its time): the lane restarts at once, and its exit is recorded when it comes.
             await until(lambda: saw(sup, "c", LaneState.RESTARTING), 20, "the failure")
+            await until(lambda: sup.statuses["c"].last_exit is not None, 20, "the exit")
             last = sup.statuses["c"].last_exit
             assert last is not None
             assert (last.code, last.signal, last.verdict) == (code, sig, Verdict.FAILURE)
+            assert len(sup.statuses["c"].failures) == 1, "one death, one failure"
             await until(
                 lambda: (
                     sup.statuses["c"].state is LaneState.READY and sup.statuses["c"].restarts == 1

@@ -283,8 +283,12 @@ def test_a_stalled_engine_is_degraded_then_restarted(
             assert degraded.at - busy_since < 1.0 + 0.2 + 3.0
             await until(lambda: sup.statuses["a"].state is LaneState.READY, 30, "the restart")
             assert sup.statuses["a"].restarts == 1
-            assert sup.statuses["a"].last_exit is not None
-            assert sup.statuses["a"].last_exit.verdict is Verdict.REQUESTED  # laned's own stop
+            # laned stopped the wedged engine, which exited on request: the run failed all the
+            # same, once, and its exit says what saw the failure first.
+            last = sup.statuses["a"].last_exit
+            assert last is not None and last.verdict is Verdict.FAILURE
+            assert "seen first as stalled" in last.reason
+            assert len(sup.statuses["a"].failures) == 1
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 30)
 
     run(scenario())
@@ -305,8 +309,11 @@ def test_memory_guard_stops_the_lane_when_memavailable_stays_low(
             await until(lambda: sup.statuses["a"].state is LaneState.FAILED, 10, "the memory guard")
             assert sup.statuses["a"].reason.startswith("memory-guard: MemAvailable")
             assert harness.show(unit, "ActiveState")["ActiveState"] == "inactive"
-            assert sup.statuses["a"].last_exit is not None
-            assert sup.statuses["a"].last_exit.verdict is Verdict.REQUESTED
+            # laned's stop ended a run that had failed (the guard): a failure, counted once.
+            last = sup.statuses["a"].last_exit
+            assert last is not None and last.verdict is Verdict.FAILURE
+            assert "seen first as memory-guard" in last.reason
+            assert len(sup.statuses["a"].failures) == 1
             assert "a" not in sup._timers
 
     run(scenario())

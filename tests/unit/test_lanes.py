@@ -9,7 +9,7 @@ from laned import state
 from laned.lanes import Desired, Event, LaneState, LastExit, Verdict
 from laned.liveness import EngineSample, StallDetector
 from laned.phases import parse_phase
-from laned.policy import backoff_delay, decode_status, is_crash_loop, judge_exit
+from laned.policy import ExitFacts, backoff_delay, decode_status, is_crash_loop, judge_exit
 from laned.probes import parse_engine_metrics, read_api_key
 from laned.steps import read_exit_record
 from laned.systemd import unit_name_from_path
@@ -17,9 +17,14 @@ from laned.unit_state import UnitSnapshot
 
 
 def test_only_a_requested_stop_is_not_a_failure() -> None:
-    assert judge_exit(requested_by_laned=False, requested_by_systemd=False) is Verdict.FAILURE
-    assert judge_exit(requested_by_laned=True, requested_by_systemd=False) is Verdict.REQUESTED
-    assert judge_exit(requested_by_laned=False, requested_by_systemd=True) is Verdict.REQUESTED
+    unseen, stopped = ExitFacts(0, None, False, False), ExitFacts(0, None, True, False)
+    assert judge_exit(False, unseen) is Verdict.FAILURE
+    assert judge_exit(True, unseen) is Verdict.REQUESTED
+    assert judge_exit(False, stopped) is Verdict.REQUESTED
+    # Where the wrapper saw the exit, its order decides, whatever laned was doing.
+    own = ExitFacts(0, None, False, False, witnessed=True, late_stop=True)
+    assert judge_exit(True, own) is Verdict.FAILURE
+    assert judge_exit(True, ExitFacts(0, None, True, False, witnessed=True)) is Verdict.REQUESTED
 
 
 def test_status_decoding() -> None:

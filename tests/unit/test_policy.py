@@ -124,7 +124,7 @@ def test_a_start_behind_laneds_back_is_seen_only_when_laned_starts_nothing(
 def test_the_wrappers_record_of_this_run_wins_over_systemds_view() -> None:
     record = ExitRecord(status=137, requested=False, at=100.0, oom_killed=True)
     facts = policy.exit_facts(record, started_at=99.0, snap=FAILED)
-    assert facts == ExitFacts(None, 9, False, True)
+    assert facts == ExitFacts(None, 9, False, True, witnessed=True)
     assert "signal 9" in facts.describe() and "OOM" in facts.describe()
     # A record older than this run (by more than 2 s of clock skew) is an earlier run's.
     stale = policy.exit_facts(record, started_at=200.0, snap=FAILED)
@@ -138,6 +138,9 @@ def test_the_wrappers_record_of_this_run_wins_over_systemds_view() -> None:
 def test_parse_exit_record() -> None:
     assert policy.parse_exit_record("status=0 requested=1 at=12.5 oom=0\n") == ExitRecord(
         0, True, 12.5, False
+    )
+    assert policy.parse_exit_record("status=0 requested=0 late=1 at=12 oom=0\n") == ExitRecord(
+        0, False, 12.0, False, late=True
     )
     assert policy.parse_exit_record("status=x requested=1 at=1") is None
     assert policy.parse_exit_record("") is None
@@ -153,6 +156,8 @@ def plan(
     now: float = 1000.0,
     systemd_restarts: bool = False,
     sub_state: str = "failed",
+    counted: str | None = None,
+    ready_at: float = 0.0,
 ) -> policy.ExitPlan:
     return policy.plan_exit(
         SPEC,
@@ -164,6 +169,8 @@ def plan(
         now=now,
         systemd_restarts=systemd_restarts,
         sub_state=sub_state,
+        counted=counted,
+        ready_at=ready_at,
     )
 
 
@@ -183,6 +190,54 @@ def test_a_stop_somebody_asked_for_is_requested_and_nothing_else_is() -> None:
     dead = plan(STATUS_0)
     assert dead.verdict is Verdict.FAILURE and dead.action is ExitAction.RESTART_LATER
     assert "status 0" in dead.reason and dead.failures == (1000.0,)
+
+
+# The wrapper saw the engine exit 0 on its own; laned's stop (a restart after failed probes)
+# reached the wrapper only during its clean-up.
+OWN_EXIT_THEN_STOP = ExitFacts(0, None, False, False, witnessed=True, late_stop=True)
+STOP_THEN_EXIT = ExitFacts(0, None, True, False, witnessed=True)
+
+
+def test_an_exit_before_laneds_stop_is_the_engines_own_failure_and_counted() -> None:
+    got = plan(OWN_EXIT_THEN_STOP, laned=True, state=LaneState.RESTARTING, failures=(990.0,))
+    # The operation that stops the lane goes on; the failure is counted once, here.
+    assert (got.verdict, got.action) == (Verdict.FAILURE, ExitAction.OWN_STOP)
+    assert got.failures == (990.0, 1000.0)
+    assert "before laned's stop reached it" in got.reason and "only after it" in got.reason
+    assert plan(STOP_THEN_EXIT, laned=True).verdict is Verdict.REQUESTED
+
+
+@pytest.mark.parametrize("facts", [STATUS_0, STOPPED, OWN_EXIT_THEN_STOP, STOP_THEN_EXIT])
+def test_a_run_whose_failure_was_counted_fails_once(facts: ExitFacts) -> None:
+    # Health probes (or a stall, a start timeout) counted the run's failure and laned stopped
+    # it: its exit, however it looks, is that failure's end, never requested nor counted again.
+    got = plan(facts, laned=True, failures=(995.0,), counted="health: 3 consecutive probe failures")
+    assert (got.verdict, got.action, got.failures) == (
+        Verdict.FAILURE,
+        ExitAction.OWN_STOP,
+        (995.0,),
+    )
+    assert "seen first as health: 3 consecutive probe failures (counted once)" in got.reason
+
+
+def test_failures_counted_by_other_paths_make_a_crash_loop() -> None:
+    window: tuple[float, ...] = ()
+    for n in range(1, SPEC.start_limit_burst + 1):
+        counted = policy.count_failure(SPEC, window, 1000.0 + n, "health: 3 failures")
+        window = counted.failures
+        assert len(window) == n and counted.crash_loop is (n == SPEC.start_limit_burst)
+    assert counted.reason == "crash-loop: 3 failures within 1800s; last health: 3 failures"
+
+
+def test_good_runs_reset_the_backoff_but_not_the_crash_loop_window() -> None:
+    # Two failures, then a run that became ready at 998: the third failure is the first in a
+    # row (restart_sec), and the third within start_limit_interval (burst 3: crash loop).
+    after_good = plan(STATUS_0, failures=(990.0,), ready_at=998.0)
+    assert after_good.action is ExitAction.RESTART_LATER and after_good.delay == SPEC.restart_sec
+    in_a_row = plan(STATUS_0, failures=(990.0,))
+    assert in_a_row.delay == 2 * SPEC.restart_sec
+    loop = plan(STATUS_0, failures=(990.0, 995.0), ready_at=998.0)
+    assert loop.action is ExitAction.CRASH_LOOP
 
 
 def test_a_failure_of_a_lane_nobody_wants_is_failed_not_restarted() -> None:
@@ -208,6 +263,7 @@ def test_the_burst_ends_in_a_crash_loop_and_old_failures_are_forgotten() -> None
     code=st.integers(0, 255),
     laned=st.booleans(),
     systemd=st.booleans(),
+    witnessed=st.booleans(),
     state=st.sampled_from(ALL_STATES),
     desired=st.sampled_from(list(Desired)),
 )
@@ -216,12 +272,15 @@ def test_exit_plans_hold_their_invariants(
     code: int,
     laned: bool,
     systemd: bool,
+    witnessed: bool,
     state: LaneState,
     desired: Desired,
 ) -> None:
-    facts = ExitFacts(code, None, systemd, False)
+    facts = ExitFacts(code, None, systemd, False, witnessed=witnessed)
     got = plan(facts, laned=laned, state=state, desired=desired, failures=tuple(failures))
-    assert (got.verdict is Verdict.REQUESTED) is (laned or systemd)
+    assert (got.verdict is Verdict.REQUESTED) is (systemd or (laned and not witnessed))
+    if laned:
+        assert got.action is ExitAction.OWN_STOP  # laned's operation makes the transition
     if got.verdict is Verdict.FAILURE:
         assert got.failures[-1] == 1000.0
         assert all(1000.0 - t <= SPEC.start_limit_interval for t in got.failures)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import stat
 import subprocess
 from collections import Counter
@@ -17,7 +18,7 @@ from laned.config import load_config, parse_config
 from laned.names import DEFAULT_CACHE_ENV
 from laned.units import daemon_unit
 from laned.wrapper import engine_argv
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 
 GOLDEN = ROOT / "tests" / "golden"
 EXAMPLE = str(ROOT / "config" / "laned.example.toml")
@@ -193,6 +194,79 @@ def test_wrapper_records_podmans_oom_verdict_and_removes_the_container(
     assert "status=0 requested=0" in record and flag in record
     assert (tmp_path / "removed").exists(), "the wrapper must remove the container it ran"
     assert (tmp_path / ".cache/laned/lanes/dsv41").is_dir(), "the compile cache directory"
+
+
+def gated_podman(tmp: Path, run: str) -> Path:
+    """A `podman` whose `run` does `run` (shell) and whose `inspect` — the wrapper's
+    clean-up after the engine ended — says it began (`cleanup` file) and then waits for the
+    test's `go` file: a slow teardown, as on a cold machine, held open for as long as needed."""
+    fake = tmp / "fakebin"
+    fake.mkdir(exist_ok=True)
+    (fake / "podman").write_text(
+        "#!/bin/bash\n"
+        f"if [[ $1 == run ]]; then {run}; fi\n"
+        "if [[ $1 == inspect ]]; then\n"
+        f"  touch {tmp}/cleanup\n"
+        f"  for _ in $(seq 600); do [[ -e {tmp}/go ]] && break; sleep 0.05; done\n"
+        "  echo false\n"
+        "fi\n"
+        "exit 0\n"
+    )
+    (fake / "podman").chmod(0o755)
+    return fake
+
+
+def start_wrapper(example: object, tmp: Path, fake: Path) -> subprocess.Popen[str]:
+    script = tmp / "serve"
+    script.write_text(
+        golden_files(example)["dsv41-serve"]
+        .replace("record=/home/op", f"record={tmp}")
+        .replace("mkdir -p /home/op", f"mkdir -p {tmp}")
+    )
+    script.chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp), "VLLM_API_KEY": "k"}
+    return subprocess.Popen(
+        [str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_a_stop_during_the_clean_up_leaves_the_engines_own_exit_a_failure(
+    example: object, tmp_path: Path
+) -> None:
+    # The engine exits 0 on its own (vLLM's API server after its engine died); while the
+    # wrapper still inspects and removes the container, laned's stop arrives (a restart after
+    # failed probes). That stop came too late to be the cause: status 0 stays a failure.
+    wrapper = start_wrapper(example, tmp_path, gated_podman(tmp_path, "exit 0"))
+    try:
+        wait_until(lambda: (tmp_path / "cleanup").exists(), 20, "the clean-up to begin")
+        wrapper.send_signal(signal.SIGTERM)
+        (tmp_path / "go").touch()
+        _, err = wrapper.communicate(timeout=30)
+    finally:
+        wrapper.kill()
+    assert wrapper.returncode == 75, err
+    assert "exited on its own with status 0 before a stop arrived" in err
+    record = (tmp_path / ".local/state/laned/lanes/dsv41/last-exit").read_text()
+    assert record.startswith("status=0 requested=0 late=1 "), record
+
+
+def test_a_stop_while_the_engine_runs_is_requested_with_the_engines_status(
+    example: object, tmp_path: Path
+) -> None:
+    # The counterpart: the stop reaches a running engine, which exits of SIGTERM (143).
+    fake = gated_podman(tmp_path, f"touch {tmp_path}/running; exec sleep 60")
+    (tmp_path / "go").touch()
+    wrapper = start_wrapper(example, tmp_path, fake)
+    try:
+        wait_until(lambda: (tmp_path / "running").exists(), 20, "the engine to run")
+        wrapper.send_signal(signal.SIGTERM)
+        _, err = wrapper.communicate(timeout=30)
+    finally:
+        wrapper.kill()
+    assert wrapper.returncode == 0, err
+    assert "stopped on request (status 143)" in err
+    record = (tmp_path / ".local/state/laned/lanes/dsv41/last-exit").read_text()
+    assert record.startswith("status=143 requested=1 late=0 "), record
 
 
 def test_wrapper_refuses_to_start_without_the_key(example: object, tmp_path: Path) -> None:

@@ -348,18 +348,21 @@ def plan_exit(
     )
     what = facts.describe(command)
     own = stopping_by_laned or state in (LaneState.STOPPING, LaneState.RESTARTING)
-    if counted is not None:
-        reason = (
-            f"engine exited with {what}; the failure was seen first as {counted} (counted once)"
-        )
-        return ExitPlan(Verdict.FAILURE, ExitAction.OWN_STOP, reason, tuple(failures))
     verdict = judge_exit(stopping_by_laned, facts)
-    if verdict is Verdict.REQUESTED:
+    if counted is not None:
+        # Not counted again; with laned's stop under way, its operation goes on, else (that
+        # operation broke, e.g. on a lost bus) the exit is handled as any failure.
+        verdict = Verdict.FAILURE
+        seen_first = f"the failure was seen first as {counted} (counted once)"
+        window = tuple(recent(failures, now, spec.start_limit_interval))
+        failure = Counted(window, False, f"engine exited with {what}; {seen_first}")
+    elif verdict is Verdict.REQUESTED:
         action = ExitAction.OWN_STOP if own else ExitAction.STOPPED_OUTSIDE
         return ExitPlan(verdict, action, what, tuple(failures))
-    before = " before laned's stop reached it" if stopping_by_laned else ""
-    late = "; a stop arrived only after it" if facts.late_stop else ""
-    failure = count_failure(spec, failures, now, f"engine exited with {what}{before}{late}")
+    else:
+        before = " before laned's stop reached it" if stopping_by_laned else ""
+        late = "; a stop arrived only after it" if facts.late_stop else ""
+        failure = count_failure(spec, failures, now, f"engine exited with {what}{before}{late}")
     reason, window = f"{failure.reason} (failure)", failure.failures
     if stopping_by_laned:
         return ExitPlan(verdict, ExitAction.OWN_STOP, reason, window)

@@ -218,6 +218,14 @@ def test_a_run_whose_failure_was_counted_fails_once(facts: ExitFacts) -> None:
         (995.0,),
     )
     assert "seen first as health: 3 consecutive probe failures (counted once)" in got.reason
+    # laned's stop is no longer under way (its operation broke on a lost bus): the exit is
+    # handled as a failure, still not counted again.
+    alone = plan(facts, failures=(995.0,), counted="health: 3 consecutive probe failures")
+    assert (alone.verdict, alone.action, alone.failures) == (
+        Verdict.FAILURE,
+        ExitAction.RESTART_LATER,
+        (995.0,),
+    )
 
 
 def test_failures_counted_by_other_paths_make_a_crash_loop() -> None:

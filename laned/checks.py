@@ -169,9 +169,28 @@ def _check_text(base: str, lane: LaneConfig) -> Iterator[Problem]:
         yield Problem(
             f"{base}.health_path", f"{lane.health_path!r} is not a URL path", 'e.g. "/health"'
         )
-    for key in ("api_key_file", "model_dir"):
+    for key in ("secrets_file", "api_key_file", "model_dir"):
         if getattr(lane, key) is not None:
             yield from _check_path(f"{base}.{key}", getattr(lane, key))
+    for i, name in enumerate(lane.secrets):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            yield Problem(
+                f"{base}.secrets[{i}]",
+                f"{name!r} is not an environment variable name",
+                "use A-Z, 0-9 and _",
+            )
+    if lane.secrets and lane.secrets_path is None:
+        yield Problem(
+            f"{base}.secrets",
+            "names secrets, but the lane has no secrets_file to hold them",
+            f'set {base}.secrets_file = "~/.config/laned/{base.removeprefix("lanes.")}.env" (mode 0600, NAME=VALUE lines)',
+        )
+    if lane.secrets_file and lane.api_key_file:
+        yield Problem(
+            f"{base}.api_key_file",
+            "is the older name of secrets_file: the lane has one secrets file",
+            f"write VLLM_API_KEY=... in {lane.secrets_file} and remove api_key_file",
+        )
 
 
 def _check_gpus(base: str, lane: LaneConfig) -> Iterator[Problem]:

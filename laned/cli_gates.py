@@ -32,7 +32,7 @@ def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig
     config = load_config(config_path(args))
     spec = config.lane(args.lane)
     client = EngineClient(
-        f"http://127.0.0.1:{spec.port}", spec.served_model_name, read_api_key(spec.api_key_file)
+        f"http://127.0.0.1:{spec.port}", spec.served_model_name, read_api_key(spec.secrets_path)
     )
     return client, spec.checks, args.lane
 

@@ -21,7 +21,7 @@ EXAMPLES = {
 NEXT = {
     "seed-000": [
         "the model and recipe paths in each lane's container.volumes and command",
-        "each lane's api_key_file: a 0600 file with VLLM_API_KEY=...",
+        "each lane's secrets file (api_key_file / secrets_file): mode 0600, NAME=VALUE lines (VLLM_API_KEY=..., HF_TOKEN=...)",
         "the image names: build or pull them (laned preflight says which are missing)",
     ],
     "seed-001": [

@@ -11,6 +11,7 @@ from laned.errors import Problem, Severity
 from laned.model import LaneConfig
 from laned.names import container_name
 from laned.ranks import PLACEHOLDER
+from laned.secrecy import SECRET_FLAGS, looks_secret, secrets_file_line
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
@@ -21,25 +22,49 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 OWNED_FLAGS = {
     "--port": "port",
     "--served-model-name": "served_model_name",
-    "--api-key": "api_key_file",
 }
 
 
 def check_env(base: str, lane: LaneConfig) -> Iterator[Problem]:
-    for key, var in lane.env.items():
-        where = f"{base}.env.{key}"
-        if not ENV_NAME.match(key):
-            yield Problem(
-                where, f"{key!r} is not a valid environment variable name", "use A-Z, 0-9 and _"
-            )
-        if "\x00" in var.value:
-            yield Problem(where, "the value contains a NUL byte", "remove it")
-        if key == "VLLM_API_KEY":
-            yield Problem(
-                where,
-                "an API key must not be written into the config",
-                f"put VLLM_API_KEY=... in a 0600 file and set {base}.api_key_file to it",
-            )
+    tables = [(f"{base}.env", lane.env)]
+    tables += [(f"{base}.rank.{rank}.env", r.env) for rank, r in lane.rank.items()]
+    for table, env in tables:
+        for key, var in env.items():
+            where = f"{table}.{key}"
+            if not ENV_NAME.match(key):
+                yield Problem(
+                    where, f"{key!r} is not a valid environment variable name", "use A-Z, 0-9 and _"
+                )
+            if "\x00" in var.value:
+                yield Problem(where, "the value contains a NUL byte", "remove it")
+            if looks_secret(key) and var.secret is not False:
+                yield secret_in_config(base, lane, where, key)
+
+
+def secret_in_config(
+    base: str, lane: LaneConfig, where: str, name: str, flag: str | None = None
+) -> Problem:
+    """A secret written into the config: an error, since from there it reaches the wrapper
+    and an argv (/proc/PID/cmdline, readable by every local user) at every start. `flag`:
+    the engine flag that carried it (vLLM reads `name` from its environment instead)."""
+    file = lane.secrets_path or f"~/.config/laned/{base.removeprefix('lanes.')}.env"
+    key = f"{base}.{lane.secrets_key}"
+    where_file = f"{file} ({key})" if lane.secrets_path else f"{file}, set as {key}"
+    if flag is not None:
+        return Problem(
+            where,
+            f"{flag} puts a secret in the engine's argv",
+            f"remove it here and write the line {secrets_file_line(name)} in the lane's "
+            f"secrets file (mode 0600) {where_file}: vLLM reads {name} from its environment, "
+            "and laned passes it by name only",
+        )
+    return Problem(
+        where,
+        f"{name} looks like a secret: its value would be in the wrapper and in podman's argv",
+        f"move the line {secrets_file_line(name)} into the lane's secrets file (mode 0600) "
+        f"{where_file} and remove it here; laned passes it by name only. If it is no secret: "
+        f'{name} = {{ value = "...", secret = false }}',
+    )
 
 
 def _argv_sources(base: str, lane: LaneConfig) -> Iterator[tuple[str, str]]:
@@ -106,9 +131,10 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
             yield Problem(
                 where,
                 f"{flag} is set by laned from {base}.{key}",
-                f"remove it here; {base}.{key} is the single source of truth"
-                + (" and keeps the key out of every argv" if flag == "--api-key" else ""),
+                f"remove it here; {base}.{key} is the single source of truth",
             )
+        if flag in SECRET_FLAGS:
+            yield secret_in_config(base, lane, where, SECRET_FLAGS[flag], flag)
         if flag == "--override-generation-config" and lane.sampling is not None:
             yield Problem(
                 where,
@@ -249,11 +275,16 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Prob
             Severity.WARNING,
         )
     for flag, value in flags:
-        if flag in ("-e", "--env") and value and value.split("=", 1)[0] == "VLLM_API_KEY":
+        name, has_value, _ = (value or "").partition("=")
+        if flag in ("-e", "--env") and has_value and looks_secret(name):
+            yield secret_in_config(base, lane, pargs, name)
+        if flag == "--env-file":
             yield Problem(
                 pargs,
-                "the API key must not be passed in podman_args",
-                f"set {base}.api_key_file; laned passes the key by name only (-e VLLM_API_KEY)",
+                "--env-file hands podman a file laned does not check (mode, names)",
+                f"put its lines in the lane's secrets file ({base}.secrets_file, mode 0600): "
+                "laned passes each name to the container by name only",
+                Severity.WARNING,
             )
         if flag in ("--name", "--rm"):
             yield Problem(

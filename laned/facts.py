@@ -50,11 +50,13 @@ class HostFacts:
 
 @dataclass(frozen=True)
 class KeyFile:
-    """The API key file as found: does it exist, its mode, does it define VLLM_API_KEY."""
+    """The lane's secrets file as found: does it exist, its mode, the names it defines (never
+    a value), and why it cannot be read as NAME=VALUE lines."""
 
     exists: bool
     mode: int = 0
-    defines_key: bool = False
+    names: tuple[str, ...] = ()
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from laned import proc
+from laned import proc, secrecy
 from laned.errors import CommandFailed, LaneError, PodmanError
 from laned.facts import Finding, HostFacts, KeyFile, LaneFacts
 from laned.gpus import GIB, GateResult, Nvml, wait_released
@@ -25,7 +25,6 @@ from laned.model import Config, LaneConfig, gpu_indices
 from laned.names import container_name
 from laned.podman import Podman
 from laned.preflight import evaluate, generation_config_path, model_path, paths_to_check
-from laned.probes import read_api_key
 
 
 def meminfo() -> dict[str, float]:
@@ -83,12 +82,18 @@ def read_generation_config(directory: str | None) -> dict[str, Any] | None:
 
 
 def key_file(path: str) -> KeyFile:
-    """The API key file as found."""
+    """The lane's secrets file as found (names only: its values stay in it)."""
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
         return KeyFile(exists=False)
-    return KeyFile(exists=True, mode=mode, defines_key=read_api_key(path) is not None)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            names = tuple(secrecy.names_in(handle.read()))
+    except (OSError, UnicodeDecodeError, secrecy.SecretsFileError) as exc:
+        why = str(exc) if isinstance(exc, secrecy.SecretsFileError) else type(exc).__name__
+        return KeyFile(exists=True, mode=mode, unreadable=why)
+    return KeyFile(exists=True, mode=mode, names=names)
 
 
 def engine_host(spec: LaneConfig) -> str:
@@ -155,7 +160,7 @@ class Host:
             disk_total_gib=await asyncio.to_thread(
                 disk_total_gib, model or config.daemon.state_dir
             ),
-            key_file=key_file(spec.api_key_file) if spec.api_key_file else None,
+            key_file=key_file(spec.secrets_path) if spec.secrets_path else None,
             port_busy=await asyncio.to_thread(port_busy, spec.port, engine_host(spec)),
             port_peer=port_peer,
             command_found=command_found,

@@ -7,7 +7,9 @@ from __future__ import annotations
 from laned import toml_text as t
 from laned.run_options import Imported
 
-TOP_KEYS = ("description", "port", "served_model_name", "aliases", "api_key_file", "needs")
+TOP_KEYS = (
+    "description", "port", "served_model_name", "aliases", "secrets_file", "secrets", "needs",
+)  # fmt: skip
 CONTAINER_KEYS = (
     "image", "name", "entrypoint", "command", "devices", "network", "ipc", "security_opt",
     "volumes",

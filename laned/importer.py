@@ -10,10 +10,12 @@ is translated, each change with a note that says what and why (docs/import.md):
 - `--shm-size` goes beside `--ipc host` (seed 000: the host's /dev/shm is used then);
 - `-p` is kept for the engine's port, dropped under `--network host`;
 - the engine's `--port` and `--served-model-name` become `port` and `served_model_name`;
-  an `--api-key` or `-e VLLM_API_KEY=` leaves the argv for `api_key_file`;
+  a secret (`--api-key`, `--hf-token`, `-e HF_TOKEN=...` or any name laned.secrecy calls
+  secret, `--env-file`) leaves the argv and the TOML for a line in the lane's
+  `secrets_file`, named, never with its value (a placeholder for it is never asked for);
 - an option given twice is kept once.
 
-Placeholders (`$VAR`, `${VAR}`) that differ per node (NODE_RANK, HEAD_IP, ...) are kept as
+Placeholders (`$VAR`, `${VAR}`, and `<name>` as recipes write one) that differ per node (NODE_RANK, HEAD_IP, ...) are kept as
 written and reported; others take their value from `--set NAME=VALUE`; any left is an error
 that names them all.
 """
@@ -23,8 +25,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from laned.cmdline import PLACEHOLDER, Word, command_at
-from laned.run_options import BadImport, Imported, api_key, comment_of, split_run, translate_options
+from laned.cmdline import CLOSE, OPEN, PLACEHOLDER, Word, command_at
+from laned.run_options import BadImport, Imported, comment_of, secret, split_run, translate_options
+from laned.secrecy import SECRET_FLAGS, looks_secret, secrets_file_line
 
 PER_NODE = ("NODE_RANK", "HEAD_IP", "NODE_IP", "MASTER_ADDR", "CX7_IF", "CX7_IB")
 VLLM_DEFAULT_PORT = 8000  # vllm/entrypoints/openai/cli_args.py: --port default
@@ -42,12 +45,22 @@ def import_run(
     """The lane that the one `docker run` / `podman run` in `text` describes; with `nodes`
     (host, laned URL) in rank order, a lane over those hosts, its per-node placeholders
     kept for laned to fill on each rank."""
-    words = _the_run(text)
+    given = [k for k in values if looks_secret(k)]
+    if given:
+        raise BadImport(
+            f"--set {given[0]}=... puts a secret on a command line (and in shell history)",
+            f"leave it out: laned import names {given[0]} as a line for the lane's secrets file "
+            "(mode 0600), where you write its value",
+        )
+    words = [_angles(w) for w in _the_run(text)]
     options, image, rest = split_run(words)
     resolve = _Resolver({k: v for k, v in values.items() if not nodes or k not in PER_NODE})
     out = Imported(name="")
     engine = [
-        resolve(
+        w.text  # a secret flag's value leaves the argv: its placeholder needs no value
+        if i
+        and (rest[i - 1].text in SECRET_FLAGS or rest[i - 1].text.split("=")[0] in SECRET_FLAGS)
+        else resolve(
             w,
             f"{rest[i - 1].shown()} {w.shown()}"
             if i and rest[i - 1].text.startswith("-")
@@ -58,8 +71,8 @@ def import_run(
     _engine(out, engine, rest)
     out.name = name or _lane_name(str(out.lane["served_model_name"]))
     translate_options(out, options, resolve, resolve.values)
-    if "api_key_file" in out.lane:
-        out.lane["api_key_file"] = f"~/.config/laned/{out.name}.env"
+    if out.secrets or out.secret_files:
+        _secrets_file(out)
     out.container = {"image": resolve(image, "the image"), **out.container}
     resolve.finish(out)
     _needs(out)
@@ -72,6 +85,35 @@ def import_run(
         **out.lane,
     }
     return out
+
+
+# `<name>` as recipes write a value to fill in (`-e HF_TOKEN=<secret>`, `-v <path>:/models`):
+# a whole word, or a part between `=`, `:` or `/`; `<|im_start|>` and prose are left alone.
+_ANGLE = re.compile(r"(?:(?<=^)|(?<=[=:/]))<([A-Za-z][A-Za-z0-9_-]*)>(?=$|[:/])")
+
+
+def _angles(word: Word) -> Word:
+    """A word with each `<name>` as a placeholder, like `${NAME}`."""
+    text = _ANGLE.sub(lambda m: f"{OPEN}{m.group(1).upper().replace('-', '_')}{CLOSE}", word.text)
+    return word if text == word.text else Word(text, word.line, word.comment)
+
+
+def _secrets_file(out: Imported) -> None:
+    """The lane's secrets file, named after the lane, and the lines to write in it."""
+    path = f"~/.config/laned/{out.name}.env"
+    out.lane["secrets_file"] = path
+    lines = [f"  {secrets_file_line(n)}    (the recipe's {how})" for n, how in out.secrets.items()]
+    lines += [f"  the lines of {f}    (the recipe's --env-file {f})" for f in out.secret_files]
+    out.notes["secrets_file"] = "\n".join(
+        [
+            "the recipe's secrets, out of every argv and out of this file: create it with",
+            f"`umask 077; $EDITOR {path}` and write, with your values:",
+            *lines,
+        ]
+    )
+    if out.secrets:
+        out.lane["secrets"] = list(out.secrets)
+        out.notes["secrets"] = "the names the secrets file must define (laned preflight checks)"
 
 
 _RUN = re.compile(
@@ -164,8 +206,8 @@ def _engine(out: Imported, engine: list[str], words: list[Word]) -> None:
             names.append(value)
         elif flag == "--port" and value is not None:
             port = value
-        elif flag == "--api-key":
-            api_key(out, "the engine's --api-key")
+        elif flag in SECRET_FLAGS:
+            secret(out, SECRET_FLAGS[flag], f"engine flag {flag}")
         else:
             kept.append((flag, value, why))
     out.args = kept

@@ -125,10 +125,12 @@ class Arg(_Model):
 
 
 class EnvVar(_Model):
-    """One environment variable for the engine, with the reason it is set."""
+    """One environment variable for the engine, with the reason it is set. `secret = false`:
+    a name that only looks secret (laned.secrecy) may carry its value in the config."""
 
     value: ArgText
     why: str | None = None
+    secret: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -299,7 +301,10 @@ class LaneConfig(_Model):
     proxy: ProxyConfig | None = None  # this lane's queue, instead of daemon.proxy
     on_demand: bool = False  # a request for its model at laned's OpenAI endpoint activates it
     drain_timeout: Duration = 120.0  # a stop waits this long for the endpoint's requests to end
-    api_key_file: str | None = None
+    # NAME=VALUE lines, mode 0600: each reaches the engine by name only (laned.secrecy).
+    secrets_file: str | None = None
+    secrets: tuple[str, ...] = ()  # the names the secrets file must define (never values)
+    api_key_file: str | None = None  # the older name of secrets_file: it must define VLLM_API_KEY
     start_timeout: Duration = 3600.0
     stop_timeout: Duration = 120.0
     restart_sec: Duration = 15.0
@@ -324,10 +329,27 @@ class LaneConfig(_Model):
     values: dict[str, ArgText] = Field(default_factory=dict)
     rank: dict[str, RankConfig] = Field(default_factory=dict)
 
-    @field_validator("api_key_file", "model_dir")
+    @field_validator("secrets_file", "api_key_file", "model_dir")
     @classmethod
     def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
         return _expand_path(value, info)
+
+    @property
+    def secrets_path(self) -> str | None:
+        """The lane's secrets file (`secrets_file`, or `api_key_file`, its older name)."""
+        return self.secrets_file or self.api_key_file
+
+    @property
+    def required_secrets(self) -> tuple[str, ...]:
+        """The names the secrets file must define: `secrets`, and VLLM_API_KEY for a file
+        named by `api_key_file`."""
+        legacy = ("VLLM_API_KEY",) if self.api_key_file and not self.secrets_file else ()
+        return tuple(dict.fromkeys((*legacy, *self.secrets)))
+
+    @property
+    def secrets_key(self) -> str:
+        """The config key that names the secrets file (for messages)."""
+        return "api_key_file" if self.api_key_file and not self.secrets_file else "secrets_file"
 
     def engine_args(self) -> list[str]:
         """The user's engine arguments as argv elements (without laned's own additions)."""

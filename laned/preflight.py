@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from laned.errors import Severity
-from laned.facts import Finding, LaneFacts, blocking, findings_json
+from laned.facts import Finding, KeyFile, LaneFacts, blocking, findings_json
 from laned.fit import fit
 from laned.model import LaneConfig
 
@@ -185,31 +185,58 @@ def _paths(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
 
 
 def _key(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
-    path, key = spec.api_key_file, facts.key_file
+    """The secrets file: there, 0600, NAME=VALUE lines; under its older name, api_key_file,
+    it must define VLLM_API_KEY. Findings name the file and the names, never a value."""
+    path, key = spec.secrets_path, facts.key_file
     if path is None or key is None:
         return
-    where = f"lanes.{lane}.api_key_file"
+    where = f"lanes.{lane}.{spec.secrets_key}"
     if not key.exists:
+        first = (
+            "VLLM_API_KEY=$(openssl rand -hex 32)"
+            if spec.secrets_key == "api_key_file"
+            else "NAME=VALUE"
+        )
         yield Finding(
             "api-key",
             Severity.ERROR,
             f"{where}: {path} does not exist",
-            f"create it: `umask 077; echo VLLM_API_KEY=$(openssl rand -hex 32) > {path}`",
+            f"create it: `umask 077; echo {first} > {path}` (one NAME=VALUE line per secret)",
         )
     elif key.mode & 0o077:
         yield Finding(
             "api-key",
             Severity.ERROR,
-            f"{where}: {path} is mode {key.mode:04o}: others can read the key",
+            f"{where}: {path} is mode {key.mode:04o}: others can read its secrets",
             f"chmod 600 {path}",
         )
-    elif not key.defines_key:
+    elif key.unreadable is not None:
         yield Finding(
             "api-key",
             Severity.ERROR,
-            f"{where}: {path} does not define VLLM_API_KEY",
-            f"add a line VLLM_API_KEY=... to {path}",
+            f"{where}: {path} cannot be read as NAME=VALUE lines: {key.unreadable}",
+            "one NAME=VALUE per line (no `export`); # starts a comment",
         )
+    elif missing := [n for n in spec.required_secrets if n not in key.names]:
+        yield Finding(
+            "api-key",
+            Severity.ERROR,
+            f"{where}: {path} does not define {', '.join(missing)}",
+            f"add a line {missing[0]}=... to {path}" + (" (one per name)" if missing[1:] else ""),
+        )
+    else:
+        yield from _secrets_beside_env(lane, spec, key)
+
+
+def _secrets_beside_env(lane: str, spec: LaneConfig, key: KeyFile) -> Iterator[Finding]:
+    for name in key.names:
+        if name in spec.env:
+            yield Finding(
+                "api-key",
+                Severity.WARNING,
+                f"lanes.{lane}.env.{name} is set in the config and in {spec.secrets_path}",
+                f"keep one: the secrets file for a secret (then remove lanes.{lane}.env.{name})",
+            )
 
 
 def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:

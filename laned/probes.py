@@ -13,6 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from laned.liveness import EngineSample
+from laned.secrecy import value_of
 
 ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long (uvicorn)
 # A pooled connection reused just as the engine closes it fails with ReadError although the
@@ -22,18 +23,15 @@ ENGINE_POOL = httpx.Limits(keepalive_expiry=ENGINE_KEEP_ALIVE / 2)
 
 
 def read_api_key(path: str | None) -> str | None:
-    """VLLM_API_KEY from a systemd environment file; None when unset or unreadable."""
+    """VLLM_API_KEY from a lane's secrets file (systemd's EnvironmentFile= format); None when
+    unset or unreadable."""
     if not path:
         return None
     try:
         with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                key, sep, value = line.strip().partition("=")
-                if sep and key.strip() == "VLLM_API_KEY":
-                    return value.strip().strip('"').strip("'") or None
-    except OSError:
+            return value_of(handle.read(), "VLLM_API_KEY")
+    except (OSError, UnicodeDecodeError):
         return None
-    return None
 
 
 class Probe:

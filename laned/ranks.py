@@ -53,7 +53,10 @@ def resolve(spec: LaneConfig, rank: int) -> LaneConfig:
             )
             for a in args
         ),
-        "env": {k: EnvVar(value=_fill(v.value, values), why=v.why) for k, v in env.items()},
+        "env": {
+            k: EnvVar(value=_fill(v.value, values), why=v.why, secret=v.secret)
+            for k, v in env.items()
+        },
     }
     if spec.container is not None:
         c = spec.container

@@ -10,7 +10,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from laned.cmdline import CommandLineError, Word, shown
+from laned.cmdline import PLACEHOLDER, CommandLineError, Word, shown
+from laned.secrecy import looks_secret
 
 BOOL_OPTIONS = {
     "--rm", "--privileged", "-d", "--detach", "-i", "--interactive", "-t", "--tty", "--init",
@@ -71,6 +72,10 @@ class Imported:
     podman_args: list[tuple[list[str], str]] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Secrets the recipe passes (name -> how it gave it): lines for the lane's secrets file,
+    # never their values; and env files it reads (their lines go there too).
+    secrets: dict[str, str] = field(default_factory=dict)
+    secret_files: list[str] = field(default_factory=list)
     per_node: dict[str, list[str]] = field(default_factory=dict)  # placeholder -> used by
     nodes: list[tuple[str, str]] = field(default_factory=list)  # (host, laned URL), by rank
     values: dict[str, str] = field(default_factory=dict)  # placeholders, every rank
@@ -117,12 +122,31 @@ def split_run(words: list[Word]) -> tuple[list[Option], Word, list[Word]]:
     raise BadImport("the command line names no image", "docker run [OPTIONS] IMAGE [ARGS]")
 
 
-def api_key(out: Imported, source: str) -> None:
-    out.lane["api_key_file"] = ""  # named after the lane, once it has its name
-    out.notes["api_key_file"] = (
-        f"{source}, moved out of every argv: write VLLM_API_KEY=<the key> in this file, mode 0600"
+def secret(out: Imported, name: str, source: str) -> None:
+    """A secret the recipe passes (`source`: how, placeholders as written, for the note):
+    a line for the lane's secrets file, out of every argv and of the TOML."""
+    out.secrets.setdefault(name, source)
+    out.changes.append(
+        f"{source} left the argv: {name} now comes from the lane's secrets file, by name only"
     )
-    out.changes.append(f"{source} left the argv: the key now comes from api_key_file")
+
+
+def secret_option(out: Imported, option: Option) -> bool:
+    """`-e NAME[=VALUE]` for a secret-looking NAME, or `--env-file F`: recorded for the secrets
+    file (its value, a placeholder or not, never resolved nor kept). True when it was one."""
+    if option.flag == "--env-file" and option.value is not None:
+        out.secret_files.append(shown(option.value))
+        out.changes.append(
+            f"--env-file {shown(option.value)} dropped: its lines go in the lane's secrets file"
+        )
+        return True
+    name, has_value, value = (option.value or "").partition("=")
+    if option.flag == "-e" and looks_secret(name):
+        # A placeholder is shown as written; a value never is.
+        given = shown(value) if PLACEHOLDER.fullmatch(value) else "(a value, not copied)"
+        secret(out, name, f"-e {name}={given}" if has_value else f"-e {name}")
+        return True
+    return False
 
 
 def translate_options(
@@ -153,6 +177,8 @@ def translate_options(
     network = next((o.value for o in kept if o.flag == "--network"), None)
     ipc = next((o.value for o in kept if o.flag == "--ipc"), None)
     for option in kept:
+        if secret_option(out, option):
+            continue
         value = None
         if option.value is not None:
             value = resolve(option.value, f"{option.flag} {shown(option.value)}")
@@ -229,9 +255,6 @@ def _volume(out: Imported, value: str, why: str) -> None:
 
 def _env(out: Imported, value: str, why: str) -> None:
     name, has_value, text = value.partition("=")
-    if name == "VLLM_API_KEY":
-        api_key(out, "-e VLLM_API_KEY")
-        return
     if not has_value:
         raise BadImport(
             f"-e {name} takes its value from the shell that runs docker",

@@ -184,7 +184,7 @@ async def run_checks(
     client = EngineClient(
         f"http://127.0.0.1:{spec.port}",
         spec.served_model_name,
-        read_api_key(spec.api_key_file),
+        read_api_key(spec.secrets_path),
         timeout=max(spec.checks.deadline, spec.checks.context_deadline) + 30,
     )
     try:

@@ -115,9 +115,9 @@ def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
         unit.append(("StartLimitIntervalSec", "0"))
     wrapper = wrapper_path(config, lane)
     service: list[tuple[str, str]] = [("Type", "simple"), ("Environment", "HOME=%h")]
-    if spec.api_key_file:
-        # The key reaches the wrapper's environment only; the wrapper passes it on by name.
-        service.append(("EnvironmentFile", escape_value(spec.api_key_file)))
+    if spec.secrets_path:
+        # The secrets reach the wrapper's environment only; it passes them on by name.
+        service.append(("EnvironmentFile", escape_value(spec.secrets_path)))
     if spec.container is not None:
         # A container left behind by a crash or a kill would make `podman run --name` fail.
         service.append(("ExecStartPre", exec_line([wrapper, "cleanup"])))

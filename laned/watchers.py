@@ -114,7 +114,7 @@ async def await_ready(
         return True
     started = time.monotonic()
     interval = spec.probe.start_interval_min
-    key = read_api_key(spec.api_key_file)
+    key = read_api_key(spec.secrets_path)
     planned = close_watch_from(expected)
     close_until, opened = 0.0, False
     while True:

@@ -34,6 +34,14 @@ UNREQUESTED_EXIT_STATUS = 75
 Line = tuple[str | None, list[str]]  # (why, argv words on one line)
 
 
+class Raw(str):
+    """An argv word the wrapper writes as it is (a bash expansion), not quoted."""
+
+
+# The container's `-e NAME` for each name in the lane's secrets file, found at run time.
+SECRET_ENV = Raw('"${secret_env[@]}"')
+
+
 def comment(text: str, indent: str = "") -> list[str]:
     """Comment lines for free text: every line prefixed, so no text can leave the comment."""
     return [f"{indent}# {line}".rstrip() for line in text.splitlines() or [""]]
@@ -44,8 +52,12 @@ def _lines_for(lines: Iterable[Line], indent: str = "  ") -> list[str]:
     for why, words in lines:
         if why:
             out += comment(why, indent)
-        out.append(indent + " ".join(shlex.quote(word) for word in words))
+        out.append(indent + " ".join(_word(word) for word in words))
     return out
+
+
+def _word(word: str) -> str:
+    return str(word) if isinstance(word, Raw) else shlex.quote(word)
 
 
 def engine_lines(config: Config, lane: str) -> list[Line]:
@@ -66,11 +78,12 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         lines += [(None, ["-v", v]) for v in c.volumes]
         lines += [(var.why, ["-e", f"{key}={var.value}"]) for key, var in spec.env.items()]
         lines += _cache_lines(config, lane)
-        if spec.api_key_file:
+        if spec.secrets_path:
             lines.append(
                 (
-                    f"the API key, by name only: its value comes from {spec.api_key_file}",
-                    ["-e", "VLLM_API_KEY"],
+                    f"the lane's secrets, by name only (-e NAME): their values come from "
+                    f"{spec.secrets_path}",
+                    [SECRET_ENV],
                 )
             )
         if c.podman_args:
@@ -127,9 +140,15 @@ def _cache_lines(config: Config, lane: str) -> list[Line]:
     return lines
 
 
-def engine_argv(config: Config, lane: str) -> list[str]:
-    """The engine's argv exactly as the wrapper runs it."""
-    return [word for _, words in engine_lines(config, lane) for word in words]
+def engine_argv(config: Config, lane: str, secret_names: Iterable[str] = ()) -> list[str]:
+    """The engine's argv exactly as the wrapper runs it, with the names its secrets file
+    defines at run time (`secret_names`)."""
+    secret_env = [part for name in secret_names for part in ("-e", name)]
+    argv: list[str] = []
+    for _, words in engine_lines(config, lane):
+        for word in words:
+            argv += secret_env if word is SECRET_ENV else [word]
+    return argv
 
 
 def render_wrapper(config: Config, lane: str) -> str:
@@ -158,9 +177,12 @@ def render_wrapper(config: Config, lane: str) -> str:
         "fi",
         "",
     ]
-    if spec.api_key_file:
-        message = f"is not set: define VLLM_API_KEY=... in {spec.api_key_file} (lanes.{lane}.api_key_file)"
-        out.append(': "${VLLM_API_KEY:?' + _braced(message) + '}"')
+    for secret in spec.required_secrets:
+        key = f"lanes.{lane}.{spec.secrets_key}"
+        message = f"is not set: define {secret}=... in {spec.secrets_path} ({key})"
+        out.append(f': "${{{secret}:?' + _braced(message) + '}"')
+    if spec.container is not None and spec.secrets_path:
+        out += _secret_names(spec.secrets_path, f"lanes.{lane}.{spec.secrets_key}")
     if spec.exec is not None:
         for key, var in spec.env.items():
             if var.why:
@@ -186,6 +208,36 @@ def render_wrapper(config: Config, lane: str) -> str:
         ]
     out += _supervise(exit_record_path(config, lane), ended)
     return "\n".join(out) + "\n"
+
+
+def _secret_names(path: str, key: str) -> list[str]:
+    """Bash that collects `-e NAME` for each name the secrets file defines (read as
+    laned.secrecy.names_in reads it: blank, # and ; lines skipped, continued values too)."""
+    return [
+        f"# The lane's secrets: systemd read {path} ({key}) into this environment.",
+        "# Each name in it reaches the container by name only (-e NAME): no value in an argv.",
+        f"secrets={shlex.quote(path)}",
+        "if [[ ! -r $secrets ]]; then",
+        "  echo "
+        + shlex.quote(f"laned: cannot read {path} ({key}): laned preflight LANE says why")
+        + " >&2",
+        "  exit 1",
+        "fi",
+        "secret_env=()",
+        "continued=0",
+        "while IFS= read -r line || [[ -n $line ]]; do",
+        '  line=${line#"${line%%[![:space:]]*}"}',
+        "  if (( continued )); then",
+        "    [[ $line == *\\\\ ]] || continued=0",
+        "    continue",
+        "  fi",
+        "  if [[ -z $line || $line == [#\\;]* ]]; then continue; fi",
+        "  [[ $line == *\\\\ ]] && continued=1",
+        "  name=${line%%=*}",
+        '  name=${name%"${name##*[![:space:]]}"}',
+        '  if [[ $line == *=* && $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then secret_env+=(-e "$name"); fi',
+        'done <"$secrets"',
+    ]
 
 
 def _braced(text: str) -> str:

@@ -22,7 +22,7 @@ from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
 
 # The harness's fixtures, for this directory too.
-harness, units = integration.harness, integration.units
+harness, units, sim_image = integration.harness, integration.units, integration.sim_image
 
 
 @pytest.fixture

@@ -12,10 +12,12 @@ from typing import Any
 
 import httpx
 
+from laned.config import load_config
+from laned.names import container_name
 from tests.helpers import ROOT, free_port, journal
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST
-from tests.reliability.conftest import figures
+from tests.reliability.conftest import figures, unit_property
 
 # Every endpoint, read and write, the way a client (or an attacker) would call it.
 CALLS = [
@@ -53,19 +55,54 @@ def process_args() -> list[str]:
     return out
 
 
-def test_no_secret_appears_anywhere(harness: Harness, daemon: Any, tmp_path: Path) -> None:
+def engine_environ(pid: int) -> str:
+    return Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n").decode()
+
+
+def test_no_secret_appears_anywhere(
+    harness: Harness, daemon: Any, tmp_path: Path, sim_image: str
+) -> None:
+    # Every secret a lane needs in one secrets file: the engine's API key and a hub token,
+    # for an exec lane (a) and a container lane (c). Each must reach its engine's
+    # environment, and nothing else: no argv, file, reply, journal line or log line.
     key, token = f"sk-SENTINEL-{uuid.uuid4().hex}", f"tok-SENTINEL-{uuid.uuid4().hex}"
-    key_file, token_file = tmp_path / "a.key", tmp_path / "token"
-    key_file.write_text(f"VLLM_API_KEY={key}\n")
+    hub = f"hf_SENTINEL{uuid.uuid4().hex}"
+    key_file, token_file = tmp_path / "a.env", tmp_path / "token"
+    key_file.write_text(f"# lane a and c\nVLLM_API_KEY={key}\nHF_TOKEN={hub}\n")
     token_file.write_text(token + "\n")
     for secret in (key_file, token_file):
         secret.chmod(0o600)
     auth = {"Authorization": f"Bearer {token}"}
+    secrets = f'secrets_file = "{key_file}"\nsecrets = ["VLLM_API_KEY", "HF_TOKEN"]\n'
+    container = (
+        FAST + secrets + 'group = "c"\nenv = { LANED_SIM_STARTUP = "0.3" }\n'
+        f'[lanes.c.container]\nimage = "{sim_image}"\nentrypoint = "vllm"\n'
+        'command = ["serve", "/models/c"]\nnetwork = "host"\n'
+    )
     serve = daemon(
-        {"a": FAST + f'api_key_file = "{key_file}"\n'},
+        {"a": FAST + secrets, "c": container},
         daemon_toml=f'default_lane = "a"\ntoken_file = "{token_file}"\ntoken_for_reads = true\n',
         headers=auth,
+        ports={"a": free_port(), "c": free_port()},
     )
+    started = httpx.post(
+        f"{serve.url}/lanes/c/activate", params={"wait": "true"}, headers=auth, timeout=90
+    )
+    assert started.status_code == 200, started.text
+    # In each engine's environment, by name.
+    view = httpx.get(f"{serve.url}/lanes/a", headers=auth, timeout=10).json()
+    (unit_a,) = [u for u in serve.units if u.startswith(view["unit"].removesuffix(".service"))]
+    wrapper = int(unit_property(harness, "MainPID", unit_a))
+    (engine,) = [
+        int(p) for p in Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()
+    ]
+    assert f"HF_TOKEN={hub}" in engine_environ(engine) and f"VLLM_API_KEY={key}" in engine_environ(
+        engine
+    )
+    config = load_config(str(tmp_path / "laned.toml"), {"HOME": str(tmp_path)})
+    name = container_name("c", config.lanes["c"])
+    pid = int(harness.podman("inspect", "--format", "{{.State.Pid}}", name).stdout)
+    assert f"HF_TOKEN={hub}" in engine_environ(pid) and f"VLLM_API_KEY={key}" in engine_environ(pid)
     answered = replies(serve.url, auth)
     assert any(code == 200 for code, _ in answered[:11]), answered[:3]
     assert [c for c, _ in answered if c >= 500 and c not in (502, 504)] == [], answered
@@ -101,13 +138,10 @@ def test_no_secret_appears_anywhere(harness: Harness, daemon: Any, tmp_path: Pat
     places |= {str(p): p.read_text(errors="replace") for p in generated}
     places["laned's log"] = (tmp_path / "laned.log").read_text(errors="replace")
     places |= {f"journal of {u}": journal(u, 2000) for u in serve.units}
-    leaks = [where for where, text in places.items() if key in text or token in text]
+    places |= {"podman ps": harness.podman("ps", "-a", "--no-trunc").stdout}
+    leaks = [where for where, text in places.items() if key in text or token in text or hub in text]
     assert leaks == []
-    assert any(
-        "api_key_file" in t or "VLLM_API_KEY" in t
-        for w, t in places.items()
-        if w.endswith("-serve")
-    )
+    assert any('"${secret_env[@]}"' in t for w, t in places.items() if w.endswith("-serve"))
     figures("secrets", places_scanned=len(places), leaks=0, calls=len(answered + refused + rebound),
             refused_without_token=len(gated), wrong_host_refused=len(rebound))  # fmt: skip
 

@@ -30,6 +30,8 @@ CORE = {
     "laned.import_toml",
     "laned.toml_text",
     "laned.ranks",
+    "laned.secrecy",
+    "laned.engine_checks",
 }
 # The edges: they talk to systemd, podman, NVML, journald, engines, files, processes.
 ADAPTERS = {

@@ -134,6 +134,45 @@ def test_missing_and_wrong_types_name_the_key() -> None:
     assert any(path == "lanes.a.port" and "integer" in msg for path, msg in found)
 
 
+def test_a_secret_in_the_config_is_refused_with_the_file_to_move_it_to() -> None:
+    text = MINIMAL.replace(
+        'served_model_name = "m"',
+        'served_model_name = "m"\nsecrets_file = "~/.config/laned/a.env"\n'
+        'env = { HF_TOKEN = "hf_x", MAX_TOKENS_PER_SECRET_SANTA = { value = "3", secret = false } }',
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config(textwrap.dedent(text), "t.toml", ENV)
+    (only,) = [p for p in info.value.problems if p.severity is Severity.ERROR]
+    assert only.path == "lanes.a.env.HF_TOKEN"
+    assert "HF_TOKEN=<the value>" in only.hint and "/home/op/.config/laned/a.env" in only.hint
+    assert "hf_x" not in only.render(), "a refusal must not repeat the secret"
+    # Without a secrets file, the hint names the one to create and the key to set.
+    bare = MINIMAL.replace(
+        'served_model_name = "m"', 'served_model_name = "m"\nenv = { HF_TOKEN = "x" }'
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config(textwrap.dedent(bare), "t.toml", ENV)
+    assert "~/.config/laned/a.env, set as lanes.a.secrets_file" in info.value.problems[0].hint
+
+
+def test_env_file_in_podman_args_is_a_warning_naming_the_secrets_file() -> None:
+    config = parse_config(
+        textwrap.dedent(
+            """
+            [lanes.a]
+            port = 8001
+            served_model_name = "m"
+            [lanes.a.container]
+            image = "img"
+            podman_args = ["--env-file", "/x.env"]
+            """
+        ),
+        "t.toml",
+        ENV,
+    )
+    assert any("--env-file" in w.message and "secrets_file" in w.hint for w in config.warnings)
+
+
 @pytest.mark.parametrize(
     ("snippet", "path", "words"),
     [
@@ -147,9 +186,22 @@ def test_missing_and_wrong_types_name_the_key() -> None:
         (
             'args = [{flag = "--api-key", value = "k"}]',
             "lanes.a.args[0]",
-            "--api-key is set by laned",
+            "--api-key puts a secret in the engine's argv",
         ),
-        ('env = { VLLM_API_KEY = "k" }', "lanes.a.env.VLLM_API_KEY", "must not be written"),
+        (
+            'args = [{flag = "--hf-token", value = "k"}]',
+            "lanes.a.args[0]",
+            "--hf-token puts a secret in the engine's argv",
+        ),
+        ('env = { VLLM_API_KEY = "k" }', "lanes.a.env.VLLM_API_KEY", "looks like a secret"),
+        ('env = { HF_TOKEN = "hf_x" }', "lanes.a.env.HF_TOKEN", "looks like a secret"),
+        ('env = { DB_PASSWORD = "x" }', "lanes.a.env.DB_PASSWORD", "looks like a secret"),
+        (
+            'secrets_file = "/s.env"\napi_key_file = "/k.env"',
+            "lanes.a.api_key_file",
+            "older name of secrets_file",
+        ),
+        ('secrets_file = "relative.env"', "lanes.a.secrets_file", "not an absolute path"),
         ('env = { "BAD-NAME" = "1" }', "lanes.a.env.BAD-NAME", "not a valid environment"),
         ('description = "a\\nExecStartPre=/bin/evil"', "lanes.a.description", "control character"),
         ('description = "ends with \\\\"', "lanes.a.description", "backslash"),
@@ -179,7 +231,8 @@ def test_lane_rules(snippet: str, path: str, words: str) -> None:
     [
         ('ipc = "host"\npodman_args = ["--shm-size", "48g"]', "--shm-size together with ipc"),
         ('podman_args = ["--cap-add", "IPC_LOCK"]', "--cap-add IPC_LOCK with DSV41_ENGRAM_DISK=1"),
-        ('podman_args = ["-e", "VLLM_API_KEY=abc"]', "API key must not be passed"),
+        ('podman_args = ["-e", "VLLM_API_KEY=abc"]', "VLLM_API_KEY looks like a secret"),
+        ('podman_args = ["-e", "HUGGING_FACE_HUB_TOKEN=abc"]', "looks like a secret"),
         ('podman_args = ["--name", "x"]', "--name is set by laned"),
         ('volumes = ["models:/models"]', "is not absolute"),
         ('volumes = ["/models"]', "SRC:DST"),

@@ -190,7 +190,9 @@ def test_placeholders_come_from_set_and_unknown_ones_are_named_at_once() -> None
         ("docker run -e 'A=b img serve /m", "quote is never closed"),
         ("echo hello", "no `docker run` / `podman run` command found"),
         ("docker run a serve /m\ndocker run b serve /m", "2 (lines 1, 2)"),
-        ("docker run -e HF_TOKEN img serve /m", "-e HF_TOKEN takes its value from the shell"),
+        ("docker run -e MODEL_DIR img serve /m", "-e MODEL_DIR takes its value from the shell"),
+        ("docker run -v <models>:/m img serve /m", "${MODELS}"),
+        ("docker run --set-me img serve /m --hf-token x", "name no model"),
         ("docker run --gpus device=x img serve /m", "cannot be translated"),
         ("docker run img --port eighty --model m", "is not a port number"),
         ("docker run img --max-model-len 8", "name no model"),
@@ -207,8 +209,50 @@ def test_api_keys_leave_every_argv_and_never_reach_the_output() -> None:
     text = run_import(line)
     assert "s3cret" not in text
     config, lane = lane_config(text)
-    assert config.lanes[lane].api_key_file == "/home/op/.config/laned/m.env"
+    spec = config.lanes[lane]
+    assert spec.secrets_file == "/home/op/.config/laned/m.env" and spec.api_key_file is None
+    assert spec.required_secrets == ("VLLM_API_KEY",)
     assert "--api-key" not in engine_argv(config, lane)
+
+
+RECIPES = ROOT / "tests" / "recipes"
+SECRET_RECIPES = {
+    "import-secrets-vllm-docker-page.toml": ("vllm-docker-page.txt", ["HUGGING_FACE_HUB_TOKEN"]),
+    "import-secrets-hf-token-from-shell.toml": (
+        "hf-token-from-shell.txt",
+        ["HF_TOKEN", "VLLM_API_KEY"],
+    ),
+    "import-secrets-literal-token.toml": ("literal-token.txt", ["VLLM_API_KEY", "HF_TOKEN"]),
+}
+
+
+@pytest.mark.parametrize(("golden", "case"), sorted(SECRET_RECIPES.items()))
+def test_recipes_that_pass_secrets_import_with_a_named_line_for_each(
+    golden: str, case: tuple[str, list[str]]
+) -> None:
+    recipe, names = case
+    text = render_import(import_run((RECIPES / recipe).read_text(), "t1"), recipe)
+    if os.environ.get("LANED_UPDATE_GOLDEN"):
+        (GOLDEN / golden).write_text(text)
+    assert (GOLDEN / golden).read_text() == text, (
+        f"{golden} differs (LANED_UPDATE_GOLDEN=1 rewrites)"
+    )
+    assert "SENTINEL" not in text, "a secret's value reached the imported TOML"
+    config, lane = lane_config(text)  # valid: parse_config raises on an error
+    spec = config.lanes[lane]
+    assert spec.secrets_file == "/home/op/.config/laned/t1.env"
+    assert list(spec.secrets) == names
+    assert all(f"{name}=<the value>" in text for name in names)
+    assert not (set(spec.env) & set(names)), "a secret stayed in env"
+    argv = engine_argv(config, lane, names)
+    assert [argv[i + 1] for i, w in enumerate(argv) if w == "-e" and argv[i + 1] in names] == names
+
+
+def test_a_secret_given_with_set_is_refused_with_the_file_to_use() -> None:
+    with pytest.raises(BadImport) as caught:
+        import_run((RECIPES / "hf-token-from-shell.txt").read_text(), values={"HF_TOKEN": "hf_x"})
+    assert "--set HF_TOKEN" in caught.value.message and "secrets file" in caught.value.hint
+    assert "hf_x" not in caught.value.message + caught.value.hint
 
 
 def test_docker_only_options_are_translated_each_with_a_note() -> None:

@@ -52,7 +52,7 @@ GOOD = LaneFacts(
     host=HOST,
     paths={"/srv/models/dsv41/weights": True, "/srv/models": True, "/srv/patches/site.py": True},
     disk_total_gib=4000,
-    key_file=KeyFile(True, 0o600, True),
+    key_file=KeyFile(True, 0o600, ("VLLM_API_KEY",)),
     image_id="sha256:aaa",
 )
 
@@ -85,8 +85,13 @@ def test_model_dir_is_found_through_the_bind_mounts() -> None:
         ),
         (replace(GOOD, paths={**GOOD.paths, "/srv/patches/site.py": False}), "paths", "volumes[1]"),
         (replace(GOOD, key_file=KeyFile(False)), "api-key", "does not exist"),
-        (replace(GOOD, key_file=KeyFile(True, 0o644, True)), "api-key", "chmod 600"),
-        (replace(GOOD, key_file=KeyFile(True, 0o600, False)), "api-key", "VLLM_API_KEY"),
+        (replace(GOOD, key_file=KeyFile(True, 0o644, ("VLLM_API_KEY",))), "api-key", "chmod 600"),
+        (replace(GOOD, key_file=KeyFile(True, 0o600, ("HF_TOKEN",))), "api-key", "VLLM_API_KEY"),
+        (
+            replace(GOOD, key_file=KeyFile(True, 0o600, unreadable="line 2 is not NAME=VALUE")),
+            "api-key",
+            "line 2",
+        ),
         (replace(GOOD, port_busy=True), "port", "SO_REUSEPORT"),
     ],
 )

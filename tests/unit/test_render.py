@@ -16,6 +16,7 @@ from laned import render
 from laned.cli import main
 from laned.config import load_config, parse_config
 from laned.names import DEFAULT_CACHE_ENV
+from laned.secrecy import names_in
 from laned.units import daemon_unit
 from laned.wrapper import engine_argv
 from tests.helpers import ROOT, wait_until
@@ -138,6 +139,21 @@ def test_daemon_unit_golden() -> None:
     assert (ROOT / "units" / "laned.service").read_text() == text
 
 
+def install_wrapper(wrapper: str, tmp: Path, secrets: dict[str, str]) -> Path:
+    """The wrapper as `serve` in tmp, its record and secrets file there too; the secrets file
+    holds `secrets` (systemd's EnvironmentFile=, which the test's env stands in for)."""
+    secrets_file = tmp / "dsv41.env"
+    secrets_file.write_text("".join(f"{k}={v}\n" for k, v in secrets.items()))
+    script = tmp / "serve"
+    script.write_text(
+        wrapper.replace("record=/home/op", f"record={tmp}")
+        .replace("mkdir -p /home/op", f"mkdir -p {tmp}")
+        .replace("secrets=/home/op/.config/laned/dsv41.env", f"secrets={secrets_file}")
+    )
+    script.chmod(0o755)
+    return script
+
+
 def run_wrapper(
     wrapper: str, tmp: Path, env_extra: dict[str, str], oom: str = "false"
 ) -> list[str]:
@@ -154,13 +170,7 @@ def run_wrapper(
         "exit 0\n"
     )
     (fake / "podman").chmod(0o755)
-    script = tmp / "serve"
-    script.write_text(
-        wrapper.replace("record=/home/op", f"record={tmp}").replace(
-            "mkdir -p /home/op", f"mkdir -p {tmp}"
-        )
-    )
-    script.chmod(0o755)
+    script = install_wrapper(wrapper, tmp, env_extra)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp), **env_extra}
     result = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=30)
     # podman "exited 0" on its own: the wrapper must report a failure (75), not success.
@@ -173,7 +183,7 @@ def test_wrapper_reproduces_the_seed_command_line(example: object, tmp_path: Pat
     wrapper = golden_files(example)["dsv41-serve"]
     argv = run_wrapper(wrapper, tmp_path, {"VLLM_API_KEY": "sk-secret-value"})
     assert not any("sk-secret-value" in word for word in argv), "the API key leaked into argv"
-    assert argv == engine_argv(example, "dsv41")  # type: ignore[arg-type]
+    assert argv == engine_argv(example, "dsv41", ["VLLM_API_KEY"])  # type: ignore[arg-type]
     seed = shlex.split(SEED_COMMAND.replace("\\\n", " "))
     got_options, got_head, got_engine = split_podman(argv)
     seed_options, seed_head, seed_engine = split_podman(seed)
@@ -217,13 +227,7 @@ def gated_podman(tmp: Path, run: str) -> Path:
 
 
 def start_wrapper(example: object, tmp: Path, fake: Path) -> subprocess.Popen[str]:
-    script = tmp / "serve"
-    script.write_text(
-        golden_files(example)["dsv41-serve"]
-        .replace("record=/home/op", f"record={tmp}")
-        .replace("mkdir -p /home/op", f"mkdir -p {tmp}")
-    )
-    script.chmod(0o755)
+    script = install_wrapper(golden_files(example)["dsv41-serve"], tmp, {"VLLM_API_KEY": "k"})
     env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp), "VLLM_API_KEY": "k"}
     return subprocess.Popen(
         [str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -267,6 +271,30 @@ def test_a_stop_while_the_engine_runs_is_requested_with_the_engines_status(
     assert "stopped on request (status 143)" in err
     record = (tmp_path / ".local/state/laned/lanes/dsv41/last-exit").read_text()
     assert record.startswith("status=143 requested=1 late=0 "), record
+
+
+def test_the_wrapper_passes_every_secret_by_name_only(example: object, tmp_path: Path) -> None:
+    # The names the wrapper finds at run time are the names laned.secrecy reads (comments,
+    # blank lines, a value continued onto the next line), each as -e NAME, no value in argv.
+    text = (
+        "# secrets of dsv41\nVLLM_API_KEY=sk-SENTINEL-1\n\n  HF_TOKEN = hf-SENTINEL-2\n"
+        "; note\nLONG=SENTINEL-3 \\\nNOT_A_NAME=SENTINEL-4\n"
+    )
+    wrapper = golden_files(example)["dsv41-serve"]
+    script = install_wrapper(wrapper, tmp_path, {})
+    (tmp_path / "dsv41.env").write_text(text)
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "podman").write_text(
+        f'#!/bin/bash\nif [[ $1 == run ]]; then printf "%s\\0" "$@" > {tmp_path}/argv; fi\nexit 0\n'
+    )
+    (fake / "podman").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "VLLM_API_KEY": "sk-SENTINEL-1"}
+    subprocess.run([str(script)], env=env, capture_output=True, timeout=30)
+    argv = (tmp_path / "argv").read_bytes().decode().split("\0")[:-1]
+    passed = [argv[i + 1] for i, word in enumerate(argv) if word == "-e" and "=" not in argv[i + 1]]
+    assert passed == names_in(text) == ["VLLM_API_KEY", "HF_TOKEN", "LONG"]
+    assert not [word for word in argv if "SENTINEL" in word]
 
 
 def test_wrapper_refuses_to_start_without_the_key(example: object, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from laned.lanes import EventKind, LaneState, Verdict
+from laned.lanes import EventKind, LaneState, LastExit, Verdict
 from laned.metrics import LanedMetrics
 from laned.supervisor import Supervisor
 from tests.helpers import free_port
@@ -147,37 +147,49 @@ def test_a_stop_during_a_slow_teardown_leaves_the_exit_a_failure_counted_once(
     run(scenario())
 
 
+async def dies_twice(sup: Supervisor, port: int, body: dict[str, Any]) -> LastExit:
+    """The engine of lane `a` dies (`body`: the fault) and is restarted, then dies again into
+    a crash loop (start_limit_burst = 2). The first death's exit, as laned recorded it."""
+    await fault(port, body)
+    await until(
+        lambda: sup.statuses["a"].state is LaneState.READY and sup.statuses["a"].restarts == 1,
+        30,
+        "the restart",
+    )
+    first = sup.statuses["a"].last_exit
+    assert first is not None and first.verdict is Verdict.FAILURE, first
+    await fault(port, body)
+    await ends_in_a_crash_loop(sup, "a", 2)
+    return first
+
+
+def lane_a_dies_twice(
+    harness: Harness, units: Units, tmp: Path, body: dict[str, Any]
+) -> tuple[LastExit, LanedMetrics]:
+    """Lane `a` (a simulator lane, start_limit_burst = 2) dies twice of the fault `body`:
+    its first death's exit and laned's metrics after the crash loop."""
+    port = free_port()
+    config = lane_config(harness, units, tmp, {"a": FAST + BURST}, port)
+
+    async def scenario() -> tuple[LastExit, LanedMetrics]:
+        async with supervising(harness, config) as sup:
+            sup.recorder = metrics = LanedMetrics()
+            await sup.activate("a")
+            return await dies_twice(sup, port, body), metrics
+
+    return run(scenario())
+
+
 def test_vllms_death_sequence_is_one_failure_per_death_and_ends_in_a_crash_loop(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
     # /health 503 while the API server waits for its watchdog, then exit 0 (vLLM #48966). The
     # probes (3 x 200 ms) usually see it first and laned's stop then reaches a live engine,
     # which exits on request; the watchdog's exit can come first. Either way: one failure.
-    port = free_port()
-    config = lane_config(harness, units, tmp_path, {"a": FAST + BURST}, port)
-
-    async def scenario() -> None:
-        async with supervising(harness, config) as sup:
-            sup.recorder = metrics = LanedMetrics()
-            await sup.activate("a")
-            await fault(port, {"kind": "engine-dead"})
-            await until(
-                lambda: (
-                    sup.statuses["a"].state is LaneState.READY and sup.statuses["a"].restarts == 1
-                ),
-                30,
-                "the restart",
-            )
-            last = sup.statuses["a"].last_exit
-            assert last is not None and last.verdict is Verdict.FAILURE, last
-            assert sum(failures(metrics, "a").values()) == 1
-            await fault(port, {"kind": "engine-dead"})
-            await ends_in_a_crash_loop(sup, "a", 2)
-            assert sum(failures(metrics, "a").values()) == 2
-            assert exits(metrics, "a", "0", "requested") == 0
-            assert exits(metrics, "a", "0", "failure") == 2
-
-    run(scenario())
+    _, metrics = lane_a_dies_twice(harness, units, tmp_path, {"kind": "engine-dead"})
+    assert sum(failures(metrics, "a").values()) == 2
+    assert exits(metrics, "a", "0", "requested") == 0
+    assert exits(metrics, "a", "0", "failure") == 2
 
 
 def test_an_engine_hung_in_shutdown_after_its_port_closed_fails_once(
@@ -186,31 +198,10 @@ def test_an_engine_hung_in_shutdown_after_its_port_closed_fails_once(
     # The port closes, the process hangs (deaf to SIGTERM) for 4 s and then exits 0. laned's
     # stop reaches a live engine, so the wrapper records a requested stop: the failure the
     # probes counted is what the exit is judged by.
-    port = free_port()
-    config = lane_config(harness, units, tmp_path, {"a": FAST + BURST}, port)
-
-    async def scenario() -> None:
-        async with supervising(harness, config) as sup:
-            sup.recorder = metrics = LanedMetrics()
-            await sup.activate("a")
-            for death in (1, 2):
-                await fault(port, {"kind": "exit", "code": 0, "linger": 4})
-                if death == 1:
-                    await until(
-                        lambda: (
-                            sup.statuses["a"].state is LaneState.READY
-                            and sup.statuses["a"].restarts == 1
-                        ),
-                        30,
-                        "the restart",
-                    )
-                    last = sup.statuses["a"].last_exit
-                    assert last is not None and last.verdict is Verdict.FAILURE, last
-                    assert "health: 3 consecutive probe failures" in last.reason
-            await ends_in_a_crash_loop(sup, "a", 2)
-            assert failures(metrics, "a") == {"health": 2.0}
-            assert exits(metrics, "a", "0", "failure") == 2
-            record = (tmp_path / "state" / "lanes" / "a" / "last-exit").read_text()
-            assert record.startswith("status=0 requested=1 late=0 "), record
-
-    run(scenario())
+    fault_ = {"kind": "exit", "code": 0, "linger": 4}
+    first, metrics = lane_a_dies_twice(harness, units, tmp_path, fault_)
+    assert "health: 3 consecutive probe failures" in first.reason
+    assert failures(metrics, "a") == {"health": 2.0}
+    assert exits(metrics, "a", "0", "failure") == 2
+    record = (tmp_path / "state" / "lanes" / "a" / "last-exit").read_text()
+    assert record.startswith("status=0 requested=1 late=0 "), record

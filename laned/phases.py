@@ -70,7 +70,8 @@ _TABLE: list[tuple[re.Pattern[str], Phase | None, str | None]] = [
         Phase.TORCH_COMPILE,
         None,
     ),
-    (re.compile(r"Available KV cache memory|GPU KV cache size"), Phase.PROFILING, None),
+    # "GPU KV cache size", "CPU KV cache size" (the CPU build): kv_cache_utils.py "%s KV cache size"
+    (re.compile(r"Available KV cache memory|\b[A-Z]+ KV cache size: "), Phase.PROFILING, None),
     (re.compile(r"DeepG[Ee][Mm][Mm]" + _BAR), Phase.DEEPGEMM, None),
     (re.compile(r"DeepG[Ee][Mm][Mm].*?(\d+)/(\d+)"), Phase.DEEPGEMM, None),
     (re.compile(r"DeepG[Ee][Mm][Mm]|deep_gemm"), Phase.DEEPGEMM, None),
@@ -106,10 +107,19 @@ def last_segment(line: str) -> str:
     return segments[-1] if segments else ""
 
 
+# Lines that list the engine's settings (every feature by name, on or off) say nothing of
+# where a start is: vLLM's config dump (vllm/v1/engine/core.py, "Initializing a V1 LLM engine
+# (v0.32.0) with config: ... enable_flashinfer_autotune=True ...") and the API server's
+# "non-default args: {...}" (vllm/entrypoints/serve/utils/api_utils.py).
+_SETTINGS = re.compile(r"LLM engine \(v[^)]*\) with config: |non-default args: ")
+
+
 def read_line(line: str) -> Seen | None:
     """What a vLLM log line says of the startup: a phase (with a percent and tqdm's elapsed
     time where a bar gives them), or a note (a compile cache hit, a skipped autotune)."""
     text = last_segment(line)
+    if _SETTINGS.search(text):
+        return None
     for pattern, phase, note in _TABLE:
         match = pattern.search(text)
         if not match:

@@ -31,10 +31,35 @@ Pause = Callable[[float], Awaitable[bool]]
 DEEPGEMM_SHAPES = ("[4096, 7168]", "[7168, 2048]", "[32, 4096, 7168]")
 
 
-def log(level: str, where: str, message: str) -> None:
-    """Write one line the way vLLM's logger does: `INFO 12-02 10:00:00 [file.py:12] message`."""
+# vLLM's processes prefix their lines with who wrote them (vllm/logger.py; seen in real vLLM
+# 0.32: `(APIServer pid=12733) INFO ...`, `(EngineCore pid=13401) ...`, `(Worker pid=14095)
+# ...`). The simulator is one process: every role carries its pid.
+API_SERVER, ENGINE_CORE, WORKER = "APIServer", "EngineCore", "Worker"
+
+
+def log(level: str, where: str, message: str, role: str = API_SERVER) -> None:
+    """Write one line the way vLLM's logger does:
+    `(APIServer pid=N) INFO 12-02 10:00:00 [file.py:12] message`."""
     stamp = time.strftime("%m-%d %H:%M:%S")
-    print(f"{level} {stamp} [{where}] {message}", file=sys.stderr, flush=True)
+    line = f"({role} pid={os.getpid()}) {level} {stamp} [{where}] {message}"
+    print(line, file=sys.stderr, flush=True)
+
+
+def config_dump(s: Settings) -> None:
+    """The engine's one-line config dump (vllm/v1/engine/core.py): every feature by name,
+    FlashInfer autotune and CUDA graphs included, whatever runs."""
+    log(
+        "INFO",
+        "core.py:133",
+        f"Initializing a V1 LLM engine (v0.32.0) with config: model={s.model!r}, "
+        f"tokenizer={s.model!r}, dtype=torch.bfloat16, max_seq_len={s.max_model_len}, "
+        f"enforce_eager={s.enforce_eager}, kernel_config=KernelConfig("
+        f"enable_flashinfer_autotune={s.flashinfer_autotune}, "
+        "enable_rocm_segmented_attn_autotune=False), "
+        "compilation_config={'mode': 3, 'cudagraph_mode': 'FULL_AND_PIECEWISE', "
+        "'use_inductor_graph_partition': False, 'deep_gemm_warmup': 'full'}",
+        ENGINE_CORE,
+    )
 
 
 def _clock(seconds: float) -> str:
@@ -78,7 +103,7 @@ def _cached(s: Settings) -> str | None:
 async def load_weights(s: Settings, pause: Pause) -> bool:
     """The weights, with vLLM's shard bar (none for loaders that print none)."""
     seconds = s.startup * 0.5
-    log("INFO", "model_runner.py:1", f"Starting to load model {s.model}...")
+    log("INFO", "model_runner.py:1", f"Starting to load model {s.model}...", WORKER)
     if s.load_format in ("fastsafetensors", "runai_streamer"):
         if not await pause(seconds):  # these loaders print no shard bar
             return False
@@ -100,8 +125,8 @@ async def load_weights(s: Settings, pause: Pause) -> bool:
                 log("ERROR", "core.py:700", "RuntimeError: simulated startup failure (LANED_SIM_FAIL_AT_START)")  # fmt: skip
                 sys.stderr.flush()
                 os._exit(s.fail_at_start)
-    log("INFO", "default_loader.py:262", f"Loading weights took {seconds:.2f} seconds")
-    log("INFO", "gpu_model_runner.py:1", f"Model loading took 42.17 GiB and {seconds:.2f} seconds")
+    log("INFO", "default_loader.py:262", f"Loading weights took {seconds:.2f} seconds", WORKER)
+    log("INFO", "gpu_model_runner.py:1", f"Model loading took 42.17 GiB and {seconds:.2f} seconds", WORKER)  # fmt: skip
     return True
 
 
@@ -112,24 +137,23 @@ async def torch_compile(s: Settings, pause: Pause) -> bool:
     marker = _cached(s)
     hit = marker is not None and os.path.exists(marker)
     seconds = s.startup * (0.02 if hit else 0.1)
-    log("INFO", "backends.py:1", f"Dynamo bytecode transform time: {seconds / 2:.2f} s")
+    log("INFO", "backends.py:1", f"Dynamo bytecode transform time: {seconds / 2:.2f} s", WORKER)
     if not await pause(seconds):
         return False
     shape = f"compile range (1, {s.max_num_batched_tokens})"
     if hit:
-        log("INFO", "backends.py:1", f"Directly load the compiled graph(s) for {shape} from the cache, took {seconds / 2:.3f} s")  # fmt: skip
+        log("INFO", "backends.py:1", f"Directly load the compiled graph(s) for {shape} from the cache, took {seconds / 2:.3f} s", WORKER)  # fmt: skip
     else:
-        log("INFO", "backends.py:1", f"Compiling a graph for {shape} takes {seconds / 2:.2f} s")
-    log("INFO", "monitor.py:34", f"torch.compile takes {seconds:.2f} s in total")
+        log("INFO", "backends.py:1", f"Compiling a graph for {shape} takes {seconds / 2:.2f} s", WORKER)  # fmt: skip
+    log("INFO", "monitor.py:34", f"torch.compile takes {seconds:.2f} s in total", WORKER)
     return True
 
 
 def profile(s: Settings) -> None:
     """The memory profile: what the KV cache gets."""
     kv_gib = s.kv_capacity * 2 / 1024**2
-    log("INFO", "gpu_worker.py:276", f"Available KV cache memory: {kv_gib:.2f} GiB")
-    log("INFO", "kv_cache_utils.py:1", f"GPU KV cache size: {s.kv_capacity:,} tokens")
-    log("INFO", "kv_cache_utils.py:1", f"Maximum concurrency for {s.max_model_len:,} tokens per request: {s.kv_capacity / s.max_model_len:.2f}x")  # fmt: skip
+    log("INFO", "gpu_worker.py:276", f"Available KV cache memory: {kv_gib:.2f} GiB", WORKER)
+    log("INFO", "kv_cache_utils.py:2327", f"GPU KV cache size: {s.kv_capacity:,} tokens, Maximum concurrency for {s.max_model_len:,} tokens per request: {s.kv_capacity / s.max_model_len:.2f}x", ENGINE_CORE)  # fmt: skip
 
 
 async def kernel_warmup(s: Settings, pause: Pause) -> bool:
@@ -144,14 +168,14 @@ async def kernel_warmup(s: Settings, pause: Pause) -> bool:
         if not await tqdm_bar(desc, 64, seconds, pause):
             return False
     if not s.flashinfer_autotune:
-        log("INFO", "kernel_warmup.py:1", "Skipping FlashInfer autotune because it is disabled.")
+        log("INFO", "kernel_warmup.py:1", "Skipping FlashInfer autotune because it is disabled.", WORKER)  # fmt: skip
     elif hit:
-        log("INFO", "kernel_warmup.py:1", f"Using FlashInfer autotune cache file: {s.cache_root}/flashinfer_autotune.json")  # fmt: skip
+        log("INFO", "kernel_warmup.py:1", f"Using FlashInfer autotune cache file: {s.cache_root}/flashinfer_autotune.json", WORKER)  # fmt: skip
     else:
-        log("INFO", "autotuner.py:1", "flashinfer.jit: [Autotuner]: Autotuning process starts")
+        log("INFO", "autotuner.py:1", "flashinfer.jit: [Autotuner]: Autotuning process starts", WORKER)  # fmt: skip
         if not await pause(s.jit * 0.6):
             return False
-        log("INFO", "autotuner.py:1", "flashinfer.jit: [Autotuner]: Autotuning process ends")
+        log("INFO", "autotuner.py:1", "flashinfer.jit: [Autotuner]: Autotuning process ends", WORKER)  # fmt: skip
     if marker and not hit:
         os.makedirs(os.path.dirname(marker), exist_ok=True)
         with open(marker, "w", encoding="utf-8") as handle:
@@ -167,7 +191,7 @@ async def cuda_graphs(s: Settings, pause: Pause) -> bool:
     desc = "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
     if not await tqdm_bar(desc, 10, seconds, pause):
         return False
-    log("INFO", "gpu_model_runner.py:1", f"Graph capturing finished in {seconds:.0f} secs, took 0.52 GiB")  # fmt: skip
+    log("INFO", "gpu_model_runner.py:1", f"Graph capturing finished in {seconds:.0f} secs, took 0.52 GiB", WORKER)  # fmt: skip
     return True
 
 
@@ -182,6 +206,7 @@ async def cold_start(s: Settings, stop: asyncio.Event) -> bool:
             return True
 
     started = time.monotonic()
+    config_dump(s)
     gpu.hold(s.hold_gpu_gib, s.gpu_linger)
     if not await load_weights(s, pause) or not await torch_compile(s, pause):
         return False
@@ -191,7 +216,7 @@ async def cold_start(s: Settings, stop: asyncio.Event) -> bool:
     if not await cuda_graphs(s, pause):
         return False
     took = time.monotonic() - started
-    log("INFO", "core.py:1", f"init engine (profile, create kv cache, warmup model) took {took:.2f} seconds")  # fmt: skip
+    log("INFO", "core.py:1", f"init engine (profile, create kv cache, warmup model) took {took:.2f} seconds", ENGINE_CORE)  # fmt: skip
     return True
 
 

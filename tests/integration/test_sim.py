@@ -450,6 +450,7 @@ def test_bad_arguments_are_refused_with_a_reason(start_sim: Any) -> None:
 NOT_PHASES = (
     "vLLM API server version",  # the banner
     "non-default args",  # the arguments
+    ") with config: ",  # the engine's config dump: every feature by name, none a phase
     "accepted vLLM flag",  # the simulator's own note on a flag it ignores
     "Using default chat sampling params",  # the generation config (checked elsewhere)
     "Maximum concurrency for",  # part of the memory profile, after its first line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from laned.phases import CACHE_HIT, Phase, Seen, add_mark, last_segment, parse_phase, read_line
+from tests.helpers import ROOT
 
 GRAPHS = "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
 
@@ -71,3 +72,24 @@ def test_a_bar_that_arrives_at_its_close_is_marked_where_it_began() -> None:
     ]
     # A redraw seen before the bar's first mark moves the mark back, never adds one.
     assert add_mark(marks, "capturing CUDA graphs", 230.0)[-1] == ("capturing CUDA graphs", 230.0)
+
+
+def test_real_vllm_0_32_cpu_startup_reads_as_its_phases_and_no_others() -> None:
+    # The whole startup of real vLLM (tests/golden/vllm-0.32-cpu-startup.log): its config
+    # dump names enable_flashinfer_autotune=True, which once showed as the autotune phase on
+    # a build that has no FlashInfer; the CPU build's KV-cache line says "CPU KV cache size".
+    log = (ROOT / "tests" / "golden" / "vllm-0.32-cpu-startup.log").read_text()
+    phases = []
+    for line in log.splitlines():
+        seen = None if line.startswith("#") else read_line(line)
+        if seen is not None and seen.phase is not None and seen.phase not in phases[-1:]:
+            phases.append(seen.phase)
+    assert phases == [
+        Phase.LOADING_MODEL.value,
+        Phase.LOADING_WEIGHTS.value,
+        Phase.WEIGHTS_LOADED.value,
+        Phase.PROFILING.value,
+        Phase.API_SERVER.value,
+        Phase.SERVING.value,
+    ]
+    assert any("enable_flashinfer_autotune=True" in line for line in log.splitlines())

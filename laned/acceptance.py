@@ -201,15 +201,18 @@ class Gates:
         asked = [
             {"role": "user", "content": "What is the capital of France? Answer in one sentence."}
         ]
-        return judge_chat(await self.client.chat(asked, max_tokens=512))
+        return judge_chat(
+            await self.client.chat(asked, max_tokens=await self.client.room(asked, 512))
+        )
 
     async def reasoning(self) -> Verdict:
         asked = [
             {"role": "user", "content": "What is 17 × 23? Think it through, then give the number."}
         ]
         kwargs = {"thinking": True, "enable_thinking": True}
+        room = await self.client.room(asked, 4096)  # vLLM refuses more than its window
         return judge_reasoning(
-            await self.client.chat(asked, max_tokens=4096, chat_template_kwargs=kwargs)
+            await self.client.chat(asked, max_tokens=room, chat_template_kwargs=kwargs)
         )
 
     async def tools(self) -> Verdict:
@@ -244,12 +247,17 @@ class Gates:
             f"{self.rng.choice('QXZKV')}{self.rng.randint(10, 99)}-{self.rng.randint(1000, 9999)}"
         )
         depth = round(self.rng.uniform(0.1, 0.9), 3)
-        filler = await self.client.filler(int(window * self.settings.context_fraction) - 64)
-        timed = await self.client.chat(
-            [{"role": "user", "content": buried_prompt(filler, code, depth)}],
-            max_tokens=48,
-            temperature=0,
-        )
+
+        def asked(filler: list[str]) -> list[dict[str, Any]]:
+            return [{"role": "user", "content": buried_prompt(filler, code, depth)}]
+
+        async def counted(messages: list[dict[str, Any]]) -> int | None:
+            return await self.client.count(messages=messages)
+
+        # As the engine's own tokenizer counts it, chat template included (vLLM's /tokenize).
+        target = min(int(window * self.settings.context_fraction), window - 48 - 1)
+        messages, _ = await self.client.fitted(asked, counted, target)
+        timed = await self.client.chat(messages, max_tokens=48, temperature=0)
         passed, measured, reason = judge_context(timed, code, window)
         return (
             passed,

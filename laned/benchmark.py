@@ -40,6 +40,11 @@ def decode_rate(
     return extra / elapsed if extra > 0 and elapsed > 0 else 0.0
 
 
+def cold_prompt(filler: list[str]) -> str:
+    """A prompt of filler sentences behind a prefix of its own: nothing of it is cached."""
+    return f"[{uuid.uuid4().hex}] " + "".join(filler)
+
+
 def context_sizes(window: int, wanted: Sequence[int], reply: int = LONG) -> list[int]:
     """The prompt sizes to measure: the wanted ones, capped so that prompt + reply fit the window."""
     cap = window - reply - 64
@@ -90,8 +95,7 @@ async def run_bench(
     longest: str | None = None
     for size in context_sizes(window, contexts):
         progress(f"prefill at {size} tokens...")
-        filler = await client.filler(size)
-        prompt = f"[{uuid.uuid4().hex}] " + "".join(filler)  # a cold prefix every time
+        prompt, _ = await client.fitted(cold_prompt, client.count_prompt, size)
         timed = await client.complete(prompt, 1)
         rate = timed.prompt_tokens / timed.seconds if timed.seconds > 0 else 0.0
         out["prefill_tok_s"][str(size)] = round(rate, 2)

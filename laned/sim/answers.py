@@ -254,3 +254,19 @@ def pieces(
         while len(out) <= limit:
             out += [("content", t) for t in filler[: limit + 1 - len(out)]]
     return out
+
+
+def tokenize(body: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+    """vLLM's /tokenize answer: a prompt's tokens, or a chat's with its template, counted as
+    a request of the same prompt counts them (KeyError/TypeError on a body without either)."""
+    if isinstance(body.get("messages"), list):
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        count = chat_prompt_tokens(body["messages"], tools)
+    else:
+        count = count_prompt_tokens(str(body["prompt"])) + 1
+    return {
+        "count": count,
+        "max_model_len": max_model_len,
+        "tokens": list(range(count)),
+        "token_strs": None,
+    }

@@ -77,6 +77,8 @@ class Engine:
             return self._fault(request)
         if route == ("GET", "/sim/state"):
             return Response.json(self._state())
+        if route == ("POST", "/tokenize"):
+            return self._tokenize(request)
         if request.path.startswith("/v1/"):
             denied = self._authorize(request)
             if denied is not None:
@@ -87,14 +89,8 @@ class Engine:
                 return await self._completion(request, chat=True)
             if route == ("POST", "/v1/completions"):
                 return await self._completion(request, chat=False)
-        if request.path in (
-            "/health",
-            "/version",
-            "/metrics",
-            "/v1/models",
-            "/v1/chat/completions",
-            "/v1/completions",
-        ):
+        known = ("/health", "/version", "/metrics", "/tokenize", "/v1/models", "/v1/completions")
+        if request.path in (*known, "/v1/chat/completions"):
             return Response.json({"detail": "Method Not Allowed"}, 405)
         return Response.json({"detail": "Not Found"}, 404)
 
@@ -141,6 +137,13 @@ class Engine:
             "running": self.metrics.running,
             "waiting": self.metrics.waiting,
         }
+
+    def _tokenize(self, request: Request) -> Response:
+        """vLLM's POST /tokenize (vllm/entrypoints/serve/tokenize/), outside /v1."""
+        try:
+            return Response.json(answers.tokenize(request.json(), self.settings.max_model_len))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return error("expected a JSON body with `prompt` or `messages`", 400)
 
     # --- faults ----------------------------------------------------------------------
 

@@ -14,8 +14,11 @@ so neither the test nor laned can tell that a request runs before the engine is 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -143,6 +146,29 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
         print(f'FIGURES real-vllm-decode {{"tokens": 1900, "seconds": {took:.2f}}}')
         assert view(serve.url)["state"] == "ready"
         assert not [e for e in events(serve.url, since) if e["to"] in ("degraded", "restarting")]
+
+    # laned check and laned bench run against it: a random model fails the answer gates,
+    # but every request is one the engine takes (sized by its own tokenizer, /tokenize, and
+    # its window, 2048), and each gate and figure reports.
+    def laned(*args: str) -> Any:
+        ran = subprocess.run([sys.executable, "-m", "laned", "--config", str(serve.path), *args],
+                             env=harness.env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert ran.stdout.strip(), ran.stderr
+        return json.loads(ran.stdout)
+
+    checked = laned("check", "v", "--json")
+    gates = checked["gates"]
+    assert set(gates) == {"load", "chat", "reasoning", "tools", "context", "speed"}, gates
+    # The one refusal allowed: the lane has no tool parser, and vLLM says so.
+    refused = [g["gate"] for g in gates.values() if "answered 4" in g["reason"]]
+    assert refused in ([], ["tools"]), gates
+    assert not refused or "--enable-auto-tool-choice" in gates["tools"]["reason"], gates
+    context = gates["context"]["measured"]
+    assert context["max_model_len"] == 2048 and 0.7 <= context["fill"] <= 0.85, context
+    benched = laned("bench", "v", "--json", "--concurrency", "1,2", "--contexts", "1000,1900")
+    assert set(benched["prefill_tok_s"]) and all(v > 0 for v in benched["prefill_tok_s"].values())
+    print(f"FIGURES real-vllm-check {json.dumps({k: g['passed'] for k, g in gates.items()})}")
+    print(f"FIGURES real-vllm-bench {json.dumps(benched['prefill_tok_s'])}")
 
     # vLLM's own death: EngineCore killed, the API server exits 0 a few seconds later.
     main = int(unit_property(harness, "MainPID", unit))

@@ -4,8 +4,9 @@ Timed, non-streaming requests with the usage the engine reports, and prompts siz
 number of *the engine's own* tokens: a probe request estimates how many tokens a filler
 sentence costs on this tokenizer, and vLLM's /tokenize counts the prompt as built (chat
 template included), so a prompt fills 85% of any model's window, never more, without knowing
-its tokenizer (a byte-level BPE does not cost the same per sentence at every length). Transport problems become EngineUnreachable; an error answer
-becomes EngineRefused with the engine's own message.
+its tokenizer (a byte-level BPE does not cost the same per sentence at every length).
+Transport problems become EngineUnreachable; an error answer becomes EngineRefused with the
+engine's own message.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from laned.cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, config_path
 from laned.cli_args import client as api_client
 from laned.cli_gates import cmd_bench, cmd_check
 from laned.cli_setup import cmd_completion, cmd_init, cmd_lanes
-from laned.errors import ApiUnavailable, ConfigError, LanedError, Severity
+from laned.errors import ApiUnavailable, ConfigError, LanedError, Problem, Severity
 
 if TYPE_CHECKING:
     from laned.model import Config
@@ -35,10 +35,51 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config = load_config(config_path(args))
     _print_warnings(config.source, config.warnings)
     warnings = [w for w in config.warnings if w.severity is Severity.WARNING]
+    if args.engine_flags:
+        flagged = _engine_flags(config, args.python)
+        _print_warnings(config.source, flagged)
+        warnings += [w for w in flagged if w.severity is Severity.WARNING]
     lanes = ", ".join(sorted(config.lanes)) or "none"
     suffix = f", {len(warnings)} warning(s)" if warnings else ""
     print(f"{config.source}: valid ({len(config.lanes)} lane(s): {lanes}{suffix})")
     return EXIT_OK
+
+
+def _engine_flags(config: Config, python: str | None) -> list[Problem]:
+    """Each vLLM lane's flags against its vLLM's own parser (read once per interpreter or
+    image); what could not be read is a warning too, never a reason to fail."""
+    from laned import engine_flags
+    from laned.engine_parser import read_flags
+
+    found: list[Problem] = []
+    known: dict[engine_flags.Source, engine_flags.KnownFlags | LanedError] = {}
+    for lane, spec in sorted(config.lanes.items()):
+        base = f"lanes.{lane}"
+        source = engine_flags.source_of(spec, python) if engine_flags.is_vllm(spec) else None
+        if source is None:
+            print(f"{base}: engine flags not checked: not a vLLM lane, or no Python to ask "
+                  "(give one: --python PATH)")  # fmt: skip
+            continue
+        if source not in known:
+            print(f"{base}: reading vLLM's flags from {source} ...", file=sys.stderr)
+            try:
+                known[source] = read_flags(source, config.daemon.podman)
+            except LanedError as exc:
+                known[source] = exc
+        flags = known[source]
+        if isinstance(flags, LanedError):
+            hint = "give an interpreter with vLLM: --python PATH" + (
+                f" (or `podman pull {source.image}`)" if source.image else ""
+            )
+            found.append(Problem(base, f"engine flags not checked: {flags.message}", hint,
+                                 Severity.WARNING))  # fmt: skip
+            continue
+        said = engine_flags.unknown_flags(config, lane, flags)
+        unknown = sum(p.severity is Severity.WARNING for p in said)
+        print(f"{base}: {unknown} unknown engine flag(s), {len(said) - unknown} note(s), for "
+              f"vLLM {flags.version} ({source})")  # fmt: skip
+        found += said
+    return found
 
 
 def cmd_render(args: argparse.Namespace) -> int:

@@ -27,11 +27,23 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="PATH", help="the laned.toml to use")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    sub.add_parser(
+    validate = sub.add_parser(
         "validate",
         help="check the config and report every problem",
         description="Check the config; print every error and warning with its key path. "
         "Exit 0 when it is valid, 2 when it is not.",
+    )
+    validate.add_argument(
+        "--engine-flags",
+        action="store_true",
+        help="also check each vLLM lane's flags against vLLM's own argument parser: in the "
+        "lane's Python (exec lanes) or image (podman, never pulled); unknown flags are "
+        "warnings, with the nearest known flag",
+    )
+    validate.add_argument(
+        "--python",
+        metavar="PATH",
+        help="with --engine-flags: the interpreter whose vLLM to ask, for every lane",
     )
     render = sub.add_parser(
         "render",

@@ -190,6 +190,7 @@ class ExitFacts:
     lost: bool = False  # its user manager went away (killed), and the engine with it
     witnessed: bool = False
     late_stop: bool = False
+    timed_out: bool = False  # systemd's Result=timeout: it killed what outlived stop_timeout
 
     def describe(self, command: str = "") -> str:
         """`status N` or `signal N`, with what it usually means and OOM where podman said so."""
@@ -197,6 +198,10 @@ class ExitFacts:
             return "no status known: the user manager that ran it went away, and the engine with it"
         what = f"signal {self.signal}" if self.signal is not None else f"status {self.code}"
         meaning = explain_exit(self.code, self.signal, command)
+        if self.timed_out and self.signal == 9:  # vLLM with a wedged EngineCore (docs/simulator.md)
+            meaning = (
+                "SIGKILL from systemd: not gone within stop_timeout of SIGTERM (Result=timeout)"
+            )
         what += f" ({meaning})" if meaning else ""
         return what + (", OOM-killed (podman: OOMKilled)" if self.oom_killed else "")
 
@@ -233,9 +238,10 @@ def exit_facts(record: ExitRecord | None, started_at: float, snap: UnitSnapshot)
             code, signal, record.requested, record.oom_killed, witnessed=True, late_stop=record.late
         )
     by_systemd = snap.result == "success"
+    timed_out = snap.result == "timeout"
     if snap.exec_main_code in (CLD_KILLED, CLD_DUMPED):
-        return ExitFacts(None, snap.exec_main_status, by_systemd, False)
-    return ExitFacts(snap.exec_main_status, None, by_systemd, False)
+        return ExitFacts(None, snap.exec_main_status, by_systemd, False, timed_out=timed_out)
+    return ExitFacts(snap.exec_main_status, None, by_systemd, False, timed_out=timed_out)
 
 
 # A run that a new user manager knows nothing of (the one that ran it was killed): a failure.

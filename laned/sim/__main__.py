@@ -263,14 +263,21 @@ async def serve(settings: Settings) -> int:
     await server.start(sock)
     timeline.mark("listen")
     await stop.wait()
-    print("INFO:     Shutting down", file=sys.stderr, flush=True)
-    if settings.shutdown_timeout > 0:
-        # --shutdown-timeout: new connections are refused, requests in flight may finish for
-        # up to that long; the default (0) aborts them at once.
-        server.stop_listening()
-        deadline = loop.time() + settings.shutdown_timeout
+    # vLLM 0.32's order (vllm/entrypoints/launchers/launcher.py, seen on the CPU build): the
+    # engine client stops first — with --shutdown-timeout N it drains requests in flight for
+    # up to N s while the port still listens and new requests fail (500); the default (0)
+    # aborts them — and only then does uvicorn shut down.
+    timeout = settings.shutdown_timeout
+    log("INFO", "launcher.py:254", "[shutdown] API server: shutdown triggered")
+    mode = "drain" if timeout > 0 else "abort"
+    log("INFO", "launcher.py:270", f"[shutdown] API server: stopping engine client mode={mode} timeout={timeout:g}s")  # fmt: skip
+    if timeout > 0:
+        engine.closing = True
+        deadline = loop.time() + timeout
         while engine.metrics.running + engine.metrics.waiting > 0 and loop.time() < deadline:
             await asyncio.sleep(0.05)
+    log("INFO", "launcher.py:282", "[shutdown] API server: signalling HTTP server shutdown")
+    print("INFO:     Shutting down", file=sys.stderr, flush=True)
     await server.close()
     if settings.shutdown > 0:
         # The port is closed; the engine itself takes a while to end (engine-core processes,

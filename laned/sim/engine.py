@@ -51,6 +51,7 @@ class Engine:
             legacy=settings.legacy_metrics,
         )
         self.dead = False
+        self.closing = False  # draining after SIGTERM: new requests fail (vLLM 0.32)
         self.stalled = False
         self.cached_blocks: set[str] = set()
         self.kv_tokens = 0
@@ -216,6 +217,10 @@ class Engine:
     # --- completions -----------------------------------------------------------------
 
     async def _completion(self, request: Request, chat: bool) -> Response:
+        if self.closing:
+            # Draining (--shutdown-timeout): vLLM 0.32 still listens, /health and /metrics
+            # answer 200, and a new request fails with this (seen on the CPU build).
+            return error("cannot schedule new futures after shutdown", 500, "InternalServerError")
         if self.dead:
             # A request that meets the dead engine ends the server at once (its exception
             # handler calls terminate_if_errored), after the answer.

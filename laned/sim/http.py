@@ -129,11 +129,6 @@ class Server:
         """Listen on a socket bound earlier (bind_socket) and serve."""
         self.server = await asyncio.start_server(self._serve, sock=sock)
 
-    def stop_listening(self) -> None:
-        """Refuse new connections; the open ones go on (a graceful shutdown's drain)."""
-        if self.server is not None:
-            self.server.close()
-
     async def close(self) -> None:
         """Stop listening and drop open connections."""
         if self.server is not None:

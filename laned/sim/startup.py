@@ -12,7 +12,7 @@ Sources (vLLM's own files, as of the versions laned runs):
   autotune: "Skipping FlashInfer autotune because it is disabled.", or its cache file);
 - CUDA graphs: `gpu_model_runner.py` (a default tqdm bar, redrawn with `\\r`, a newline only
   at its close, then "Graph capturing finished in N secs");
-- `vllm/v1/engine/core.py`: "init engine (profile, create kv cache, warmup model) took X seconds".
+- `vllm/v1/engine/core.py`: "init engine (profile, create kv cache, warmup model) took X s" (0.32; older: "X seconds").
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ async def cold_start(s: Settings, stop: asyncio.Event) -> bool:
     if not await cuda_graphs(s, pause):
         return False
     took = time.monotonic() - started
-    log("INFO", "core.py:1", f"init engine (profile, create kv cache, warmup model) took {took:.2f} seconds", ENGINE_CORE)  # fmt: skip
+    log("INFO", "core.py:1", f"init engine (profile, create kv cache, warmup model) took {took:.2f} s", ENGINE_CORE)  # fmt: skip
     return True
 
 

@@ -514,8 +514,9 @@ def test_startup_prints_as_vllm_does(start_sim: Any, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("drain", [True, False], ids=["shutdown-timeout", "default-aborts"])
 def test_shutdown_timeout_drains_requests_in_flight(start_sim: Any, drain: bool) -> None:
-    """--shutdown-timeout N: after SIGTERM new connections are refused and requests in flight
-    may finish for up to N s; without it they are cut at once."""
+    """--shutdown-timeout N: after SIGTERM requests in flight may finish for up to N s while
+    the port still listens, /health says 200 and a new request fails with 500, as real vLLM
+    0.32 did (docs/simulator.md); without it they are cut at once."""
     args = ("--shutdown-timeout", "10") if drain else ()
     sim = start_sim(*args, LANED_SIM_DECODE_TPS="20")
     with sim.client() as client, ThreadPoolExecutor(1) as pool:
@@ -527,7 +528,16 @@ def test_shutdown_timeout_drains_requests_in_flight(start_sim: Any, drain: bool)
         wait_until(lambda: metric(client, "vllm:generation_tokens_total") >= 5, 10, "decoding")
         sim.process.send_signal(signal.SIGTERM)
         if drain:
-            wait_until(lambda: not port_open(sim.port), 5, "new connections refused")
+            refused = wait_until(
+                lambda: (
+                    (r := client.post("/v1/completions", json={"prompt": "x"})).status_code == 500
+                    and r
+                ),
+                5,
+                "new requests refused while it drains",
+            )
+            assert refused.json()["error"]["type"] == "InternalServerError"
+            assert port_open(sim.port) and client.get("/health").status_code == 200
             assert running.result(timeout=15).json()["usage"]["completion_tokens"] == 40
         else:
             with pytest.raises(httpx.HTTPError):

@@ -32,6 +32,7 @@ CORE = {
     "laned.ranks",
     "laned.secrecy",
     "laned.engine_checks",
+    "laned.engine_flags",
 }
 # The edges: they talk to systemd, podman, NVML, journald, engines, files, processes.
 ADAPTERS = {
@@ -48,6 +49,7 @@ ADAPTERS = {
     "laned.steps",
     "laned.watchers",
     "laned.peers",
+    "laned.engine_parser",
 }
 IO_LIBRARIES = {"asyncio", "httpx", "dbus_fast", "podman", "pynvml", "subprocess", "socket"}
 MAX_LINES = 430  # "a few hundred" each; the simulator's engine is held to it too

@@ -133,6 +133,10 @@ def test_the_wrappers_record_of_this_run_wins_over_systemds_view() -> None:
     assert policy.exit_facts(None, 0, killed) == ExitFacts(None, 9, False, False)
     clean = UnitSnapshot("a.service", "inactive", "dead", "success", CLD_EXITED, 0)
     assert policy.exit_facts(None, 0, clean).requested_by_systemd is True
+    # Killed at TimeoutStopSec: no OOM guess, the timeout is named.
+    late = UnitSnapshot("a.service", "failed", "failed", "timeout", CLD_KILLED, 9)
+    said = policy.exit_facts(None, 0, late).describe()
+    assert "stop_timeout" in said and "OOM" not in said, said
 
 
 def test_parse_exit_record() -> None:

@@ -1,24 +1,24 @@
 """laned against real vLLM 0.32 (CPU build) with a tiny random model, through `laned serve`:
 its cold start as laned reports it, readiness, /sd, the /metrics laned reads, the sampling
 defaults laned passes, chat and streams through :9000/v1, a long decode under load that is
-not a stall, and vLLM's own death (EngineCore killed: the API server exits 0) taken for a
-failure and restarted.
+not a stall, `laned check` and `laned bench`, a wedged engine (EngineCore stopped under
+running requests) caught as stalled, vLLM's own death (EngineCore killed: the API server
+exits 0) taken for a failure, both restarted, and a stream that a swap drains, not cuts.
 
-One engine lane for the whole story: each start costs ~40 s on 2 cores, so the test starts
-it twice (the first start and one restart) and asserts at every step.
-
-Not here: a wedged engine (SIGSTOP of VLLM::EngineCore) seen as stalled. It passed here once
-and failed in a CI run: on 2 cores, while the CPU build decodes, its API server answers
-/metrics (and flushes a stream's first chunk) only as the decode ends (a scrape took 5.5 s),
-so neither the test nor laned can tell that a request runs before the engine is stopped."""
+One engine lane for the whole story (and a simulated lane to swap to): each start costs ~40 s
+on 2 cores, so the test starts it three times (the first start and two restarts) and asserts
+at every step.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from laned.phases import Phase
-from laned.probes import KV_USAGE, SUMMED
+from laned.probes import KV_USAGE, SUMMED, parse_engine_metrics
 from tests.helpers import free_port, journal, wait_until
+from tests.integration.lanes import FAST
 from tests.reliability.conftest import unit_property
 from tests.vllm.conftest import RealVllm
 
@@ -37,17 +38,20 @@ START = 240  # seconds a real vLLM start may take here (~40 s alone on 2 cores)
 
 
 def lane_toml(real: RealVllm) -> str:
+    """The lane, all of its processes on CPU 0 (taskset, VLLM_CPU_OMP_THREADS_BIND): given
+    both cores, EngineCore and its worker spin on them while it decodes and its API server
+    answers nothing until the batch ends (a scrape waited 13.8 s); on one core, 30 ms."""
     return (
         'start_timeout = "5m"\nrestart_sec = "1s"\n'
         'probe = { interval = "1s", stall_after = "2s", start_interval_max = "1s" }\n'
         "sampling = { temperature = 0.6 }\n"
         'args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]\n'
         "[lanes.v.exec]\n"
-        f'command = ["{real.python}", "-m", "vllm.entrypoints.openai.api_server", '
-        f'"--model", "{real.model}"]\n'
+        f'command = ["taskset", "-c", "0", "{real.python}", "-m", '
+        f'"vllm.entrypoints.openai.api_server", "--model", "{real.model}"]\n'
         "[lanes.v.env]\n"
         'HF_HUB_OFFLINE = "1"\nVLLM_NO_USAGE_STATS = "1"\nVLLM_HOST_IP = "127.0.0.1"\n'
-        'VLLM_CPU_KVCACHE_SPACE = "1"\n'
+        'VLLM_CPU_KVCACHE_SPACE = "1"\nVLLM_CPU_OMP_THREADS_BIND = "0"\n'
     )
 
 
@@ -64,11 +68,11 @@ def ready_again(url: str, restarts: int) -> dict[str, Any]:
     )
 
 
-def engine_core(main_pid: int) -> int:
-    """The pid of the lane's VLLM::EngineCore (a descendant of the unit's main process)."""
+def engine_core(main_pid: int, title: bytes = b"VLLM::EngineCore") -> int:
+    """The pid of the lane's VLLM::EngineCore, a descendant of the unit's main process."""
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if not (proc / "cmdline").read_bytes().startswith(b"VLLM::EngineCore"):
+            if not (proc / "cmdline").read_bytes().startswith(title):
                 continue
             pid = int(proc.name)
             while pid > 1:  # walk up to the unit's main process
@@ -78,7 +82,63 @@ def engine_core(main_pid: int) -> int:
                     return int(proc.name)
         except (OSError, ValueError, IndexError):
             continue
-    raise AssertionError(f"no VLLM::EngineCore under pid {main_pid}")
+    raise AssertionError(f"no {title.decode()} under pid {main_pid}")
+
+
+def engine_load(port: int) -> float:
+    """Requests running or waiting, from the engine's own /metrics."""
+    sample = parse_engine_metrics(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text)
+    return sample.running + sample.waiting
+
+
+def load(port: int, count: int) -> list[threading.Thread]:
+    """`count` long decodes sent to the engine itself; a restart cuts them (that is fine)."""
+    body = {"model": "v", "prompt": "Wedge", "max_tokens": 1900, "ignore_eos": True}
+
+    def post() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=600)
+
+    threads = [threading.Thread(target=post, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def stalled(url: str, since: float) -> bool:
+    return any(e["reason"].startswith("stalled: ") for e in events(url, since))
+
+
+def wedge(url: str, port: int, main: int) -> None:
+    """Stop VLLM::EngineCore (SIGSTOP) once its /metrics says requests run, until laned says
+    stalled. A batch that ends before the stop lands comes back whole, and laned (rightly)
+    sees nothing stalled: then the engine is let go and the step made again."""
+    core = engine_core(main)
+    for attempt in range(3):
+        since = time.time()
+        threads = load(port, 4)
+        wait_until(lambda: engine_load(port) >= 1, 60, "requests running on the engine")
+        os.kill(core, signal.SIGSTOP)
+        done = wait_until(
+            lambda since=since, threads=threads: (  # type: ignore[misc]
+                "stalled" if stalled(url, since) else
+                "ended" if not any(t.is_alive() for t in threads) else None
+            ),
+            60,
+            "laned to call the engine stalled, or the batch to end",
+            0.2,
+        )  # fmt: skip
+        if done == "stalled":
+            return
+        print(f"wedge attempt {attempt}: the batch ended before EngineCore stopped")
+        os.kill(core, signal.SIGCONT)
+    raise AssertionError("three batches ended before EngineCore could be stopped under them")
+
+
+def in_flight(url: str, lane: str) -> int:
+    """Requests laned's proxy has in flight to a lane."""
+    got = httpx.get(f"{url}/lanes/{lane}", timeout=10).json()
+    return int((got.get("proxy") or {}).get("in_flight", 0))
 
 
 def events(url: str, since: float) -> list[dict[str, Any]]:
@@ -91,8 +151,9 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
     daemon: Any, harness: Any, real_vllm: RealVllm
 ) -> None:
     port = free_port()
-    serve = daemon({"v": lane_toml(real_vllm)}, daemon_toml='default_lane = "v"\n', ready=0,
-                   ports={"v": port})  # fmt: skip
+    # v: real vLLM; w: a simulated lane on the same port (so the same group) to swap to.
+    serve = daemon({"v": lane_toml(real_vllm), "w": FAST}, daemon_toml='default_lane = "v"\n',
+                   ready=0, ports={"v": port, "w": port})  # fmt: skip
     first = ready_again(serve.url, 0)
     unit = first["unit"]
 
@@ -170,13 +231,51 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
     print(f"FIGURES real-vllm-check {json.dumps({k: g['passed'] for k, g in gates.items()})}")
     print(f"FIGURES real-vllm-bench {json.dumps(benched['prefill_tok_s'])}")
 
+    # A wedged engine: EngineCore stopped under running requests. The API server still
+    # answers /health; nothing moves, so laned calls it stalled (stall_after 2 s), restarts.
+    # Its stop meets the hung requests: uvicorn waits for their connections until systemd
+    # kills it at stop_timeout (20 s here), and the last exit says so.
+    main = int(unit_property(harness, "MainPID", unit))
+    wedge(serve.url, port, main)
+    again = ready_again(serve.url, 1)
+    assert again["last_exit"]["verdict"] == "failure", again["last_exit"]
+    assert "seen first as stalled: " in again["last_exit"]["reason"], again["last_exit"]
+    print(f"FIGURES real-vllm-wedged {json.dumps(again['last_exit']['reason'])}")
+
     # vLLM's own death: EngineCore killed, the API server exits 0 a few seconds later.
     main = int(unit_property(harness, "MainPID", unit))
     since = time.time()
     os.kill(engine_core(main), signal.SIGKILL)
-    again = ready_again(serve.url, 1)
+    again = ready_again(serve.url, 2)
     assert again["last_exit"]["verdict"] == "failure", again["last_exit"]
     assert again["last_exit"]["code"] == 0 or "health" in again["last_exit"]["reason"], again
     said = [e["reason"] for e in events(serve.url, since)]
     assert any("(failure)" in reason for reason in said), said
     assert int(unit_property(harness, "MainPID", unit)) != main
+
+    # A swap drains a stream on real vLLM: the stream ends whole, then v stops and w starts.
+    ended: list[dict[str, Any]] = []
+
+    def drained() -> None:
+        body = {"model": "v", "prompt": "Drain", "max_tokens": 1900, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        with httpx.stream("POST", f"{serve.url}/v1/completions", json=body, timeout=300) as got:
+            lines = [line for line in got.iter_lines() if line.startswith("data: ")]
+        ended.append({"last": lines[-1], "usage": json.loads(lines[-2][6:]).get("usage")})
+
+    reader = threading.Thread(target=drained)
+    reader.start()
+    wait_until(lambda: in_flight(serve.url, "v") >= 1, 60, "a stream in flight on v")
+    assert httpx.post(f"{serve.url}/lanes/w/activate", timeout=30).status_code == 202
+    wait_until(lambda: view(serve.url)["state"] == "stopping", 60, "v draining", 0.1)
+    reader.join(300)
+    assert ended and ended[0]["last"] == "data: [DONE]", ended
+    assert ended[0]["usage"]["completion_tokens"] == 1900, ended
+    wait_until(
+        lambda: (
+            view(serve.url)["state"] == "inactive"
+            and httpx.get(f"{serve.url}/lanes/w", timeout=10).json()["state"] == "ready"
+        ),
+        120,
+        "v stopped and w ready",
+    )

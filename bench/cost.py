@@ -37,9 +37,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, LanedServe, free_port, harness_env, sim_lane
-from laned import render
-from laned.config import parse_config
-from laned.probes import parse_engine_metrics
+from laned.adapters.probes import parse_engine_metrics
+from laned.config.load import parse_config
+from laned.render import plan as render
 from laned.sim.metrics import Metrics
 
 PROBE_INTERVAL = 5.0  # probe.interval's default: one scrape per interval per running lane

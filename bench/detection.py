@@ -33,13 +33,13 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import free_port, harness_env, pct, sim_lane
-from laned import render
-from laned.config import parse_config
-from laned.lanes import LaneState
-from laned.metrics import LanedMetrics
-from laned.probes import Probe
-from laned.supervisor import Supervisor
-from laned.systemd import Systemd
+from laned.adapters.probes import Probe
+from laned.adapters.systemd import Systemd
+from laned.api.metrics import LanedMetrics
+from laned.config.load import parse_config
+from laned.core.lanes import LaneState
+from laned.owner.supervisor import Supervisor
+from laned.render import plan as render
 
 FAULTS = {
     "exit 0": {"kind": "exit", "code": 0},

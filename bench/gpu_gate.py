@@ -2,7 +2,7 @@
 """The GPU-memory gate on a real GPU: does it see memory held, and how soon after the holder
 stops does it see it released? Also the gate's own cost (one NVML reading).
 
-A child process takes GIB GiB on GPU 0 with torch and writes to it; the gate (laned.gpus,
+A child process takes GIB GiB on GPU 0 with torch and writes to it; the gate (laned.adapters.gpus,
 the code laned runs) must see it held; the child is then stopped (SIGTERM, then SIGKILL in
 other rounds) and the gate polls until the memory is released. Needs torch and
 nvidia-ml-py; imports nothing else of laned's dependencies.
@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from laned.gpus import GIB, Nvml, held, wait_released
+from laned.adapters.gpus import Nvml, held, wait_released
+from laned.preflight.facts import GIB
 
 HOLDER = """
 import sys, time, torch

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from laned import state
-from laned.lanes import LaneState
-from laned.ledger import Ledger
+from laned.adapters import state
+from laned.core.lanes import LaneState
+from laned.owner.ledger import Ledger
 
 
 def filled(changed: object = lambda: None) -> Ledger:

@@ -53,9 +53,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, LanedServe, free_port, harness_env, pct, sim_lane
-from laned import render
-from laned.config import parse_config
-from laned.systemd import Systemd
+from laned.adapters.systemd import Systemd
+from laned.config.load import parse_config
+from laned.render import plan as render
 
 PROBE = 'probe = { start_interval_min = "5s", start_interval_max = "5s" }\n'
 IMAGE = "localhost/laned-sim:latest"

@@ -1,5 +1,5 @@
 """`python -m laned` is the CLI."""
 
-from laned.cli import main
+from laned.cli.main import main
 
 raise SystemExit(main())

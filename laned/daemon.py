@@ -19,21 +19,21 @@ from urllib.parse import urlsplit
 import uvicorn
 from fastapi import FastAPI
 
-from laned import render
+from laned.adapters.host import Host
+from laned.adapters.notify import keep_watchdog, notify
+from laned.adapters.podman import Podman
+from laned.adapters.probes import Probe
+from laned.adapters.systemd import Systemd
 from laned.api import ApiSettings, create_app
-from laned.checks import parse_listen
-from laned.coordinator import Coordinator
+from laned.api.front import Front
+from laned.api.metrics import LanedMetrics
+from laned.config.model import Config
+from laned.config.names import podman_socket
+from laned.config.rules import parse_listen
 from laned.errors import LanedError
-from laned.front import Front
-from laned.host import Host
-from laned.metrics import LanedMetrics
-from laned.model import Config
-from laned.names import podman_socket
-from laned.notify import keep_watchdog, notify
-from laned.podman import Podman
-from laned.probes import Probe
-from laned.supervisor import Supervisor
-from laned.systemd import Systemd
+from laned.owner.coordinator import Coordinator
+from laned.owner.supervisor import Supervisor
+from laned.render import plan as render
 
 log = logging.getLogger("laned")
 

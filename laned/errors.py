@@ -36,10 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from laned.facts import Finding
+from typing import Any
 
 
 class Severity(str, Enum):
@@ -68,6 +65,25 @@ class Problem:
         if self.hint:
             text += f"\n    hint: {self.hint}"
         return text
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One preflight result."""
+
+    check: str
+    severity: Severity
+    message: str
+    hint: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        """As served by the API."""
+        return {
+            "check": self.check,
+            "severity": self.severity.value,
+            "message": self.message,
+            "hint": self.hint,
+        }
 
 
 class LanedError(Exception):

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from laned.core.phases import read_line
+
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
@@ -89,3 +91,9 @@ def sim_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LANED_SIM_")}
     env.update(extra)
     return env
+
+
+def parse_phase(line: str) -> tuple[str, float | None] | None:
+    """The phase a line announces, with its percent (laned.core.phases.read_line)."""
+    seen = read_line(line)
+    return None if seen is None or seen.phase is None else (seen.phase, seen.progress)

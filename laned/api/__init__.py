@@ -1,8 +1,8 @@
 """The control API (FastAPI), served by `laned serve` on daemon.listen.
 
 Routers: `lanes` (the lanes' endpoints), `daemon` (health, fit, reload, metrics, service
-discovery, events), both over the front (`laned.front`), and `openai` (the OpenAI endpoint,
-`laned.proxy`); `guard` decides who may call;
+discovery, events), both over the front (`laned.api.front`), and `openai` (the OpenAI endpoint,
+`laned.api.proxy`); `guard` decides who may call;
 `errors` holds the one error envelope and the table from laned's errors to HTTP statuses.
 """
 
@@ -15,12 +15,12 @@ from fastapi import FastAPI
 
 from laned import __version__
 from laned.api import daemon, errors, lanes, openai
+from laned.api.front import Front
 from laned.api.guard import ApiSettings, Guard
-from laned.coordinator import Coordinator
-from laned.front import Front
-from laned.metrics import LanedMetrics
-from laned.proxy import Proxy
-from laned.supervisor import Supervisor
+from laned.api.metrics import LanedMetrics
+from laned.api.proxy import Proxy
+from laned.owner.coordinator import Coordinator
+from laned.owner.supervisor import Supervisor
 
 __all__ = ["ApiSettings", "create_app"]
 

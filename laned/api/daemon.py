@@ -13,10 +13,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
 from laned import __version__
+from laned.api.front import Front
+from laned.api.metrics import LanedMetrics
+from laned.core.lanes import Event
 from laned.errors import ConfigError, ConfigRefused
-from laned.front import Front
-from laned.lanes import Event
-from laned.metrics import LanedMetrics
 
 # One file shipped in the package: no build step, nothing fetched from elsewhere.
 PAGE = resources.files("laned.api").joinpath("static/status.html").read_text(encoding="utf-8")

@@ -9,9 +9,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from laned.api.errors import ApiError
-from laned.front import Front
-from laned.lanes import LaneStatus
-from laned.model import GATES
+from laned.api.front import Front
+from laned.config.model import GATES
+from laned.core.lanes import LaneStatus
 
 NO_DRAIN = "stop without draining the requests in flight through laned's OpenAI endpoint"
 

@@ -1,4 +1,4 @@
-"""laned's OpenAI endpoint (laned.proxy): GET /v1/models and every POST /v1/...."""
+"""laned's OpenAI endpoint (laned.api.proxy): GET /v1/models and every POST /v1/...."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from laned.proxy import Proxy
+from laned.api.proxy import Proxy
 
 
 def router(proxy: Proxy) -> APIRouter:

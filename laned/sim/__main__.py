@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from laned.durations import parse_count
+from laned.config.durations import parse_count
 from laned.errors import EngineError
 from laned.sim import generation, ranks, startup, timeline
 from laned.sim.engine import VERSION, Engine

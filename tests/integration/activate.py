@@ -7,11 +7,11 @@ import contextlib
 import os
 import sys
 
-from laned.config import load_config
+from laned.adapters.probes import Probe
+from laned.adapters.systemd import Systemd
+from laned.config.load import load_config
 from laned.errors import LanedError
-from laned.probes import Probe
-from laned.supervisor import Supervisor
-from laned.systemd import Systemd
+from laned.owner.supervisor import Supervisor
 
 
 async def main(lane: str) -> None:

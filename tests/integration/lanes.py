@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from laned import render
-from laned.config import Config, parse_config
+from laned.config.load import Config, parse_config
+from laned.render import plan as render
 from tests.integration.conftest import Harness, Units
 
 FAST = 'restart_sec = "200ms"\nprobe = { interval = "200ms", start_interval_min = "50ms", start_interval_max = "200ms" }\n'

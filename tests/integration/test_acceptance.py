@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from laned.config import GATES
+from laned.adapters.probes import parse_engine_metrics
+from laned.config.load import GATES
+from laned.core.lanes import EventKind, LaneState
 from laned.errors import LaneNotRunning
-from laned.lanes import EventKind, LaneState
-from laned.probes import parse_engine_metrics
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

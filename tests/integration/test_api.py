@@ -15,18 +15,18 @@ from typing import Any
 import httpx
 import pytest
 
+from laned.adapters.host import Host
+from laned.adapters.podman import Podman
+from laned.adapters.probes import Probe
+from laned.adapters.systemd import Systemd
 from laned.api import ApiSettings, create_app
-from laned.config import parse_config
+from laned.api.front import Front
+from laned.api.metrics import LanedMetrics
+from laned.config.load import parse_config
 from laned.daemon import api_server as http_server
 from laned.daemon import api_settings
 from laned.errors import LanedError
-from laned.front import Front
-from laned.host import Host
-from laned.metrics import LanedMetrics
-from laned.podman import Podman
-from laned.probes import Probe
-from laned.supervisor import Supervisor
-from laned.systemd import Systemd
+from laned.owner.supervisor import Supervisor
 from tests.helpers import ROOT, free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from laned.api import ApiSettings, create_app
-from laned.config import Config
+from laned.config.load import Config
+from laned.core.lanes import Desired, EventKind, LaneState, Verdict
 from laned.errors import ActivationFailed, PodmanUnavailable, PreflightFailed
-from laned.lanes import Desired, EventKind, LaneState, Verdict
-from laned.supervisor import Supervisor
+from laned.owner.supervisor import Supervisor
 from tests.helpers import ROOT, free_port, run
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

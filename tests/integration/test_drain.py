@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from laned.supervisor import Supervisor
+from laned.owner.supervisor import Supervisor
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from laned.lanes import EventKind, LaneState, LastExit, Verdict
-from laned.metrics import LanedMetrics
-from laned.supervisor import Supervisor
+from laned.api.metrics import LanedMetrics
+from laned.core.lanes import EventKind, LaneState, LastExit, Verdict
+from laned.owner.supervisor import Supervisor
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from laned.front import Front
-from laned.lanes import LaneState, Verdict
+from laned.api.front import Front
+from laned.core.lanes import LaneState, Verdict
 from tests.helpers import free_port, sim_env
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import lane_config

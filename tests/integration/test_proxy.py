@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from laned.probes import parse_engine_metrics
+from laned.adapters.probes import parse_engine_metrics
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

@@ -477,7 +477,7 @@ def startup_lines(log: str) -> list[str]:
 def test_laneds_phase_table_knows_every_startup_line(
     start_sim: Any, tmp_path: Path, args: tuple[str, ...], env: dict[str, str]
 ) -> None:
-    from laned.phases import last_segment, read_line
+    from laned.core.phases import last_segment, read_line
 
     for round_ in ("first", "cached"):
         sim = start_sim(*args, VLLM_CACHE_ROOT=str(tmp_path / "cache"), **env)
@@ -493,7 +493,7 @@ def test_laneds_phase_table_knows_every_startup_line(
 
 
 def test_startup_prints_as_vllm_does(start_sim: Any, tmp_path: Path) -> None:
-    from laned.phases import read_line
+    from laned.core.phases import read_line
 
     cache = str(tmp_path / "cache")
     cold = start_sim(VLLM_CACHE_ROOT=cache, LANED_SIM_JIT="0.5")
@@ -561,7 +561,7 @@ VLLM_SAMPLES = {
 
 
 def test_every_engine_metric_laned_reads_is_vllms_and_the_simulators(start_sim: Any) -> None:
-    from laned.probes import KV_USAGE, SUMMED
+    from laned.adapters.probes import KV_USAGE, SUMMED
 
     read = set(SUMMED) | set(KV_USAGE)
     assert read <= VLLM_SAMPLES, f"laned reads names vLLM does not export: {read - VLLM_SAMPLES}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from laned.lanes import LaneState
+from laned.core.lanes import LaneState
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import lane_config

@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from laned.config import Config
+from laned.adapters.host import Host
+from laned.adapters.podman import Podman
+from laned.adapters.probes import Probe
+from laned.adapters.systemd import Systemd
+from laned.config.load import Config
+from laned.core.lanes import Desired, LaneState, Verdict
 from laned.errors import ActivationFailed, Superseded
-from laned.host import Host
-from laned.lanes import Desired, LaneState, Verdict
-from laned.podman import Podman
-from laned.probes import Probe
-from laned.supervisor import Supervisor
-from laned.systemd import Systemd
+from laned.owner.supervisor import Supervisor
 from tests.helpers import free_port, wait_until
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

@@ -12,9 +12,9 @@ import pytest
 from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from laned import render
-from laned.config import Config, parse_config
-from laned.systemd import Systemd
+from laned.adapters.systemd import Systemd
+from laned.config.load import Config, parse_config
+from laned.render import plan as render
 from tests.helpers import ROOT, free_port, journal, run, wait_until
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import lane_config

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from laned.config import load_config, parse_config
+from laned.config.load import load_config, parse_config
 from laned.errors import ConfigError, Severity
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from bench.common import LanedServe
-from laned import journal
+from laned.adapters import journal
 from tests.helpers import alive, free_port, wait_until
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST

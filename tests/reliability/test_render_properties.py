@@ -14,9 +14,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from laned import render
-from laned.config import parse_config
+from laned.config.load import parse_config
 from laned.errors import ConfigError
+from laned.render import plan as render
 from tests.integration.conftest import Harness
 from tests.reliability.conftest import figures
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from laned import render
-from laned.acceptance import (
+from laned.config.load import parse_config
+from laned.gates.acceptance import (
     buried_prompt,
     judge_chat,
     judge_context,
@@ -17,9 +17,9 @@ from laned.acceptance import (
     judge_tool_call,
     judge_tool_use,
 )
-from laned.benchmark import context_sizes, decode_rate
-from laned.config import parse_config
-from laned.engine_api import Timed
+from laned.gates.bench import context_sizes, decode_rate
+from laned.gates.engine_api import Timed
+from laned.render import plan as render
 
 
 def chat(message: dict[str, Any], finish: str = "stop", completion: int = 10) -> Timed:

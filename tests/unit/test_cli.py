@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from laned.cli import main
-from laned.durations import parse_count
+from laned.cli.main import main
+from laned.config.durations import parse_count
 from tests.helpers import ROOT
 
 DEMO = str(ROOT / "config" / "demo.toml")
@@ -65,7 +65,7 @@ def test_bench_refuses_a_bad_size_before_it_reaches_the_engine(
 
 
 def test_the_status_table_colours_states_on_a_terminal_only() -> None:
-    from laned.client import table
+    from laned.cli.client import table
 
     lanes = [
         {"name": "a", "state": "ready", "desired": "active", "port": 8000,

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from laned.config import load_config, parse_config
-from laned.durations import human, parse_duration, systemd_seconds
+from laned.config.durations import parse_duration, systemd_seconds
+from laned.config.load import load_config, parse_config
 from laned.errors import ConfigError, Severity
 from tests.helpers import ROOT
 
@@ -347,4 +347,3 @@ def test_bad_durations(bad: object) -> None:
 def test_duration_rendering() -> None:
     assert systemd_seconds(3600) == "3600"
     assert systemd_seconds(1.5) == "1500ms"
-    assert human(5400) == "1h30m"

@@ -1,14 +1,21 @@
-"""A lane's engine flags against a vLLM's argument parser (laned.engine_flags): the rules
+"""A lane's engine flags against a vLLM's argument parser (laned.config.engine_flags): the rules
 vLLM reads flags by, the nearest known flag, abbreviations, where flags are read from."""
 
 from __future__ import annotations
 
 import pytest
 
-from laned.config import parse_config
-from laned.engine_flags import KnownFlags, Source, normalize, parse_probe, source_of, unknown_flags
+from laned.config.engine_flags import (
+    KnownFlags,
+    Source,
+    normalize,
+    parse_probe,
+    source_of,
+    unknown_flags,
+)
+from laned.config.load import parse_config
+from laned.config.model import Config
 from laned.errors import LanedError, Severity
-from laned.model import Config
 
 KNOWN = KnownFlags(
     "0.32.0",

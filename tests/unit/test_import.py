@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from laned import paths
-from laned.cli import main
-from laned.cmdline import CommandLineError
-from laned.config import parse_config
-from laned.import_toml import render_import
-from laned.importer import import_run
-from laned.run_options import BadImport
-from laned.wrapper import cache_env, engine_argv
+from laned.cli.main import main
+from laned.config import paths
+from laned.config.load import parse_config
+from laned.importer.cmdline import CommandLineError
+from laned.importer.run_options import BadImport
+from laned.importer.toml_out import render_import
+from laned.importer.translate import import_run
+from laned.render.wrapper import cache_env, engine_argv
 from tests.helpers import ROOT
 
 SEEDS = ROOT / "tests" / "seeds"
@@ -331,7 +331,7 @@ def test_the_cli_prints_the_table_and_refuses_bad_input(
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "config").glob("*.toml")))
 def test_every_example_config_validates_and_renders(example: str) -> None:
-    from laned import render
+    from laned.render import plan as render
 
     text = (ROOT / "config" / example).read_text()
     if "nodes = [" in text:  # a lane over several hosts: as its head renders it
@@ -343,10 +343,9 @@ def test_every_example_config_validates_and_renders(example: str) -> None:
 
 
 def test_the_seed_001_lane_is_the_recipe_and_fit_says_what_a_small_host_lacks() -> None:
-    from laned.config import load_config
-    from laned.facts import HostFacts
-    from laned.fit import fit_report
-    from laned.gpus import GIB, GpuReading
+    from laned.config.load import load_config
+    from laned.preflight.facts import GIB, GpuReading, HostFacts
+    from laned.preflight.fit import fit_report
 
     config = load_config(str(ROOT / "config" / "seed-001-4x-rtx-pro-6000.toml"), ENV)
     spec = config.lanes["dsv41-tp4"]

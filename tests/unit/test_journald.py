@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from laned import journal
+from laned.adapters import journal
 
 
 def test_journald_is_down_when_its_socket_is_left_and_nobody_answers(tmp_path: Path) -> None:

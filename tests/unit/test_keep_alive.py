@@ -12,8 +12,8 @@ import httpx
 from fastapi import FastAPI
 
 from laned import daemon
+from laned.adapters.probes import ENGINE_KEEP_ALIVE, ENGINE_POOL
 from laned.api import ApiSettings
-from laned.probes import ENGINE_KEEP_ALIVE, ENGINE_POOL
 from laned.sim import http as sim_http
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from laned import state
-from laned.lanes import Desired, Event, LaneState, LastExit, Verdict
-from laned.liveness import EngineSample, StallDetector
-from laned.phases import parse_phase
-from laned.policy import ExitFacts, backoff_delay, decode_status, is_crash_loop, judge_exit
-from laned.probes import parse_engine_metrics, read_api_key
-from laned.steps import read_exit_record
-from laned.systemd import unit_name_from_path
-from laned.unit_state import UnitSnapshot
+from laned.adapters import state
+from laned.adapters.probes import parse_engine_metrics, read_api_key
+from laned.adapters.systemd import unit_name_from_path
+from laned.core.lanes import Desired, Event, LaneState, LastExit, Verdict
+from laned.core.liveness import EngineSample, StallDetector
+from laned.core.policy import ExitFacts, backoff_delay, decode_status, is_crash_loop, judge_exit
+from laned.core.unit_state import UnitSnapshot
+from laned.owner.steps import read_exit_record
+from tests.helpers import parse_phase
 
 
 def test_only_a_requested_stop_is_not_a_failure() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from laned.config import load_config, parse_config
+from laned.config.load import load_config, parse_config
 from laned.errors import ConfigError, Severity
-from laned.importer import import_run
-from laned.run_options import BadImport
-from laned.wrapper import engine_argv
+from laned.importer.run_options import BadImport
+from laned.importer.translate import import_run
+from laned.render.wrapper import engine_argv
 from tests.helpers import ROOT
 from tests.unit.test_import import SEEDS, seed_words
 

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from typing import Any, ClassVar
 
-from laned.metrics import LanedMetrics
+from laned.api.metrics import LanedMetrics
 from laned.sim.metrics import Metrics
 from tests.helpers import ROOT
 

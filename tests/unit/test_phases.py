@@ -1,9 +1,9 @@
-"""Startup phases read from vLLM's log lines as journald delivers them (laned.phases)."""
+"""Startup phases read from vLLM's log lines as journald delivers them (laned.core.phases)."""
 
 from __future__ import annotations
 
-from laned.phases import CACHE_HIT, Phase, Seen, add_mark, last_segment, parse_phase, read_line
-from tests.helpers import ROOT
+from laned.core.phases import CACHE_HIT, Phase, Seen, add_mark, last_segment, read_line
+from tests.helpers import ROOT, parse_phase
 
 GRAPHS = "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
 

@@ -1,4 +1,4 @@
-"""The supervisor's decisions (laned.policy, laned.liveness), without systemd or asyncio."""
+"""The supervisor's decisions (laned.core.policy, laned.core.liveness), without systemd or asyncio."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from laned import policy, resume
-from laned.config import Config, parse_config
-from laned.lanes import Desired, LaneState, Verdict
-from laned.liveness import EngineSample, MemoryFloor, tokens_per_second
-from laned.policy import Admit, Current, ExitAction, ExitFacts, ExitRecord, OpKind, UnitChange
-from laned.unit_state import CLD_EXITED, CLD_KILLED, UnitSnapshot
+from laned.config.load import Config, parse_config
+from laned.core import policy, resume
+from laned.core.lanes import Desired, LaneState, Verdict
+from laned.core.liveness import EngineSample, MemoryFloor, tokens_per_second
+from laned.core.policy import Admit, Current, ExitAction, ExitFacts, ExitRecord, OpKind, UnitChange
+from laned.core.unit_state import CLD_EXITED, CLD_KILLED, UnitSnapshot
 
 
 def config(extra: str = "", default_lane: str = "") -> Config:

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from laned.config import LaneConfig, parse_config
-from laned.errors import ConfigError, Severity
-from laned.facts import Finding, HostFacts, KeyFile, LaneFacts, blocking
-from laned.fit import fit
-from laned.gpus import GIB, GpuReading, held
-from laned.lanes import LaneState, LaneStatus, phase_durations
-from laned.phases import parse_phase
-from laned.podman import parse_container
-from laned.preflight import evaluate, model_path
+from laned.adapters.gpus import held
+from laned.adapters.podman import parse_container
+from laned.config.load import LaneConfig, parse_config
+from laned.core.lanes import LaneState, LaneStatus, phase_durations
+from laned.errors import ConfigError, Finding, Severity
+from laned.preflight.facts import GIB, GpuReading, HostFacts, KeyFile, LaneFacts, blocking
+from laned.preflight.fit import fit
+from laned.preflight.rules import evaluate, model_path
+from tests.helpers import parse_phase
 
 ENV = {"HOME": "/home/op"}
 CONTAINER = """
@@ -241,7 +241,7 @@ def test_unknown_log_lines_never_break_phase_parsing(line: str) -> None:
 
 
 def test_a_lanes_gpus_come_from_gpus_its_cdi_devices_or_cuda_visible_devices() -> None:
-    from laned.model import gpu_indices
+    from laned.config.model import gpu_indices
 
     assert gpu_indices(lane("gpus = [1, 0]\n")) == (1, 0)
     cdi = 'devices = ["nvidia.com/gpu=1", "nvidia.com/gpu=0"]'
@@ -301,7 +301,7 @@ def test_a_generation_config_dir_without_the_models_stop_ids_is_warned() -> None
 
 
 def test_the_generation_config_dir_is_found_through_the_bind_mounts() -> None:
-    from laned.preflight import generation_config_path
+    from laned.preflight.rules import generation_config_path
 
     spec = lane('args = [{ flag = "--generation-config", value = "/models/gen" }]\n')
     assert generation_config_path(spec) == "/srv/models/gen"

@@ -1,14 +1,14 @@
-"""Routing by model name (laned.proxy.route), on-demand rules and request counts, without I/O."""
+"""Routing by model name (laned.api.proxy.route), on-demand rules and request counts, without I/O."""
 
 from __future__ import annotations
 
 import asyncio
 
-from laned.client import table
-from laned.config import parse_config
-from laned.lanes import Desired, LaneState, LaneStatus
-from laned.proxy import model_names, on_demand_refusal, route
-from laned.traffic import Traffic
+from laned.api.proxy import model_names, on_demand_refusal, route
+from laned.cli.client import table
+from laned.config.load import parse_config
+from laned.core.lanes import Desired, LaneState, LaneStatus
+from laned.owner.traffic import Traffic
 
 TEXT = """
 [lanes.dsv41]

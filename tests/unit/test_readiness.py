@@ -1,15 +1,15 @@
 """The readiness watch: a close watch on the port near the end of a cold start, so that
 `ready` follows the port's opening by milliseconds, not by journald's 250 ms coalescing or
-the probe's backoff (laned.watchers.await_ready, with a scripted probe: no I/O)."""
+the probe's backoff (laned.owner.watchers.await_ready, with a scripted probe: no I/O)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from laned import watchers
-from laned.config import parse_config
-from laned.model import LaneConfig
+from laned.config.load import parse_config
+from laned.config.model import LaneConfig
+from laned.owner import watchers
 
 LANE = (
     '[lanes.a]\nunit = "a.service"\nport = 8000\nserved_model_name = "a"\n'

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from laned import render
-from laned.cli import main
-from laned.config import load_config, parse_config
-from laned.names import DEFAULT_CACHE_ENV
-from laned.secrecy import names_in
-from laned.units import daemon_unit
-from laned.wrapper import engine_argv
+from laned.cli.main import main
+from laned.config.load import load_config, parse_config
+from laned.config.names import DEFAULT_CACHE_ENV
+from laned.config.secrecy import names_in
+from laned.render import plan as render
+from laned.render.units import daemon_unit
+from laned.render.wrapper import engine_argv
 from tests.helpers import ROOT, wait_until
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -274,7 +274,7 @@ def test_a_stop_while_the_engine_runs_is_requested_with_the_engines_status(
 
 
 def test_the_wrapper_passes_every_secret_by_name_only(example: object, tmp_path: Path) -> None:
-    # The names the wrapper finds at run time are the names laned.secrecy reads (comments,
+    # The names the wrapper finds at run time are the names laned.config.secrecy reads (comments,
     # blank lines, a value continued onto the next line), each as -e NAME, no value in argv.
     text = (
         "# secrets of dsv41\nVLLM_API_KEY=sk-SENTINEL-1\n\n  HF_TOKEN = hf-SENTINEL-2\n"

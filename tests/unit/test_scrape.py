@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from laned.probes import KV_USAGE, SUMMED, parse_engine_metrics
+from laned.adapters.probes import KV_USAGE, SUMMED, parse_engine_metrics
 from laned.sim.metrics import Metrics
 
 

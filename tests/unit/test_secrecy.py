@@ -1,10 +1,10 @@
-"""What counts as a secret and how a lane's secrets file reads (laned.secrecy)."""
+"""What counts as a secret and how a lane's secrets file reads (laned.config.secrecy)."""
 
 from __future__ import annotations
 
 import pytest
 
-from laned.secrecy import SecretsFileError, looks_secret, names_in, value_of
+from laned.config.secrecy import SecretsFileError, looks_secret, names_in, value_of
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from laned.phases import Phase
-from laned.probes import KV_USAGE, SUMMED, parse_engine_metrics
+from laned.adapters.probes import KV_USAGE, SUMMED, parse_engine_metrics
+from laned.core.phases import Phase
 from tests.helpers import free_port, journal, wait_until
 from tests.integration.lanes import FAST
 from tests.reliability.conftest import unit_property

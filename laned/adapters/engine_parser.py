@@ -1,0 +1,28 @@
+"""The adapter behind `laned validate --engine-flags`: runs vLLM's own argument parser in
+a lane's Python or image and reads the flags it accepts (laned.config.engine_flags judges them)."""
+
+from __future__ import annotations
+
+import os
+
+from laned.adapters import proc
+from laned.config.engine_flags import PARSER_PROBE, KnownFlags, Source, parse_probe
+
+# Importing vLLM imports torch: seconds on a warm page cache, a minute on a cold one.
+PROBE_TIMEOUT = 300.0
+# No hub, no usage report: only the parser is built.
+QUIET = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def read_flags(source: Source, podman: str = "podman") -> KnownFlags:
+    """The option strings `vllm serve` accepts at `source` (blocking). Raises CommandFailed
+    when the interpreter or the image cannot run the probe."""
+    if source.python is not None:
+        argv = [source.python, "-c", PARSER_PROBE]
+    else:
+        assert source.image is not None
+        quiet = [part for key, value in QUIET.items() for part in ("-e", f"{key}={value}")]
+        # --pull=never: checking flags never downloads an image of tens of GB.
+        argv = [podman, "run", "--rm", "--pull=never", "--network=none", *quiet,
+                "--entrypoint", "python3", source.image, "-c", PARSER_PROBE]  # fmt: skip
+    return parse_probe(proc.run(argv, {**os.environ, **QUIET}, timeout=PROBE_TIMEOUT), source)

@@ -1,0 +1,247 @@
+"""The host as laned sees it: memory, disks, ports, files, GPUs and podman, gathered into facts.
+
+The adapter behind preflight, `laned status --fit`, the GPU-memory gate and the `prepare`
+steps. Everything that blocks (NVML, podman-py, statvfs) runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import shutil
+import socket
+import stat
+import time
+from collections.abc import Callable
+from typing import Any
+
+from laned.adapters import proc
+from laned.adapters.gpus import GateResult, Nvml, wait_released
+from laned.adapters.podman import Podman
+from laned.config import secrecy
+from laned.config.model import Config, LaneConfig, gpu_indices
+from laned.config.names import container_name
+from laned.errors import CommandFailed, Finding, LaneError, PodmanError
+from laned.preflight.facts import GIB, HostFacts, KeyFile, LaneFacts
+from laned.preflight.rules import evaluate, generation_config_path, model_path, paths_to_check
+
+
+def meminfo() -> dict[str, float]:
+    """/proc/meminfo in GiB (MemTotal, MemAvailable, ...); {} where it cannot be read."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) / 1024**2
+    except OSError:
+        return {}
+    return out
+
+
+def disk_total_gib(path: str) -> float | None:
+    """Size of the filesystem holding `path` (or its nearest existing parent), in GiB."""
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    try:
+        st = os.statvfs(path or "/")
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize / GIB
+
+
+def port_busy(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether something listens on the port: bind without SO_REUSEPORT fails then."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR so that connections in TIME_WAIT do not count; a listener still does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def read_generation_config(directory: str | None) -> dict[str, Any] | None:
+    """DIR/generation_config.json as a dict; None when there is none (or it is unreadable)."""
+    if directory is None:
+        return None
+    try:
+        with open(os.path.join(directory, "generation_config.json"), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def key_file(path: str) -> KeyFile:
+    """The lane's secrets file as found (names only: its values stay in it)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return KeyFile(exists=False)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            names = tuple(secrecy.names_in(handle.read()))
+    except (OSError, UnicodeDecodeError, secrecy.SecretsFileError) as exc:
+        why = str(exc) if isinstance(exc, secrecy.SecretsFileError) else type(exc).__name__
+        return KeyFile(exists=True, mode=mode, unreadable=why)
+    return KeyFile(exists=True, mode=mode, names=names)
+
+
+def engine_host(spec: LaneConfig) -> str:
+    """The address the engine binds (`--host`, vLLM's default 0.0.0.0)."""
+    host = spec.engine_arg("--host")
+    return "0.0.0.0" if host is None else host
+
+
+class Host:
+    """GPUs (NVML, opened when first needed) and the podman API, for one laned."""
+
+    def __init__(self, podman: Podman, nvml: Nvml | None = None) -> None:
+        self.podman = podman
+        self._nvml = nvml  # opened when first needed; given, it stands in for NVML (tests)
+
+    def close(self) -> None:
+        """Release NVML and the podman session."""
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+        self.podman.close()
+
+    def nvml(self) -> tuple[Nvml | None, str]:
+        """NVML, or None and why (tried again each time: a driver may be installed later)."""
+        if self._nvml is None:
+            self._nvml, why = Nvml.open()
+            return self._nvml, why
+        return self._nvml, ""
+
+    async def facts(self) -> HostFacts:
+        """GPUs and memory."""
+        nvml, why = self.nvml()
+        gpus = None if nvml is None else tuple(await asyncio.to_thread(nvml.read))
+        memory = meminfo()
+        return HostFacts(gpus, why, memory.get("MemTotal"), memory.get("MemAvailable"))
+
+    async def image_id(self, spec: LaneConfig) -> str | None:
+        """The id of a container lane's local image; None when absent (PodmanError if unknowable)."""
+        if spec.container is None:
+            return None
+        image = await self.podman.image(spec.container.image)
+        return None if image is None else image.id
+
+    async def lane_facts(
+        self, config: Config, lane: str, port_peer: str | None, last_image_id: str | None
+    ) -> LaneFacts:
+        """Everything preflight looks at for one lane."""
+        spec = config.lanes[lane]
+        host = await self.facts()
+        paths = {path: os.path.exists(path) for _, path in paths_to_check(spec)}
+        model = model_path(spec)
+        image_id, image_error = None, None
+        if spec.container is not None:
+            try:
+                image_id = await self.image_id(spec)
+            except PodmanError as exc:
+                image_error = exc.message
+        command_found = None
+        if spec.exec is not None:
+            command_found = shutil.which(spec.exec.command[0]) is not None
+        return LaneFacts(
+            host=host,
+            paths=paths,
+            disk_total_gib=await asyncio.to_thread(
+                disk_total_gib, model or config.daemon.state_dir
+            ),
+            key_file=key_file(spec.secrets_path) if spec.secrets_path else None,
+            port_busy=await asyncio.to_thread(port_busy, spec.port, engine_host(spec)),
+            port_peer=port_peer,
+            command_found=command_found,
+            image_id=image_id,
+            image_error=image_error,
+            last_image_id=last_image_id,
+            model_generation_config=read_generation_config(model),
+            flag_generation_config=read_generation_config(generation_config_path(spec)),
+        )
+
+    async def preflight(
+        self, config: Config, lane: str, port_peer: str | None, last_image_id: str | None
+    ) -> list[Finding]:
+        """Gather the lane's facts and check them."""
+        facts = await self.lane_facts(config, lane, port_peer, last_image_id)
+        return evaluate(lane, config.lanes[lane], facts)
+
+    async def gpu_gate(self, spec: LaneConfig) -> tuple[GateResult | None, str]:
+        """Wait until the lane's GPUs are free enough; (None, why) where NVML is absent."""
+        nvml, why = self.nvml()
+        if nvml is None:
+            return None, why
+        gate = spec.gpu_gate
+        result = await wait_released(
+            lambda: nvml.read(gpu_indices(spec)),
+            gate.max_used_gib * GIB,
+            gate.timeout,
+            gate.interval,
+        )
+        return result, ""
+
+    async def wait_container_gone(self, lane: str, spec: LaneConfig, timeout: float) -> bool:
+        """After a stop: poll until the lane's container is gone (removing an exited one)."""
+        name = container_name(lane, spec)
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            state = await self.podman.container(name)
+            if state is None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            if state.status in ("exited", "created", "stopped", "configured"):
+                await self.podman.remove(name)  # the unit's ExecStopPost would have; be sure
+                continue
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+async def run_prepare(
+    lane: str, spec: LaneConfig, on_line: Callable[[str], None], cwd: str | None = None
+) -> None:
+    """Run the lane's `prepare` steps in order (argv, no shell); each line of output goes to
+    `on_line`. A step that fails or runs past its timeout raises LaneError and stops the rest."""
+    for i, step in enumerate(spec.prepare):
+        where = f"lanes.{lane}.prepare[{i}]"
+        on_line(f"{where}: running {' '.join(step.command)}")
+        try:
+            process = await proc.start(step.command, cwd=cwd, stderr=asyncio.subprocess.STDOUT)
+        except CommandFailed as exc:
+            raise LaneError(f"{where}: {exc.message}", exc.hint) from exc
+        assert process.stdout is not None
+
+        async def pump(stream: asyncio.StreamReader, where: str = where) -> None:
+            async for raw in stream:
+                on_line(f"{where}: {raw.decode('utf-8', errors='replace').rstrip()}")
+
+        try:
+            await asyncio.wait_for(pump(process.stdout), step.timeout)
+            code = await asyncio.wait_for(process.wait(), 5)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            raise LaneError(
+                f"{where}: still running after {step.timeout:g} s; killed",
+                f"raise {where}.timeout or make the step faster",
+            ) from None
+        if code != 0:
+            raise LaneError(
+                f"{where}: {' '.join(step.command)} exited with status {code}",
+                "see its output in the lane's events (`laned events --lane " + lane + "`)",
+            )
+        on_line(f"{where}: done")

@@ -1,0 +1,316 @@
+"""The front: what the API (and so the CLI) and the metrics use of a running laned.
+
+Requests go to the supervisor (the one owner); views, event subscriptions, logs and the
+host's fit are read here, so that no caller reaches into the supervisor's state or its
+adapters. The front changes no lane state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from laned.adapters import journal
+from laned.adapters.host import meminfo
+from laned.config.load import load_config
+from laned.config.model import GATES
+from laned.config.names import container_name, unit_name
+from laned.config.ranks import rank_here
+from laned.core import policy
+from laned.core.lanes import Event, LaneState, LaneStatus
+from laned.errors import BusUnavailable, LanedError, NotAContainer, PreflightFailed
+from laned.owner.supervisor import Supervisor
+from laned.owner.traffic import Traffic
+from laned.preflight.facts import HostFacts, blocking
+from laned.preflight.fit import fit_report
+from laned.preflight.rules import refusal, report
+
+if TYPE_CHECKING:
+    from laned.owner.coordinator import Coordinator
+
+
+class Front:
+    """One running laned, as its callers see it."""
+
+    def __init__(self, supervisor: Supervisor, coordinator: Coordinator | None = None) -> None:
+        self.supervisor = supervisor
+        self.coordinator = coordinator  # lanes over several hosts (laned serve makes one)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def notices(self) -> list[str]:
+        """What laned met since it started and recovered from, or meets now; journald's
+        liveness is read as asked (one connect to its socket)."""
+        notices = list(self.supervisor.notices.values())
+        down = journal.journald_down()
+        if down is not None:
+            notices.append(
+                f"{down}: the engines' log lines are lost until it is back, startup phases are "
+                "not shown and readiness is found by probing alone (start it: "
+                "`systemctl start systemd-journald`)"
+            )
+        return notices
+
+    def status(self, lane: str) -> LaneStatus:
+        """The lane's status; UnknownLane (with the configured names) otherwise."""
+        self.supervisor.spec(lane)
+        return self.supervisor.statuses[lane]
+
+    @property
+    def statuses(self) -> Mapping[str, LaneStatus]:
+        """Every lane's status, read-only."""
+        return MappingProxyType(self.supervisor.statuses)
+
+    def engine_summary(self, lane: str) -> dict[str, float] | None:
+        """The lane's engine load from its /metrics (running lanes only)."""
+        return self.supervisor.engine_summary(lane)
+
+    @property
+    def traffic(self) -> Traffic:
+        """Requests at laned's OpenAI endpoint: in flight and waiting, per lane."""
+        return self.supervisor.traffic
+
+    def proxy_counts(self, lane: str) -> dict[str, int]:
+        """The lane's requests at laned's OpenAI endpoint: in flight, waiting for it."""
+        return self.supervisor.traffic.counts(lane)
+
+    def under_way(self, lane: str) -> str | None:
+        """The operation under way in the lane's group ("activate b"), or None."""
+        sup = self.supervisor
+        op = sup.ops.of(sup.config.lanes[lane].group)
+        return None if op is None else f"{op.kind.value} {op.lane}"
+
+    def wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
+        """A future that resolves when the lane is ready, or fails with why it will not be."""
+        self.status(lane)
+        return self.supervisor.ledger.wait_ready(lane)
+
+    def lanes(self) -> list[str]:
+        """The configured lanes, sorted."""
+        return sorted(self.supervisor.statuses)
+
+    async def view(self, lane: str, host: str = "127.0.0.1") -> dict[str, Any]:
+        """Everything about one lane: state, desired, phase, restarts, where to reach it."""
+        sup = self.supervisor
+        status = self.status(lane)
+        spec = sup.config.lanes[lane]
+        shown = status.to_json()
+        ranks = self.rank_view(lane)
+        if ranks is not None and ranks["peers"] and status.state is LaneState.STARTING:
+            # The head's cold start, with what each worker was doing at the last look.
+            others = [
+                f"rank {p['rank']} ({p['host']}): {p.get('phase') or p.get('state') or 'not seen yet'}"
+                for p in ranks["peers"]
+            ]
+            shown["phase"] = f"head: {status.phase or 'starting'}, " + ", ".join(others)
+        return {
+            **shown,
+            "unit": unit_name(lane, spec),
+            "group": spec.group,
+            "port": spec.port,
+            "served_model_name": spec.served_model_name,
+            "base_url": f"http://{_bracketed(host)}:{spec.port}/v1",
+            "engine": sup.engine_summary(lane),
+            "proxy": sup.traffic.counts(lane),
+            "startup": status.startup(sup.clock()),
+            "container": await self._container(lane),
+            "rank": ranks,
+        }
+
+    def rank_view(self, lane: str) -> dict[str, Any] | None:
+        """A lane over several hosts: this host's rank and the lane's nodes."""
+        config = self.supervisor.config
+        spec = config.lanes[lane]
+        rank = rank_here(config, lane)
+        if rank is None:
+            return None
+        nodes = [{"rank": i, "host": n.host, "laned": n.laned} for i, n in enumerate(spec.nodes)]
+        peers = self.coordinator.peers_of(lane) if self.coordinator and rank == 0 else None
+        return {
+            "rank": rank,
+            "head": rank == 0,
+            "headless": spec.headless(),
+            "nodes": nodes,
+            "peers": peers,  # on the head: what it last saw of each worker
+        }
+
+    async def _container(self, lane: str) -> dict[str, Any] | None:
+        spec = self.supervisor.config.lanes[lane]
+        host = self.supervisor.host
+        if spec.container is None or host is None:
+            return None
+        name = container_name(lane, spec)
+        try:
+            found = await host.podman.container(name)
+        except LanedError as exc:
+            # Only the view suffers: the lane itself runs under systemd, not through the API.
+            return {"name": name, "status": "unknown", "error": exc.message, "hint": exc.hint}
+        return {"name": name, "status": "absent"} if found is None else found.to_json()
+
+    def sd_targets(self, host: str = "127.0.0.1") -> list[dict[str, Any]]:
+        """Prometheus HTTP service discovery: the running lanes' engine /metrics endpoints."""
+        sup = self.supervisor
+        targets = []
+        for name, status in sorted(sup.statuses.items()):
+            spec = sup.config.lanes[name]
+            if status.state not in policy.RUNNING_STATES or spec.headless():
+                continue  # a worker rank has no /metrics: the head's engine speaks for the lane
+            labels = {"lane": name, "model": spec.served_model_name, "unit": unit_name(name, spec)}
+            targets.append({"targets": [f"{_bracketed(host)}:{spec.port}"], "labels": labels})
+        return targets
+
+    def events(self, lane: str | None = None, limit: int = 100) -> list[Event]:
+        """The last `limit` events (of one lane, or all), oldest first."""
+        if lane is not None:
+            self.status(lane)
+        return [e for e in self.supervisor.events if lane is None or e.lane == lane][-limit:]
+
+    @contextlib.contextmanager
+    def subscribe(
+        self, lane: str | None = None, size: int = 1000
+    ) -> Iterator[asyncio.Queue[Event]]:
+        """New events (of one lane, or all) as they happen; a slow reader loses the newest."""
+        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=size)
+
+        def listener(event: Event) -> None:
+            if (lane is None or event.lane == lane) and not queue.full():
+                queue.put_nowait(event)
+
+        self.supervisor.listeners.append(listener)
+        try:
+            yield queue
+        finally:
+            self.supervisor.listeners.remove(listener)
+
+    async def logs(self, lane: str, lines: int, source: str = "journal") -> list[str]:
+        """The engine's last log lines, from journald or the running container's own log."""
+        self.status(lane)
+        spec = self.supervisor.config.lanes[lane]
+        if source == "journal":
+            return await journal.tail(unit_name(lane, spec), lines)
+        host = self.supervisor.host
+        if spec.container is None or host is None:
+            raise NotAContainer(f"lane {lane} is not a container lane", "use source=journal")
+        return await host.podman.logs(container_name(lane, spec), lines)
+
+    async def fit(self) -> dict[str, Any]:
+        """Which configured lanes this host can run at all (needs against GPUs, memory, disks)."""
+        host = self.supervisor.host
+        if host is None:
+            memory = meminfo()
+            facts = HostFacts(
+                None, "not read: laned runs without its host adapter", memory.get("MemTotal")
+            )
+        else:
+            facts = await host.facts()
+        return fit_report(self.supervisor.config.lanes, facts)
+
+    async def preflight(self, lane: str) -> dict[str, Any]:
+        """Would the lane start now? Every finding, errors first."""
+        self.status(lane)
+        return report(lane, await self.supervisor.preflight(lane))
+
+    # --- requests ---------------------------------------------------------------------------
+
+    async def activate(
+        self, lane: str, force: bool = False, reason: str = "activate", rank_only: bool = False
+    ) -> asyncio.Future[LaneStatus]:
+        """Activate the lane; PreflightFailed at once (nothing stopped) when preflight refuses.
+        `force`: start despite preflight errors, stop its peers without draining requests.
+
+        The early preflight lets a caller that does not wait hear why, too; the activation
+        then uses its findings instead of running preflight again."""
+        status = self.status(lane)
+        self._reachable(lane, "activated")
+        rank = self._rank_of(lane, rank_only)
+        if rank is not None and rank > 0:  # a worker's host: the head coordinates
+            assert self.coordinator is not None
+            await self.coordinator.ask_head(lane, "activate", force)
+            return self.supervisor.ledger.wait_ready(lane)  # the head asked this rank meanwhile
+        findings = None
+        if not force and not policy.already_active(status.state, status.desired):
+            findings = await self.supervisor.preflight(lane)
+            if blocking(findings):
+                message, hint = refusal(lane, findings)
+                raise PreflightFailed(message, hint, findings)
+        if rank == 0:  # the head: its own preflight passed; now every worker's rank
+            assert self.coordinator is not None
+            await self.coordinator.ask_workers(lane, "activate", force)
+        return await self._kept(
+            self.supervisor.activate(lane, reason, force=force, findings=findings)
+        )
+
+    async def deactivate(
+        self, lane: str, force: bool = False, rank_only: bool = False
+    ) -> asyncio.Future[LaneStatus]:
+        """Stop the lane (never counted as a failure); `force`: without draining requests."""
+        self.status(lane)
+        self._reachable(lane, "stopped")
+        if await self._coordinated(lane, "deactivate", force, rank_only):
+            # The head asked this rank to stop before it answered; that stop is under way.
+            accepted: asyncio.Future[LaneStatus] = asyncio.get_running_loop().create_future()
+            accepted.set_result(self.status(lane))
+            return accepted
+        return await self._kept(self.supervisor.deactivate(lane, force))
+
+    async def restart(
+        self, lane: str, force: bool = False, rank_only: bool = False
+    ) -> asyncio.Future[LaneStatus]:
+        """Stop and start the lane again; `force`: without draining requests."""
+        self.status(lane)
+        self._reachable(lane, "restarted")
+        if await self._coordinated(lane, "restart", force, rank_only):
+            return self.supervisor.ledger.wait_ready(lane)
+        return await self._kept(self.supervisor.restart(lane, force=force))
+
+    def _reachable(self, lane: str, what: str) -> None:
+        """Refuse a request while the user manager is out of reach (nothing is recorded)."""
+        away = self.supervisor.notices.get("user manager")
+        if away is not None:
+            raise BusUnavailable(
+                f"lane {lane} cannot be {what} now: {away}",
+                "laned reconnects by itself (GET /healthz says while it cannot); ask again then",
+            )
+
+    async def _kept(self, accepted: asyncio.Future[LaneStatus]) -> asyncio.Future[LaneStatus]:
+        """An accepted request is on disk (state.json) before laned answers it: a laned
+        killed right after its answer comes back wanting what the caller was told."""
+        await self.supervisor.writer.flush()
+        return accepted
+
+    def _rank_of(self, lane: str, rank_only: bool) -> int | None:
+        """This host's rank when the request is for a whole lane over several hosts."""
+        if rank_only or self.coordinator is None:
+            return None
+        return self.coordinator.rank(lane)
+
+    async def _coordinated(self, lane: str, action: str, force: bool, rank_only: bool) -> bool:
+        """A whole lane over several hosts: on a worker's host the request goes to the head
+        (True: it calls this rank back); on the head, the workers act first (False: now this
+        rank)."""
+        rank = self._rank_of(lane, rank_only)
+        if rank is None:
+            return False
+        assert self.coordinator is not None
+        if rank > 0:
+            await self.coordinator.ask_head(lane, action, force)
+            return True
+        await self.coordinator.ask_workers(lane, action, force)
+        return False
+
+    async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
+        """Run acceptance gates against the lane and keep the results."""
+        self.status(lane)
+        return await self.supervisor.check(lane, gates)
+
+    async def reload(self) -> dict[str, Any]:
+        """Re-read the config file and apply it (ConfigError, ConfigRefused: nothing changes)."""
+        new = await asyncio.to_thread(load_config, self.supervisor.config.source)
+        return await self.supervisor.reload(new)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,293 @@
+"""laned's own Prometheus metrics (prometheus_client, its own registry).
+
+Gauges that describe the present (lane state, desired, ready, the engine summary) are read
+at scrape time from a `LaneSource` (the front); counters and histograms of things that happened are fed
+by the supervisor through the `Recorder` methods. Labels are bounded: lane names come from
+the config, states and verdicts from fixed sets, exit codes are at most 0-255 and signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from laned import __version__
+from laned.core.lanes import Desired, LaneState, LaneStatus
+from laned.core.recorder import Recorder
+
+
+class LaneSource(Protocol):
+    """What the metrics read at a scrape: the lanes' statuses and their engines' load."""
+
+    @property
+    def statuses(self) -> Mapping[str, LaneStatus]:
+        """Every lane's status."""
+
+    def engine_summary(self, lane: str) -> dict[str, float] | None:
+        """The engine's load, for running lanes."""
+
+    def proxy_counts(self, lane: str) -> dict[str, int]:
+        """The lane's requests at laned's OpenAI endpoint: in flight, queued."""
+
+    def rank_view(self, lane: str) -> dict[str, Any] | None:
+        """A lane over several hosts: this host's rank and, on the head, its workers."""
+
+
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
+
+
+class LanedMetrics(Recorder):
+    """The registry served at /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.exits = Counter(
+            "laned_engine_exits",
+            "Engine exits by exit code (or signal) and verdict.",
+            ["lane", "code", "verdict"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "laned_lane_restarts", "Lane restarts by reason.", ["lane", "reason"], registry=r
+        )
+        self.failures = Counter(
+            "laned_lane_failures",
+            "Failed runs of a lane, each counted once toward its crash loop, by the path that "
+            "saw the failure first (exit, health, stalled, start-timeout, memory-guard).",
+            ["lane", "seen_by"],
+            registry=r,
+        )
+        self.probe_failures = Counter(
+            "laned_health_probe_failures",
+            "Failed health probes of ready lanes.",
+            ["lane"],
+            registry=r,
+        )
+        self.stalls = Counter(
+            "laned_lane_stalls",
+            "Ready lanes found stalled (busy, no token moving).",
+            ["lane"],
+            registry=r,
+        )
+        self.swaps = Counter(
+            "laned_swaps",
+            "Activations by the lane they replaced and their result.",
+            ["from_lane", "to_lane", "result"],
+            registry=r,
+        )
+        self.swap_seconds = Histogram(
+            "laned_swap_duration_seconds",
+            "Time from activate to ready.",
+            ["to_lane"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.cold_start_seconds = Histogram(
+            "laned_cold_start_duration_seconds",
+            "Time from unit start to ready.",
+            ["lane"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.reloads = Counter(
+            "laned_config_reloads", "Config reloads by result.", ["result"], registry=r
+        )
+        self.preflight_refusals = Counter(
+            "laned_preflight_refusals",
+            "Activations refused (or forced) because preflight found errors.",
+            ["lane"],
+            registry=r,
+        )
+        self.gate_seconds = Histogram(
+            "laned_gpu_gate_wait_seconds",
+            "Time the GPU-memory gate waited before a start, by result.",
+            ["lane", "result"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, float("inf")),
+            registry=r,
+        )
+
+        self.proxy_answers = Counter(
+            "laned_proxy_requests",
+            "Requests at laned's OpenAI endpoint by lane and the status code answered.",
+            ["lane", "code"],
+            registry=r,
+        )
+        self.proxy_wait_seconds = Histogram(
+            "laned_proxy_queue_wait_seconds",
+            "Time a request at laned's OpenAI endpoint waited for its lane to be ready.",
+            ["lane"],
+            buckets=(0.1, 0.5, 1, *DURATION_BUCKETS),
+            registry=r,
+        )
+        self.proxy_overhead_seconds = Histogram(
+            "laned_proxy_overhead_seconds",
+            "Time laned spent on a request before it went to the engine (routing; no queue wait).",
+            ["lane"],
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, float("inf")),
+            registry=r,
+        )
+
+    def attach(self, source: LaneSource) -> None:
+        """Export the lanes' present state at every scrape."""
+        self.registry.register(_StateCollector(source))
+
+    def render(self) -> bytes:
+        """The exposition for one scrape."""
+        return generate_latest(self.registry)
+
+    def exit(self, lane: str, code: int | None, signal: int | None, verdict: str) -> None:
+        label = (
+            f"signal-{signal}" if signal is not None else "unknown" if code is None else str(code)
+        )
+        self.exits.labels(lane, label, verdict).inc()
+
+    def restart(self, lane: str, reason: str) -> None:
+        self.restarts.labels(lane, reason).inc()
+
+    def failure(self, lane: str, seen_by: str) -> None:
+        self.failures.labels(lane, seen_by).inc()
+
+    def probe_failure(self, lane: str) -> None:
+        self.probe_failures.labels(lane).inc()
+
+    def stall(self, lane: str) -> None:
+        self.stalls.labels(lane).inc()
+
+    def swap(self, from_lane: str, to_lane: str, result: str, seconds: float) -> None:
+        self.swaps.labels(from_lane, to_lane, result).inc()
+        if result == "ready":
+            self.swap_seconds.labels(to_lane).observe(seconds)
+
+    def cold_start(self, lane: str, seconds: float) -> None:
+        self.cold_start_seconds.labels(lane).observe(seconds)
+
+    def reload(self, result: str) -> None:
+        self.reloads.labels(result).inc()
+
+    def preflight_refused(self, lane: str) -> None:
+        self.preflight_refusals.labels(lane).inc()
+
+    def proxy_answer(self, lane: str, code: int) -> None:
+        self.proxy_answers.labels(lane, str(code)).inc()
+
+    def proxy_queue_wait(self, lane: str, seconds: float) -> None:
+        self.proxy_wait_seconds.labels(lane).observe(seconds)
+
+    def proxy_overhead(self, lane: str, seconds: float) -> None:
+        self.proxy_overhead_seconds.labels(lane).observe(seconds)
+
+    def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
+        self.gate_seconds.labels(lane, "released" if released else "timeout").observe(seconds)
+
+
+class _StateCollector(Collector):
+    def __init__(self, source: LaneSource) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
+        info = InfoMetricFamily("laned_build", "laned's version.")
+        info.add_metric([], {"version": __version__})
+        yield info
+        state = GaugeMetricFamily(
+            "laned_lane_state", "1 for the lane's current state.", labels=["lane", "state"]
+        )
+        desired = GaugeMetricFamily(
+            "laned_lane_desired_active", "1 when the lane should run.", labels=["lane"]
+        )
+        ready = GaugeMetricFamily("laned_lane_ready", "1 when the lane is ready.", labels=["lane"])
+        running = GaugeMetricFamily(
+            "laned_engine_requests_running", "Engine requests running.", labels=["lane"]
+        )
+        waiting = GaugeMetricFamily(
+            "laned_engine_requests_waiting", "Engine requests waiting.", labels=["lane"]
+        )
+        kv = GaugeMetricFamily(
+            "laned_engine_kv_cache_usage_ratio", "Engine KV-cache usage (0-1).", labels=["lane"]
+        )
+        tps = GaugeMetricFamily(
+            "laned_engine_generation_tokens_per_second",
+            "Generated tokens per second over the last minute.",
+            labels=["lane"],
+        )
+        check_passed = GaugeMetricFamily(
+            "laned_check_passed",
+            "1 when the gate passed at the lane's last acceptance run, 0 when it failed.",
+            labels=["lane", "gate"],
+        )
+        check_time = GaugeMetricFamily(
+            "laned_check_last_run_timestamp_seconds",
+            "When the lane's acceptance gates last ran (Unix time).",
+            labels=["lane"],
+        )
+        phases = GaugeMetricFamily(
+            "laned_lane_startup_phase_seconds",
+            "Duration of each startup phase of the lane's last good cold start.",
+            labels=["lane", "phase"],
+        )
+        in_flight = GaugeMetricFamily(
+            "laned_proxy_requests_in_flight",
+            "Requests laned's OpenAI endpoint has sent to the lane's engine, not yet answered.",
+            labels=["lane"],
+        )
+        queued = GaugeMetricFamily(
+            "laned_proxy_requests_queued",
+            "Requests at laned's OpenAI endpoint waiting for the lane to be ready.",
+            labels=["lane"],
+        )
+        rank = GaugeMetricFamily(
+            "laned_lane_rank", "This host's rank in a lane over several hosts (0: the head).",
+            labels=["lane"],
+        )  # fmt: skip
+        peer_up = GaugeMetricFamily(
+            "laned_peer_up",
+            "On a lane's head: 1 when the worker's laned answered at the last look.",
+            labels=["lane", "host", "rank"],
+        )
+        for name, status in sorted(self.source.statuses.items()):
+            ranks = self.source.rank_view(name)
+            if ranks is not None:
+                rank.add_metric([name], ranks["rank"])
+                for peer in ranks["peers"] or ():
+                    if "reachable" in peer:
+                        up = 1.0 if peer["reachable"] else 0.0
+                        peer_up.add_metric([name, peer["host"], str(peer["rank"])], up)
+            counts = self.source.proxy_counts(name)
+            in_flight.add_metric([name], counts["in_flight"])
+            queued.add_metric([name], counts["queued"])
+            for each in LaneState:
+                state.add_metric([name, each.value], 1.0 if status.state is each else 0.0)
+            desired.add_metric([name], 1.0 if status.desired is Desired.ACTIVE else 0.0)
+            for phase, seconds in sorted(status.last_phases.items()):
+                phases.add_metric([name, phase], seconds)
+            if status.checks:
+                check_time.add_metric([name], float(status.checks.get("at", 0.0)))
+                for gate, result in sorted(status.checks.get("gates", {}).items()):
+                    check_passed.add_metric([name, gate], 1.0 if result.get("passed") else 0.0)
+            ready.add_metric([name], 1.0 if status.state is LaneState.READY else 0.0)
+            summary = self.source.engine_summary(name)
+            if summary is not None:
+                running.add_metric([name], summary["requests_running"])
+                waiting.add_metric([name], summary["requests_waiting"])
+                kv.add_metric([name], summary["kv_cache_usage"])
+                tps.add_metric([name], summary["generation_tokens_per_second"])
+        yield from (
+            state,
+            desired,
+            ready,
+            running,
+            waiting,
+            kv,
+            tps,
+            phases,
+            check_passed,
+            check_time,
+            in_flight,
+            queued,
+            rank,
+            peer_up,
+        )

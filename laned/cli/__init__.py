@@ -1,0 +1,1 @@
+"""The `laned` command line and its client of the control API."""

@@ -1,0 +1,1 @@
+"""The config: the model, its loading and every rule over it (pure)."""

@@ -1,0 +1,303 @@
+"""Rules over one lane's engine: its argv (flags laned owns, injection), its environment
+and its container (image, mounts, devices, podman flags). Pure: LaneConfig in, Problems out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+
+from laned.config.model import LaneConfig
+from laned.config.names import container_name
+from laned.config.ranks import PLACEHOLDER
+from laned.config.secrecy import SECRET_FLAGS, looks_secret, secrets_file_line
+from laned.errors import Problem, Severity
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+# Control characters would end a unit line early or smuggle a directive into it.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+# Flags laned owns: each has one source of truth in the lane config.
+OWNED_FLAGS = {
+    "--port": "port",
+    "--served-model-name": "served_model_name",
+}
+
+
+def check_env(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    tables = [(f"{base}.env", lane.env)]
+    tables += [(f"{base}.rank.{rank}.env", r.env) for rank, r in lane.rank.items()]
+    for table, env in tables:
+        for key, var in env.items():
+            where = f"{table}.{key}"
+            if not ENV_NAME.match(key):
+                yield Problem(
+                    where, f"{key!r} is not a valid environment variable name", "use A-Z, 0-9 and _"
+                )
+            if "\x00" in var.value:
+                yield Problem(where, "the value contains a NUL byte", "remove it")
+            if looks_secret(key) and var.secret is not False:
+                yield secret_in_config(base, lane, where, key)
+
+
+def secret_in_config(
+    base: str, lane: LaneConfig, where: str, name: str, flag: str | None = None
+) -> Problem:
+    """A secret written into the config: an error, since from there it reaches the wrapper
+    and an argv (/proc/PID/cmdline, readable by every local user) at every start. `flag`:
+    the engine flag that carried it (vLLM reads `name` from its environment instead)."""
+    file = lane.secrets_path or f"~/.config/laned/{base.removeprefix('lanes.')}.env"
+    key = f"{base}.{lane.secrets_key}"
+    where_file = f"{file} ({key})" if lane.secrets_path else f"{file}, set as {key}"
+    if flag is not None:
+        return Problem(
+            where,
+            f"{flag} puts a secret in the engine's argv",
+            f"remove it here and write the line {secrets_file_line(name)} in the lane's "
+            f"secrets file (mode 0600) {where_file}: vLLM reads {name} from its environment, "
+            "and laned passes it by name only",
+        )
+    return Problem(
+        where,
+        f"{name} looks like a secret: its value would be in the wrapper and in podman's argv",
+        f"move the line {secrets_file_line(name)} into the lane's secrets file (mode 0600) "
+        f"{where_file} and remove it here; laned passes it by name only. If it is no secret: "
+        f'{name} = {{ value = "...", secret = false }}',
+    )
+
+
+def _argv_sources(base: str, lane: LaneConfig) -> Iterator[tuple[str, str]]:
+    """Every string that reaches an argv, with its key path."""
+    for i, arg in enumerate(lane.args):
+        yield f"{base}.args[{i}]", arg.flag
+        if arg.value is not None:
+            yield f"{base}.args[{i}]", arg.value
+    if lane.exec is not None:
+        for i, part in enumerate(lane.exec.command):
+            yield f"{base}.exec.command[{i}]", part
+    for i, step in enumerate(lane.prepare):
+        for j, part in enumerate(step.command):
+            yield f"{base}.prepare[{i}].command[{j}]", part
+    if lane.container is not None:
+        spec = lane.container
+        for key in ("command", "podman_args", "devices", "security_opt", "volumes"):
+            for i, part in enumerate(getattr(spec, key)):
+                yield f"{base}.container.{key}[{i}]", part
+        for key in ("image", "entrypoint", "network", "ipc", "name"):
+            value = getattr(spec, key)
+            if value is not None:
+                yield f"{base}.container.{key}", value
+
+
+def _flag_of(text: str) -> str:
+    return text.split("=", 1)[0] if text.startswith("--") else text
+
+
+def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    """A recipe's `${NODE_IP}` left in a value reaches the engine as written: no shell runs
+    the wrapper's words (they are quoted), and laned fills no placeholder itself."""
+    values = [(f"{base}.env.{k}", v.value) for k, v in lane.env.items()]
+    values += [(where, text) for where, text in _argv_sources(base, lane)]
+    for where, text in values:
+        if match := PLACEHOLDER.search(text):
+            yield Problem(
+                where,
+                f"{match.group()} reaches the engine as written: laned fills no placeholder",
+                "write this host's value here (laned import --set NAME=VALUE does it)",
+                Severity.WARNING,
+            )
+
+
+def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
+    yield from check_placeholders(base, lane)
+    for where, text in _argv_sources(base, lane):
+        if "\x00" in text:
+            yield Problem(where, "contains a NUL byte, which no argv can carry", "remove it")
+    engine_parts: list[tuple[str, str]] = [
+        (f"{base}.args[{i}]", a.flag) for i, a in enumerate(lane.args)
+    ]
+    if lane.exec is not None:
+        engine_parts += [(f"{base}.exec.command[{i}]", p) for i, p in enumerate(lane.exec.command)]
+    if lane.container is not None:
+        engine_parts += [
+            (f"{base}.container.command[{i}]", p) for i, p in enumerate(lane.container.command)
+        ]
+    seen: dict[str, str] = {}
+    for where, text in engine_parts:
+        flag = _flag_of(text)
+        if flag in OWNED_FLAGS:
+            key = OWNED_FLAGS[flag]
+            yield Problem(
+                where,
+                f"{flag} is set by laned from {base}.{key}",
+                f"remove it here; {base}.{key} is the single source of truth",
+            )
+        if flag in SECRET_FLAGS:
+            yield secret_in_config(base, lane, where, SECRET_FLAGS[flag], flag)
+        if flag == "--override-generation-config" and lane.sampling is not None:
+            yield Problem(
+                where,
+                "--override-generation-config conflicts with `sampling`",
+                f"laned passes {base}.sampling as --override-generation-config; keep one of the two",
+            )
+        if flag.startswith("--") and flag in seen:
+            yield Problem(
+                where,
+                f"{flag} is given twice (also at {seen[flag]})",
+                "the engine keeps only the last one; remove the other",
+                Severity.WARNING,
+            )
+        seen.setdefault(flag, where)
+    engram_disk = _exl3_engram_disk(lane)
+    if engram_disk and "--enforce-eager" not in seen:
+        yield Problem(
+            f"{base}.args",
+            f"{engram_disk[0]}=1 needs --enforce-eager",
+            "CUDA graphs cannot capture the NVMe reads of engram-disk mode; add --enforce-eager",
+        )
+
+
+def _exl3_engram_disk(lane: LaneConfig) -> list[str]:
+    """Seed 000's engram-disk switch, when on. Only the EXL3 pack's own variable: its plugin's
+    NVMe reads cannot be captured in CUDA graphs. Other builds differ: seed 001's
+    VLLM_MOET_ENGRAM_DISK=1 runs with CUDA graphs and pins its KV offload region."""
+    var = lane.env.get("DSV41_ENGRAM_DISK")
+    return ["DSV41_ENGRAM_DISK"] if var is not None and var.value == "1" else []
+
+
+def _podman_flags(args: Iterable[str]) -> list[tuple[str, str | None]]:
+    """Pair podman options with their values (`--cap-add X` and `--cap-add=X` alike)."""
+    out: list[tuple[str, str | None]] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item.startswith("--") and "=" in item:
+            flag, value = item.split("=", 1)
+            out.append((flag, value))
+        elif item.startswith("-") and i + 1 < len(items) and not items[i + 1].startswith("-"):
+            out.append((item, items[i + 1]))
+            i += 1
+        else:
+            out.append((item, None))
+        i += 1
+    return out
+
+
+def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]:
+    """A container lane: its name, image, bind mounts, cache paths and podman flags."""
+    spec = lane.container
+    assert spec is not None
+    where = f"{base}.container"
+    cname = container_name(name, lane)
+    if not CONTAINER_NAME.match(cname):
+        yield Problem(
+            f"{where}.name",
+            f"{cname!r} is not a valid container name",
+            "use letters, digits and _.-",
+        )
+    if not spec.image.strip() or CONTROL.search(spec.image):
+        yield Problem(
+            f"{where}.image", f"{spec.image!r} is not an image name", "name a locally built image"
+        )
+    for i, volume in enumerate(spec.volumes):
+        src = volume.split(":", 1)[0]
+        if ":" not in volume:
+            yield Problem(
+                f"{where}.volumes[{i}]",
+                f"{volume!r} is not SRC:DST[:OPTIONS]",
+                "e.g. /models:/models:ro",
+            )
+        elif not src.startswith("/"):
+            yield Problem(
+                f"{where}.volumes[{i}]",
+                f"host path {src!r} is not absolute",
+                "named volumes belong in podman_args; a bind mount starts with /, ~ or $XDG_*",
+            )
+    yield from _check_cache_env(where, spec.cache_env)
+    yield from _check_podman_args(base, where, lane)
+
+
+def _check_cache_env(where: str, cache_env: Mapping[str, str]) -> Iterator[Problem]:
+    """Where each engine keeps what it compiles, inside the container."""
+    for key, path in cache_env.items():
+        if not ENV_NAME.match(key):
+            yield Problem(
+                f"{where}.cache_env.{key}",
+                f"{key!r} is not a valid environment variable name",
+                "use A-Z, 0-9 and _",
+            )
+        elif not path.startswith("/") or CONTROL.search(path):
+            yield Problem(
+                f"{where}.cache_env.{key}",
+                f"{path!r} is not an absolute path inside the container",
+                "e.g. /laned/cache/b12x (the lane's cache directory is mounted at /laned/cache)",
+            )
+
+
+def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Problem]:
+    """Extra podman flags: the known-bad combinations, and flags laned owns."""
+    spec = lane.container
+    assert spec is not None
+    flags = _podman_flags(spec.podman_args)
+    names = {flag for flag, _ in flags}
+    pargs = f"{where}.podman_args"
+    if "--shm-size" in names and spec.ipc == "host":
+        yield Problem(
+            pargs,
+            '--shm-size together with ipc = "host"',
+            "with the host's IPC namespace the container uses the host's /dev/shm; rootless podman "
+            "rejects the pair. Drop --shm-size",
+        )
+    cap_add = [v for f, v in flags if f == "--cap-add" and v and v.upper().endswith("IPC_LOCK")]
+    if cap_add:
+        disk = _exl3_engram_disk(lane)
+        memlock = any(f == "--ulimit" and v and v.startswith("memlock") for f, v in flags)
+        if disk and lane.engine_arg("--kv-offloading-size") is None:
+            yield Problem(
+                pargs,
+                f"--cap-add IPC_LOCK with {disk[0]}=1",
+                "engram-disk mode pins nothing (the pinned mode is unused); drop --cap-add IPC_LOCK",
+            )
+        elif not memlock:
+            yield Problem(
+                pargs,
+                "--cap-add IPC_LOCK without --ulimit memlock",
+                "pinning needs a raised memlock limit (--ulimit memlock=-1:-1); without it drop IPC_LOCK",
+                Severity.WARNING,
+            )
+    if "--gpus" in names:
+        yield Problem(
+            pargs,
+            "--gpus is Docker's GPU flag",
+            'rootless podman uses CDI: devices = ["nvidia.com/gpu=all"]',
+            Severity.WARNING,
+        )
+    for flag, value in flags:
+        name, has_value, _ = (value or "").partition("=")
+        if flag in ("-e", "--env") and has_value and looks_secret(name):
+            yield secret_in_config(base, lane, pargs, name)
+        if flag == "--env-file":
+            yield Problem(
+                pargs,
+                "--env-file hands podman a file laned does not check (mode, names)",
+                f"put its lines in the lane's secrets file ({base}.secrets_file, mode 0600): "
+                "laned passes each name to the container by name only",
+                Severity.WARNING,
+            )
+        if flag in ("--name", "--rm"):
+            yield Problem(
+                pargs,
+                f"{flag} is set by laned",
+                f"use {where}.name instead"
+                if flag == "--name"
+                else "remove it: laned removes the container itself, after reading how it ended",
+            )
+    if spec.network == "host" and ("-p" in names or "--publish" in names):
+        yield Problem(
+            pargs,
+            'publishing ports with network = "host" has no effect',
+            "the engine already listens on the host's port; drop -p/--publish",
+            Severity.WARNING,
+        )

@@ -1,0 +1,414 @@
+"""The config model: validated, immutable pydantic models of laned's TOML file.
+
+Parsing (TOML, every problem at once with its key path) is `laned.config.load`; semantic rules
+that span keys are `laned.config.rules`. This module knows neither, so both can build on it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from laned.config import paths
+from laned.config.durations import parse_duration
+from laned.errors import Problem, UnknownLane
+
+
+def _scalar_to_str(value: object) -> object:
+    """TOML numbers become the string the engine will see (2 -> "2"); booleans stay invalid."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+ArgText = Annotated[str, BeforeValidator(_scalar_to_str)]
+
+
+class _Model(BaseModel):
+    # Strict: no silent coercion of "8004" into a port or 1 into true. TOML arrays
+    # arrive as lists; the models hold tuples so that they stay immutable.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lists_to_tuples(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return data
+
+
+def _expand_path(value: str | None, info: ValidationInfo) -> str | None:
+    env = (info.context or {}).get("env", os.environ)
+    return None if value is None else paths.expand(value, env)
+
+
+class ProxyConfig(_Model):
+    """`[daemon.proxy]` (or `[lanes.X.proxy]`): requests for a lane that is starting wait."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    queue_limit: int = Field(default=64, ge=0)  # requests waiting for one lane, at most
+    queue_timeout: Duration = 1800.0  # how long one waits for its lane to be ready
+
+
+class DaemonConfig(_Model):
+    """`[daemon]`: where laned listens and where it writes what it renders."""
+
+    listen: str = "127.0.0.1:9000"
+    unit_dir: str = ""
+    bin_dir: str = ""
+    state_dir: str = ""
+    cache_dir: str = ""
+    podman: str = "podman"
+    podman_socket: str | None = None
+    token_file: str | None = None
+    token_for_reads: bool = False
+    host: str = ""  # this host's name in lanes' `nodes` (default: the hostname)
+    peer_token_file: str | None = None  # the token laned's peers present (0600)
+    default_lane: str | None = None
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+
+    @field_validator(
+        "unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket",
+        "peer_token_file",
+    )  # fmt: skip
+    @classmethod
+    def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _expand_path(value, info)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any, info: ValidationInfo) -> Any:
+        # Defaults follow the XDG variables the way systemd itself does.
+        if not isinstance(data, dict):
+            return data
+        env = (info.context or {}).get("env", os.environ)
+        data = dict(data)
+        data.setdefault("unit_dir", paths.default_unit_dir(env))
+        data.setdefault("bin_dir", paths.default_bin_dir(env))
+        data.setdefault("state_dir", paths.default_state_dir(env))
+        data.setdefault("cache_dir", paths.default_cache_dir(env))
+        data.setdefault("host", (info.context or {}).get("hostname") or os.uname().nodename)
+        return data
+
+
+class Arg(_Model):
+    """One engine argument: `flag` alone, or `flag` and `value`, with the reason it is there."""
+
+    flag: ArgText
+    value: ArgText | None = None
+    why: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        # A plain string in `args` is one argv element, exactly as written.
+        return {"flag": data} if isinstance(data, str) else data
+
+    def argv(self) -> list[str]:
+        """The argv elements this argument becomes."""
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+
+class EnvVar(_Model):
+    """One environment variable for the engine, with the reason it is set. `secret = false`:
+    a name that only looks secret (laned.config.secrecy) may carry its value in the config."""
+
+    value: ArgText
+    why: str | None = None
+    secret: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_scalar(cls, data: Any) -> Any:
+        if isinstance(data, (str, int, float)) and not isinstance(data, bool):
+            return {"value": _scalar_to_str(data)}
+        return data
+
+
+class Sampling(_Model):
+    """Server-side sampling defaults for requests that send none (generation_config.json keys)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    max_new_tokens: int | None = Field(default=None, gt=0)
+
+    def as_json_dict(self) -> dict[str, float | int]:
+        """The keys that are set, in a stable order, for generation_config.json."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class ContainerSpec(_Model):
+    """`[lanes.X.container]`: the engine runs as `podman run --rm` of a local image."""
+
+    image: str
+    name: str | None = None
+    entrypoint: str | None = None
+    command: tuple[ArgText, ...] = ()
+    devices: tuple[str, ...] = ()
+    network: str | None = None
+    ipc: str | None = None
+    security_opt: tuple[str, ...] = ()
+    volumes: tuple[str, ...] = ()
+    podman_args: tuple[ArgText, ...] = ()
+    compile_cache: bool = True
+    cache_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("volumes")
+    @classmethod
+    def _expand_sources(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        # Only the host side of SRC:DST[:OPTS] is a path on this machine.
+        env = (info.context or {}).get("env", os.environ)
+        out = []
+        for volume in value:
+            src, sep, rest = volume.partition(":")
+            out.append(paths.expand(src, env) + sep + rest)
+        return tuple(out)
+
+
+class ExecSpec(_Model):
+    """`[lanes.X.exec]`: the engine runs as a host process (a venv's vllm, the simulator)."""
+
+    command: tuple[ArgText, ...] = Field(min_length=1)
+
+
+class ProbeConfig(_Model):
+    """`[lanes.X.probe]`: how laned watches a lane (see docs/configuration.md)."""
+
+    interval: Duration = 5.0
+    failures: int = Field(default=3, ge=1)
+    stall_after: Duration = 120.0
+    start_interval_min: Duration = 0.1
+    start_interval_max: Duration = 5.0
+    memory_floor_gib: float = Field(default=0.0, ge=0)
+    memory_floor_for: Duration = 30.0
+
+
+class Needs(_Model):
+    """`[lanes.X.needs]`: what the lane needs of the host (seed 001's NEEDS line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    gpus: int = Field(default=0, ge=0)
+    gpu_memory_gib: float = Field(default=0.0, ge=0)  # in all, across the lane's GPUs
+    host_memory_gib: float = Field(default=0.0, ge=0)
+    disk_gib: float = Field(default=0.0, ge=0)
+
+
+class GpuGate(_Model):
+    """`[lanes.X.gpu_gate]`: before a start, wait until the lane's GPUs are free enough."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    enabled: bool = True
+    max_used_gib: float = Field(default=1.0, ge=0)  # per GPU, by compute processes
+    timeout: Duration = 120.0
+    interval: Duration = 0.25
+
+
+class PrepareStep(_Model):
+    """One command of `prepare`: argv (never a shell), with the reason and a time limit."""
+
+    command: tuple[ArgText, ...] = Field(min_length=1)
+    why: str | None = None
+    timeout: Duration = 1800.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_argv(cls, data: Any) -> Any:
+        # `prepare = [["kernels/build.sh", "--jobs", "8"], "/path/to/script"]`
+        if isinstance(data, str):
+            return {"command": (data,)}
+        if isinstance(data, (list, tuple)):
+            return {"command": tuple(data)}
+        return data
+
+
+GATES = ("load", "chat", "reasoning", "tools", "context", "speed")
+
+
+class ChecksConfig(_Model):
+    """`[lanes.X.checks]`: the acceptance gates (seed 002) and what they demand."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    after_activate: tuple[str, ...] = ()  # gates run by themselves after each activation
+    load_within: Duration = 3600.0  # the `load` gate: a cold start no longer than this
+    context_fraction: float = Field(default=0.85, gt=0, lt=1)
+    speed_min_tps: float = Field(default=15.0, gt=0)
+    deadline: Duration = 300.0  # each of chat, reasoning, tools and speed
+    context_deadline: Duration = 1800.0  # a prompt of 85% of a long window takes a while
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tuple(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("after_activate"), list):
+            return {**data, "after_activate": tuple(data["after_activate"])}
+        return data
+
+
+class Node(_Model):
+    """One host of a lane over several hosts: its name and its laned's control API."""
+
+    host: str = Field(min_length=1)
+    laned: str  # http(s)://HOST:PORT
+
+    @field_validator("laned")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+            raise ValueError(f"{value!r} is not http(s)://HOST:PORT (the host's laned)")
+        return value.rstrip("/")
+
+
+class RankConfig(_Model):
+    """`[lanes.X.rank.N]`: what differs on rank N (values for `${NAME}`, more args and env)."""
+
+    values: dict[str, ArgText] = Field(default_factory=dict)
+    args: tuple[Arg, ...] = ()
+    env: dict[str, EnvVar] = Field(default_factory=dict)
+
+
+class LaneConfig(_Model):
+    """`[lanes.X]`: one engine with its exact flags, environment, mounts and API key."""
+
+    description: str = ""
+    unit: str | None = None
+    group: str = "gpu"
+    port: int = Field(ge=1, le=65535)
+    health_path: str = "/health"
+    served_model_name: str
+    aliases: tuple[str, ...] = ()  # more model names laned's OpenAI endpoint routes here
+    proxy: ProxyConfig | None = None  # this lane's queue, instead of daemon.proxy
+    on_demand: bool = False  # a request for its model at laned's OpenAI endpoint activates it
+    drain_timeout: Duration = 120.0  # a stop waits this long for the endpoint's requests to end
+    # NAME=VALUE lines, mode 0600: each reaches the engine by name only (laned.config.secrecy).
+    secrets_file: str | None = None
+    secrets: tuple[str, ...] = ()  # the names the secrets file must define (never values)
+    api_key_file: str | None = None  # the older name of secrets_file: it must define VLLM_API_KEY
+    start_timeout: Duration = 3600.0
+    stop_timeout: Duration = 120.0
+    restart_sec: Duration = 15.0
+    restart_max_delay: Duration = 300.0
+    start_limit_burst: int = Field(default=5, ge=1)
+    start_limit_interval: Duration = 1800.0
+    sampling: Sampling | None = None
+    env: dict[str, EnvVar] = Field(default_factory=dict)
+    args: tuple[Arg, ...] = ()
+    probe: ProbeConfig = Field(default_factory=ProbeConfig)
+    model_dir: str | None = None
+    gpus: tuple[int, ...] | None = None
+    needs: Needs = Field(default_factory=Needs)
+    gpu_gate: GpuGate = Field(default_factory=GpuGate)
+    prepare: tuple[PrepareStep, ...] = ()
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
+    container: ContainerSpec | None = None
+    exec: ExecSpec | None = None
+    # A lane over several hosts (rank = position, rank 0 the head that serves the API); the
+    # values fill `${NAME}` placeholders on every rank, `rank` tables per rank.
+    nodes: tuple[Node, ...] = ()
+    values: dict[str, ArgText] = Field(default_factory=dict)
+    rank: dict[str, RankConfig] = Field(default_factory=dict)
+
+    @field_validator("secrets_file", "api_key_file", "model_dir")
+    @classmethod
+    def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _expand_path(value, info)
+
+    @property
+    def secrets_path(self) -> str | None:
+        """The lane's secrets file (`secrets_file`, or `api_key_file`, its older name)."""
+        return self.secrets_file or self.api_key_file
+
+    @property
+    def required_secrets(self) -> tuple[str, ...]:
+        """The names the secrets file must define: `secrets`, and VLLM_API_KEY for a file
+        named by `api_key_file`."""
+        legacy = ("VLLM_API_KEY",) if self.api_key_file and not self.secrets_file else ()
+        return tuple(dict.fromkeys((*legacy, *self.secrets)))
+
+    @property
+    def secrets_key(self) -> str:
+        """The config key that names the secrets file (for messages)."""
+        return "api_key_file" if self.api_key_file and not self.secrets_file else "secrets_file"
+
+    def engine_args(self) -> list[str]:
+        """The user's engine arguments as argv elements (without laned's own additions)."""
+        return [part for arg in self.args for part in arg.argv()]
+
+    def headless(self) -> bool:
+        """A worker rank of a lane over several hosts: it serves no API (docs/multinode.md)."""
+        return "--headless" in self.engine_args()
+
+    def engine_arg(self, flag: str) -> str | None:
+        """The argv element after `flag` in the engine arguments; None when it is not there."""
+        args = self.engine_args()
+        if flag in args and args.index(flag) + 1 < len(args):
+            return args[args.index(flag) + 1]
+        return None
+
+
+class Config(_Model):
+    """The whole file: `[daemon]` and `[lanes.*]`."""
+
+    daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    lanes: dict[str, LaneConfig] = Field(default_factory=dict)
+    source: str = Field(default="", exclude=True)
+    warnings: tuple[Problem, ...] = Field(default=(), exclude=True)
+    elsewhere: tuple[str, ...] = Field(default=(), exclude=True)  # lanes of other hosts
+
+    def lane(self, name: str) -> LaneConfig:
+        """The lane called `name`; UnknownLane, naming the configured lanes, otherwise."""
+        if name not in self.lanes:
+            known = ", ".join(sorted(self.lanes)) or "none"
+            raise UnknownLane(f"no lane named {name!r}", f"configured lanes: {known}")
+        return self.lanes[name]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _daemon_table(cls, data: Any) -> Any:
+        # Validate a missing [daemon] too, so that its defaults see the caller's environment.
+        if isinstance(data, dict) and "daemon" not in data:
+            return {**data, "daemon": {}}
+        return data
+
+
+def gpu_indices(spec: LaneConfig) -> tuple[int, ...] | None:
+    """The NVML indices of the lane's GPUs: `gpus`, else what its CDI devices
+    (`nvidia.com/gpu=0`) or CUDA_VISIBLE_DEVICES ("0,1") name; None means all of them."""
+    if spec.gpus is not None:
+        return spec.gpus
+    named: list[int] = []
+    for device in spec.container.devices if spec.container else ():
+        kind, _, which = device.partition("=")
+        if kind == "nvidia.com/gpu":
+            if not which.isdigit():
+                return None  # `all`, a UUID or a MIG name: all of them, as far as laned knows
+            named.append(int(which))
+    if named:
+        return tuple(sorted(set(named)))
+    visible = spec.env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        parts = [p.strip() for p in visible.value.split(",") if p.strip()]
+        if parts and all(p.isdigit() for p in parts):
+            return tuple(sorted({int(p) for p in parts}))
+    return None

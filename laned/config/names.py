@@ -1,0 +1,75 @@
+"""The one place that derives names and paths of a lane's unit, wrapper, container and files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from laned.config.model import Config, LaneConfig
+
+DAEMON_UNIT = "laned.service"
+CACHE_MOUNT = "/laned/cache"
+
+# Where engines keep what they compile at a cold start, inside the container; each points
+# into the lane's persistent cache directory (seed 001: FlashInfer autotune and DeepGEMM
+# JIT take ~22 minutes, and "nothing is cached across --rm containers").
+DEFAULT_CACHE_ENV = {
+    "VLLM_CACHE_ROOT": f"{CACHE_MOUNT}/vllm",  # torch.compile artifacts and vLLM's own caches
+    "FLASHINFER_WORKSPACE_BASE": f"{CACHE_MOUNT}",  # FlashInfer JIT (it appends .cache/flashinfer)
+    "DG_JIT_CACHE_DIR": f"{CACHE_MOUNT}/deep_gemm",  # DeepGEMM's JIT kernels
+    "TRITON_CACHE_DIR": f"{CACHE_MOUNT}/triton",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT}/inductor",
+    "TORCH_EXTENSIONS_DIR": f"{CACHE_MOUNT}/torch_extensions",
+    "CUDA_CACHE_PATH": f"{CACHE_MOUNT}/nv",  # the driver's PTX JIT cache
+    "XDG_CACHE_HOME": f"{CACHE_MOUNT}/xdg",  # whatever else follows XDG
+}
+
+
+def unit_name(lane: str, spec: LaneConfig) -> str:
+    """The lane's systemd unit: `unit` from the config, else `laned-<lane>.service`."""
+    return spec.unit or f"laned-{lane}.service"
+
+
+def container_name(lane: str, spec: LaneConfig) -> str:
+    """The podman container name: `container.name`, else `laned-<lane>`."""
+    if spec.container and spec.container.name:
+        return spec.container.name
+    return f"laned-{lane}"
+
+
+def wrapper_name(lane: str, spec: LaneConfig) -> str:
+    """The serve wrapper's file name: the unit's stem plus `-serve` (dsv41.service -> dsv41-serve)."""
+    return unit_name(lane, spec).removesuffix(".service") + "-serve"
+
+
+def unit_path(config: Config, lane: str) -> str:
+    """Where the lane's unit file is written."""
+    return f"{config.daemon.unit_dir}/{unit_name(lane, config.lanes[lane])}"
+
+
+def wrapper_path(config: Config, lane: str) -> str:
+    """Where the lane's serve wrapper is written."""
+    return f"{config.daemon.bin_dir}/{wrapper_name(lane, config.lanes[lane])}"
+
+
+def lane_state_dir(config: Config, lane: str) -> str:
+    """laned's own directory for one lane under state_dir."""
+    return f"{config.daemon.state_dir}/lanes/{lane}"
+
+
+def cache_dir(config: Config, lane: str) -> str:
+    """The lane's persistent compile-cache directory on the host (mounted at CACHE_MOUNT)."""
+    return f"{config.daemon.cache_dir}/lanes/{lane}"
+
+
+def podman_socket(config: Config, env: Mapping[str, str]) -> str:
+    """The podman API socket: daemon.podman_socket, else the user's socket-activated one."""
+    if config.daemon.podman_socket:
+        return config.daemon.podman_socket
+    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    return f"{runtime}/podman/podman.sock"
+
+
+def exit_record_path(config: Config, lane: str) -> str:
+    """Where the wrapper records the engine's own exit status (before any mapping)."""
+    return f"{lane_state_dir(config, lane)}/last-exit"

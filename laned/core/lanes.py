@@ -1,0 +1,187 @@
+"""The lane model, plain data: states, events, exits and each lane's status.
+
+No I/O and no decisions: `laned.core.policy` decides, the supervisor (the one owner) changes a
+LaneStatus, and the API, metrics and state file read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class LaneState(str, Enum):
+    """Where a lane is. `degraded`: running but unhealthy or stalled; `failed`: given up."""
+
+    INACTIVE = "inactive"
+    STARTING = "starting"
+    READY = "ready"
+    DEGRADED = "degraded"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+class Desired(str, Enum):
+    """What the operator asked for."""
+
+    ACTIVE = "active"
+    INACTIVE = "inactive"
+
+
+class Verdict(str, Enum):
+    """How an engine exit is judged."""
+
+    FAILURE = "failure"
+    REQUESTED = "requested"
+
+
+@dataclass(frozen=True)
+class LastExit:
+    """An engine exit: its own status (not the wrapper's mapping) or signal, the verdict,
+    and why (for a failure: what laned saw first, e.g. failed health probes)."""
+
+    code: int | None
+    signal: int | None
+    at: float
+    verdict: Verdict
+    oom_killed: bool = False
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored and served."""
+        data = asdict(self)
+        data["verdict"] = self.verdict.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LastExit:
+        """From what to_json stored."""
+        return cls(
+            data.get("code"),
+            data.get("signal"),
+            float(data["at"]),
+            Verdict(data["verdict"]),
+            bool(data.get("oom_killed", False)),
+            str(data.get("reason", "")),
+        )
+
+
+class EventKind(str, Enum):
+    """A transition, or something worth knowing that changes no state (a note)."""
+
+    TRANSITION = "transition"
+    PREFLIGHT = "preflight"
+    GATE = "gate"
+    PREPARE = "prepare"
+    CHECK = "check"
+    STARTUP = "startup"  # what the engine said of its start: a compile cache hit, a skipped step
+    DRAIN = "drain"  # requests at laned's OpenAI endpoint waited for (or cut) before a stop
+    PEER = "peer"  # a lane over several hosts: what was asked of (or seen at) another rank
+    MANAGER = "manager"  # the user manager re-executed, out of reach, back (or a new one)
+    EXIT = "exit"  # how an engine's exit was judged where a transition does not say it
+
+
+@dataclass(frozen=True)
+class Event:
+    """One transition of one lane (or, for other kinds, a note with from == to)."""
+
+    at: float
+    lane: str
+    from_state: LaneState
+    to_state: LaneState
+    reason: str
+    kind: EventKind = EventKind.TRANSITION
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored and served."""
+        return {
+            "at": self.at,
+            "lane": self.lane,
+            "kind": self.kind.value,
+            "from": self.from_state.value,
+            "to": self.to_state.value,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Event:
+        """From what to_json stored."""
+        return cls(
+            float(data["at"]),
+            str(data["lane"]),
+            LaneState(data["from"]),
+            LaneState(data["to"]),
+            str(data["reason"]),
+            EventKind(data.get("kind", "transition")),
+        )
+
+
+@dataclass
+class LaneStatus:
+    """Everything laned knows about one lane; owned and mutated by the supervisor alone."""
+
+    name: str
+    state: LaneState = LaneState.INACTIVE
+    desired: Desired = Desired.INACTIVE
+    since: float = 0.0
+    reason: str = ""
+    phase: str | None = None
+    progress: float | None = None
+    restarts: int = 0
+    last_exit: LastExit | None = None
+    failures: list[float] = field(default_factory=list)  # times of recent failures
+    last_cold_start: float | None = None  # seconds, of the last start that became ready
+    started_at: float | None = None  # when the current start began (clock time)
+    phases: list[tuple[str, float]] = field(default_factory=list)  # this start: (phase, since)
+    notes: list[str] = field(default_factory=list)  # this start: "compile cache hit (...)"
+    last_phases: dict[str, float] = field(default_factory=dict)  # last good start: phase -> s
+    image_id: str | None = None  # container lanes: the image of the last good start
+    checks: dict[str, Any] | None = None  # the last acceptance run (see laned.gates.acceptance)
+
+    def to_json(self) -> dict[str, Any]:
+        """As served by the API and stored in state_dir."""
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "desired": self.desired.value,
+            "since": self.since,
+            "reason": self.reason,
+            "phase": self.phase,
+            "progress": self.progress,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit.to_json() if self.last_exit else None,
+            "last_cold_start": self.last_cold_start,
+            "last_phases": self.last_phases,
+            "image_id": self.image_id,
+            "checks": self.checks,
+        }
+
+    def startup(self, now: float) -> dict[str, Any] | None:
+        """While starting: elapsed time, each phase so far, and what the last cold start predicts."""
+        if self.state is not LaneState.STARTING or self.started_at is None:
+            return None
+        elapsed = max(now - self.started_at, 0.0)
+        expected = self.last_cold_start
+        return {
+            "elapsed": round(elapsed, 1),
+            "expected": expected,
+            "remaining": None if expected is None else round(max(expected - elapsed, 0.0), 1),
+            "phases": [
+                {"phase": name, "seconds": seconds}
+                for name, seconds in phase_durations(self.phases, now)
+            ],
+            "notes": list(self.notes),
+        }
+
+
+def phase_durations(phases: Iterable[tuple[str, float]], end: float) -> list[tuple[str, float]]:
+    """(phase, seconds) from (phase, since) marks: each lasts until the next one (or `end`)."""
+    marks = list(phases)
+    out = []
+    for i, (name, since) in enumerate(marks):
+        until = marks[i + 1][1] if i + 1 < len(marks) else end
+        out.append((name, round(max(until - since, 0.0), 3)))
+    return out

@@ -1,0 +1,1 @@
+"""The acceptance gates and the benchmark, run against a lane's OpenAI-compatible API."""

@@ -1,0 +1,314 @@
+"""`laned import`: a published `docker run` / `podman run` command line as a laned lane.
+
+Pure: text in, an `Imported` lane out (rendered as TOML by `laned.importer.toml_out`). Everything
+the recipe says is carried over; what rootless podman under systemd cannot take as written
+is translated, each change with a note that says what and why (docs/import.md):
+
+- `--gpus all` (Docker's NVIDIA runtime) becomes the CDI device `nvidia.com/gpu=all`;
+- `--rm`, `-d`, `-i`, `-t`, `--restart`, `--pull` go: laned removes the container itself
+  after reading how it ended, systemd runs it in the foreground and restarts it;
+- `--shm-size` goes beside `--ipc host` (seed 000: the host's /dev/shm is used then);
+- `-p` is kept for the engine's port, dropped under `--network host`;
+- the engine's `--port` and `--served-model-name` become `port` and `served_model_name`;
+  a secret (`--api-key`, `--hf-token`, `-e HF_TOKEN=...` or any name laned.config.secrecy calls
+  secret, `--env-file`) leaves the argv and the TOML for a line in the lane's
+  `secrets_file`, named, never with its value (a placeholder for it is never asked for);
+- an option given twice is kept once.
+
+Placeholders (`$VAR`, `${VAR}`, and `<name>` as recipes write one) that differ per node (NODE_RANK, HEAD_IP, ...) are kept as
+written and reported; others take their value from `--set NAME=VALUE`; any left is an error
+that names them all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from laned.config.secrecy import SECRET_FLAGS, looks_secret, secrets_file_line
+from laned.importer.cmdline import CLOSE, OPEN, PLACEHOLDER, Word, command_at
+from laned.importer.run_options import (
+    BadImport,
+    Imported,
+    comment_of,
+    secret,
+    split_run,
+    translate_options,
+)
+
+PER_NODE = ("NODE_RANK", "HEAD_IP", "NODE_IP", "MASTER_ADDR", "CX7_IF", "CX7_IB")
+VLLM_DEFAULT_PORT = 8000  # vllm/entrypoints/openai/cli_args.py: --port default
+
+
+SHARED = ("HEAD_IP", "MASTER_ADDR")  # the same on every rank of a lane over several hosts
+
+
+def import_run(
+    text: str,
+    name: str | None = None,
+    values: Mapping[str, str] = {},
+    nodes: Sequence[tuple[str, str]] = (),
+) -> Imported:
+    """The lane that the one `docker run` / `podman run` in `text` describes; with `nodes`
+    (host, laned URL) in rank order, a lane over those hosts, its per-node placeholders
+    kept for laned to fill on each rank."""
+    given = [k for k in values if looks_secret(k)]
+    if given:
+        raise BadImport(
+            f"--set {given[0]}=... puts a secret on a command line (and in shell history)",
+            f"leave it out: laned import names {given[0]} as a line for the lane's secrets file "
+            "(mode 0600), where you write its value",
+        )
+    words = [_angles(w) for w in _the_run(text)]
+    options, image, rest = split_run(words)
+    resolve = _Resolver({k: v for k, v in values.items() if not nodes or k not in PER_NODE})
+    out = Imported(name="")
+    engine = [
+        w.text  # a secret flag's value leaves the argv: its placeholder needs no value
+        if i
+        and (rest[i - 1].text in SECRET_FLAGS or rest[i - 1].text.split("=")[0] in SECRET_FLAGS)
+        else resolve(
+            w,
+            f"{rest[i - 1].shown()} {w.shown()}"
+            if i and rest[i - 1].text.startswith("-")
+            else w.shown(),
+        )
+        for i, w in enumerate(rest)
+    ]
+    _engine(out, engine, rest)
+    out.name = name or _lane_name(str(out.lane["served_model_name"]))
+    translate_options(out, options, resolve, resolve.values)
+    if out.secrets or out.secret_files:
+        _secrets_file(out)
+    out.container = {"image": resolve(image, "the image"), **out.container}
+    resolve.finish(out)
+    _needs(out)
+    _caches(out)
+    if nodes:
+        _nodes(out, nodes, values)
+    short = str(out.container["image"]).rsplit("/", 1)[-1].split("@")[0]
+    out.lane = {
+        "description": f"{out.lane['served_model_name']} ({short}), imported",
+        **out.lane,
+    }
+    return out
+
+
+# `<name>` as recipes write a value to fill in (`-e HF_TOKEN=<secret>`, `-v <path>:/models`):
+# a whole word, or a part between `=`, `:` or `/`; `<|im_start|>` and prose are left alone.
+_ANGLE = re.compile(r"(?:(?<=^)|(?<=[=:/]))<([A-Za-z][A-Za-z0-9_-]*)>(?=$|[:/])")
+
+
+def _angles(word: Word) -> Word:
+    """A word with each `<name>` as a placeholder, like `${NAME}`."""
+    text = _ANGLE.sub(lambda m: f"{OPEN}{m.group(1).upper().replace('-', '_')}{CLOSE}", word.text)
+    return word if text == word.text else Word(text, word.line, word.comment)
+
+
+def _secrets_file(out: Imported) -> None:
+    """The lane's secrets file, named after the lane, and the lines to write in it."""
+    path = f"~/.config/laned/{out.name}.env"
+    out.lane["secrets_file"] = path
+    lines = [f"  {secrets_file_line(n)}    (the recipe's {how})" for n, how in out.secrets.items()]
+    lines += [f"  the lines of {f}    (the recipe's --env-file {f})" for f in out.secret_files]
+    out.notes["secrets_file"] = "\n".join(
+        [
+            "the recipe's secrets, out of every argv and out of this file: create it with",
+            f"`umask 077; $EDITOR {path}` and write, with your values:",
+            *lines,
+        ]
+    )
+    if out.secrets:
+        out.lane["secrets"] = list(out.secrets)
+        out.notes["secrets"] = "the names the secrets file must define (laned preflight checks)"
+
+
+_RUN = re.compile(
+    r"^\s*(?:\$\s+)?(?:sudo\s+)?(?:\S*/)?(?:docker|podman)\s+(?:container\s+)?run(?:\s|$)"
+)
+
+
+def _the_run(text: str) -> list[Word]:
+    """The words after `run` of the one docker/podman run in the text (prose around it, as a
+    recipe page has, is not read)."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if _RUN.match(line)]
+    if len(starts) != 1:
+        found = (
+            "no" if not starts else f"{len(starts)} (lines {', '.join(str(i + 1) for i in starts)})"
+        )
+        raise BadImport(
+            f"{found} `docker run` / `podman run` command found; one is needed",
+            "give laned import the recipe's one start command (--file F, or - for stdin)",
+        )
+    words = command_at(lines, starts[0])
+    at = next(i for i, w in enumerate(words) if w.text == "run")
+    return words[at + 1 :]
+
+
+class _Resolver:
+    """Placeholders: per-node ones kept (and reported), the rest from --set, or an error."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self.values = dict(values)
+        self.unknown: dict[str, list[str]] = {}
+        self.per_node: dict[str, list[str]] = {}
+
+    def __call__(self, word: Word | str, where: str) -> str:
+        text = word.text if isinstance(word, Word) else word
+        for placeholder in PLACEHOLDER.findall(text):
+            if placeholder in self.values:
+                continue
+            if placeholder in PER_NODE:
+                self.per_node.setdefault(placeholder, []).append(where)
+            elif placeholder != "HOME":
+                self.unknown.setdefault(placeholder, []).append(where)
+
+        def fill(match: re.Match[str]) -> str:
+            placeholder = match.group(1)
+            if placeholder in self.values:
+                return self.values[placeholder]
+            return "~" if placeholder == "HOME" else f"${{{placeholder}}}"
+
+        return PLACEHOLDER.sub(fill, text)
+
+    def finish(self, out: Imported) -> None:
+        if self.unknown:
+            named = "; ".join(f"${{{k}}} ({', '.join(v)})" for k, v in self.unknown.items())
+            sets = " ".join(f"--set {k}=VALUE" for k in self.unknown)
+            raise BadImport(
+                f"placeholders with no value: {named}",
+                f"give each a value: laned import {sets} (per-node ones laned knows: "
+                f"{', '.join(PER_NODE)})",
+            )
+        out.per_node = self.per_node
+
+
+def _engine(out: Imported, engine: list[str], words: list[Word]) -> None:
+    """The words after the image: command (`serve MODEL`), then `--flag [value]` pairs."""
+    command: list[str] = []
+    i = 0
+    while i < len(engine) and not engine[i].startswith("-"):
+        command.append(engine[i])
+        i += 1
+    pairs: list[tuple[str, str | None, str]] = []
+    while i < len(engine):
+        flag, comment, value = engine[i], comment_of(words, i), None
+        if flag.startswith("--") and "=" in flag:
+            flag, value = flag.split("=", 1)
+        elif i + 1 < len(engine) and _is_value(engine[i + 1]):
+            value = engine[i + 1]
+            i += 1
+        pairs.append((flag, value, comment))
+        while flag == "--served-model-name" and i + 1 < len(engine) and _is_value(engine[i + 1]):
+            pairs.append((flag, engine[i + 1], comment))  # nargs="+" in vLLM
+            i += 1
+        i += 1
+    model = command[1] if command[:1] == ["serve"] and len(command) > 1 else None
+    names, port, kept = [], None, []
+    for flag, value, why in pairs:
+        if flag == "--model" and value is not None:
+            model = model or value
+        if flag == "--served-model-name" and value is not None:
+            names.append(value)
+        elif flag == "--port" and value is not None:
+            port = value
+        elif flag in SECRET_FLAGS:
+            secret(out, SECRET_FLAGS[flag], f"engine flag {flag}")
+        else:
+            kept.append((flag, value, why))
+    out.args = kept
+    out.container["command"] = command
+    _model_names(out, names, model)
+    _port(out, port)
+
+
+def _is_value(word: str) -> bool:
+    return not word.startswith("-") or bool(re.fullmatch(r"-[0-9.]+", word))
+
+
+def _model_names(out: Imported, names: list[str], model: str | None) -> None:
+    if names:
+        out.lane["served_model_name"] = names[0]
+        out.notes["served_model_name"] = "the recipe's --served-model-name (laned passes it)"
+        if names[1:]:
+            out.lane["aliases"] = names[1:]
+            out.notes["aliases"] = (
+                "more --served-model-name names: laned's endpoint routes them to this lane"
+            )
+            out.changes.append("--served-model-name's later names became `aliases`")
+    elif model:
+        out.lane["served_model_name"] = model
+        out.notes["served_model_name"] = "no --served-model-name: vLLM names the model by its path"
+    else:
+        raise BadImport(
+            "the engine's arguments name no model (`serve MODEL`, --model or --served-model-name)",
+            "is this a vLLM command line? laned import reads `vllm serve` launches",
+        )
+
+
+def _port(out: Imported, port: str | None) -> None:
+    if port is None:
+        out.lane["port"] = VLLM_DEFAULT_PORT
+        out.notes["port"] = "no --port: vLLM's default, 8000 (laned passes --port itself)"
+        return
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadImport(f"--port {port!r} is not a port number", "give --port a number")
+    out.lane["port"] = int(port)
+    out.notes["port"] = "the recipe's --port (laned passes it, and probes the engine there)"
+
+
+def _caches(out: Imported) -> None:
+    """A cache path inside the container dies with it: laned removes every container."""
+    mounts = [v.split(":")[1] for v in out.container.get("volumes", []) if v.count(":") >= 1]  # type: ignore[attr-defined]
+    for name, (path, _) in out.env.items():
+        cache = name.endswith(("CACHE_DIR", "CACHE_HOME", "CACHE_ROOT", "CACHE_PATH"))
+        if cache and path.startswith("/") and not any(path.startswith(m) for m in mounts):
+            out.warnings.append(
+                f"env {name}={path} is inside the container, which is removed after each run: "
+                "nothing it compiles is kept. laned mounts the lane's own cache directory at "
+                f'/laned/cache: set container.cache_env {{ {name} = "/laned/cache/..." }} and '
+                "drop it from env"
+            )
+
+
+def _lane_name(model: str) -> str:
+    """A lane name from a model name: deepseek-v4.1-flash -> deepseek-v4-1-flash."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", model.rsplit("/", 1)[-1].lower()).strip("-_")
+    return (slug or "lane")[:32]
+
+
+def _needs(out: Imported) -> None:
+    """The GPUs one host gives the lane, from its parallel sizes (a guess to confirm)."""
+    sizes = {flag: value for flag, value, _ in out.args}
+    product = 1
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size"):
+        text = sizes.get(flag) or "1"
+        product *= int(text) if text.isdigit() else 1
+    nodes = sizes.get("--nnodes") or "1"
+    gpus = max(product // (int(nodes) if nodes.isdigit() else 1), 1)
+    out.lane["needs"] = {"gpus": gpus, "gpu_memory_gib": 0, "host_memory_gib": 0, "disk_gib": 0}
+    out.notes["needs"] = (
+        "fill in from the recipe's NEEDS line (GiB); gpus from its parallel sizes, per host"
+    )
+
+
+def _nodes(out: Imported, nodes: Sequence[tuple[str, str]], values: Mapping[str, str]) -> None:
+    """A lane over several hosts: its nodes, the values its placeholders take (given with
+    --set, else empty to fill in), and --headless on every rank but the head."""
+    nnodes = next((v for f, v, _ in out.args if f == "--nnodes"), None)
+    if nnodes is not None and nnodes.isdigit() and int(nnodes) != len(nodes):
+        raise BadImport(
+            f"--nodes names {len(nodes)} host(s), the command line says --nnodes {nnodes}",
+            "give one --nodes HOST=URL per node, the head (rank 0) first",
+        )
+    out.nodes = list(nodes)
+    used = [p for p in out.per_node if p != "NODE_RANK"]
+    out.values = {p: values.get(p, "") for p in used if p in SHARED or p in values}
+    out.ranks = {rank: {p: "" for p in used if p not in out.values} for rank in range(len(nodes))}
+    if any(f == "--headless" for f, _, _ in out.args):
+        return
+    out.rank_args = {
+        rank: [("--headless", None, "a worker rank: no API server, vLLM's runtime on this host")]
+        for rank in range(1, len(nodes))
+    }

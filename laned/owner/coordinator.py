@@ -1,0 +1,165 @@
+"""Lanes over several hosts: the head's laned coordinates the ranks (docs/multinode.md).
+
+- A request for the whole lane (activate, deactivate, restart) made on a worker's host is
+  handed to the head. The head asks every worker's laned to act on its own rank
+  (`?rank_only=true`, with the peer token); each worker runs its own preflight, GPU gate and
+  drain. Then the head acts on its own rank. A worker that cannot be reached refuses an
+  activation before anything starts: the head would wait for it at the rendezvous forever.
+- The head watches its workers every few seconds while the lane is desired:
+  - a worker's laned that does not answer leaves the lane `degraded` with the reason, and
+    nothing is restarted for it;
+  - a worker whose rank is not desired as the head's is (a host that booted, a missed call)
+    is asked again: the head's desire wins;
+  - once every worker answers again, the lane is `ready` again.
+- A rank that dies takes the others with it by vLLM's own coupling: the head's engine dies
+  when a worker goes away, and a worker exits when its head does. Each host's laned restarts
+  its own rank, and the ranks meet again at the rendezvous. The head's backoff and crash-loop
+  rule pace the lane, because a worker waits for its head.
+- A worker's laned starts its rank at boot only when the head asks (resume.plan_reconcile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from laned.adapters.peers import Peers
+from laned.config.model import LaneConfig, Node
+from laned.config.ranks import rank_here
+from laned.core.lanes import Desired, EventKind, LaneStatus
+from laned.errors import PeerUnreachable
+
+if TYPE_CHECKING:
+    from laned.owner.supervisor import Supervisor
+
+log = logging.getLogger("laned.coordinator")
+INTERVAL = 2.0  # seconds between the head's looks at its workers
+
+
+class Coordinator:
+    """The ranks of this host's lanes over several hosts, kept as one."""
+
+    def __init__(
+        self, supervisor: Supervisor, token: str | None, interval: float = INTERVAL
+    ) -> None:
+        self.supervisor = supervisor
+        self.peers = Peers(token)
+        self.interval = interval
+        self.seen: dict[str, dict[int, dict[str, Any]]] = {}  # lane -> rank -> what it showed
+        self._tasks: list[asyncio.Task[None]] = []
+        self._asking: set[str] = set()  # lanes whose workers are being asked, now
+
+    def spec(self, lane: str) -> LaneConfig:
+        return self.supervisor.config.lanes[lane]
+
+    def rank(self, lane: str) -> int | None:
+        """This host's rank in the lane; None for a lane of this host alone."""
+        return rank_here(self.supervisor.config, lane) if self.spec(lane).nodes else None
+
+    def workers(self, lane: str) -> list[tuple[int, Node]]:
+        return list(enumerate(self.spec(lane).nodes))[1:]
+
+    # --- requests ----------------------------------------------------------------------
+
+    async def ask_head(self, lane: str, action: str, force: bool) -> None:
+        """A worker's host: hand the request for the whole lane to the head, which calls
+        this host back for its own rank before it answers."""
+        head = self.spec(lane).nodes[0]
+        self.supervisor.ledger.note(lane, EventKind.PEER, f"{action}: asked the head, {head.host}")
+        await self.peers.forward(head, lane, action, force)
+
+    async def ask_workers(self, lane: str, action: str, force: bool) -> None:
+        """The head: every worker acts on its own rank. An activation is refused, with
+        nothing started, when a worker cannot be reached; a stop goes on regardless."""
+        self._asking.add(lane)  # no look meanwhile: the head's own desire changes after this
+        try:
+            await self._ask_workers(lane, action, force)
+        finally:
+            self._asking.discard(lane)
+
+    async def _ask_workers(self, lane: str, action: str, force: bool) -> None:
+        if action == "activate":
+            for _, node in self.workers(lane):
+                await self.peers.view(node, lane)  # PeerUnreachable: refuse before any start
+        for rank, node in self.workers(lane):
+            try:
+                await self.peers.ask(node, lane, action, force)
+                self.supervisor.ledger.note(
+                    lane, EventKind.PEER, f"{action}: rank {rank} on {node.host}"
+                )
+            except PeerUnreachable as exc:
+                if action == "activate":
+                    raise
+                self.supervisor.ledger.note(
+                    lane, EventKind.PEER, f"{action}: rank {rank}: {exc.message}"
+                )
+
+    # --- watching ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Watch the workers of every lane this host heads."""
+        for lane in self.supervisor.config.lanes:
+            if self.rank(lane) == 0:
+                self._tasks.append(asyncio.ensure_future(self._watch(lane)))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.peers.close()
+
+    async def _watch(self, lane: str) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.look(lane)
+            except Exception:  # a look that fails must not end the watch
+                log.exception("watching the workers of %s", lane)
+
+    async def look(self, lane: str) -> None:
+        """One look at every worker of a lane this host heads (see the module's rules)."""
+        status: LaneStatus = self.supervisor.statuses[lane]
+        trouble = None
+        seen = self.seen.setdefault(lane, {})
+        for rank, node in self.workers(lane):
+            try:
+                view = await self.peers.view(node, lane)
+            except PeerUnreachable as exc:
+                seen[rank] = {
+                    "rank": rank,
+                    "host": node.host,
+                    "reachable": False,
+                    "error": exc.message,
+                }
+                trouble = trouble or f"peer {node.host} (rank {rank}) unreachable: {exc.message}"
+                continue
+            seen[rank] = {
+                "rank": rank, "host": node.host, "reachable": True,
+                "state": view.get("state"), "desired": view.get("desired"),
+                "phase": view.get("phase"),
+            }  # fmt: skip
+            desired = status.desired  # as it is now, after the await
+            if lane in self._asking:
+                return  # a coordinated request is under way: it sets every rank itself
+            if view.get("desired") != desired.value:
+                action = "activate" if desired is Desired.ACTIVE else "deactivate"
+                try:
+                    await self.peers.ask(node, lane, action)
+                    self.supervisor.ledger.note(
+                        lane, EventKind.PEER, f"{action}: rank {rank} on {node.host} (converging)"
+                    )
+                except PeerUnreachable as exc:
+                    trouble = trouble or f"peer {node.host} (rank {rank}) refused: {exc.message}"
+        if status.desired is Desired.ACTIVE:
+            self.supervisor.peer_trouble(lane, trouble)
+
+    def peers_of(self, lane: str) -> list[dict[str, Any]]:
+        """What the head last saw of each worker (for the view)."""
+        return [
+            self.seen.get(lane, {}).get(r, {"rank": r, "host": n.host})
+            for r, n in self.workers(lane)
+        ]

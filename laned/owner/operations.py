@@ -1,0 +1,131 @@
+"""Operations: one activate, deactivate or restart under way per group, generation-stamped.
+
+The newest request for a group supersedes the operation under way: its tasks are
+cancelled and its caller hears `Superseded`. Cancelling alone is not trusted: after every
+await an operation asks `check()`, which raises Superseded once it is no longer current —
+llama-swap's rule that "a read that gates a mutation is a bug", kept by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+
+from laned.core.lanes import Desired, LaneStatus
+from laned.core.policy import Current, OpKind, SwapResult
+from laned.core.recorder import Recorder
+from laned.errors import Finding, LanedError, Superseded
+from laned.owner.ledger import new_future
+
+
+@dataclass
+class Operation:
+    """An activate, deactivate or restart in progress for one group."""
+
+    lane: str
+    kind: OpKind
+    generation: int  # 0: runs alongside the group's operation, never current itself
+    future: asyncio.Future[LaneStatus]
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    from_lane: str = "none"
+    started: float = field(default_factory=time.monotonic)
+    force: bool = False  # start despite preflight errors, stop without draining requests
+    unattended: bool = False  # laned's own (at start): a refusal fails the lane, visibly
+    findings: list[Finding] | None = None  # a preflight its caller already ran
+    desired_before: dict[str, Desired] = field(default_factory=dict)  # restored if refused
+
+
+class Operations:
+    """The operation under way of each group."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.current: dict[str, Operation] = {}  # group -> its operation
+        self._generation = 0
+
+    def of(self, group: str) -> Operation | None:
+        """The group's operation under way."""
+        return self.current.get(group)
+
+    def view(self, group: str) -> Current | None:
+        """The group's operation as policy sees it."""
+        op = self.current.get(group)
+        return None if op is None else Current(op.lane, op.kind)
+
+    def begin(self, lane: str, kind: OpKind, group: str) -> Operation:
+        """A new operation, current for its group from now on."""
+        self._generation += 1
+        op = Operation(lane, kind, self._generation, new_future())
+        self.current[group] = op
+        return op
+
+    @staticmethod
+    def alongside(lane: str, kind: OpKind) -> Operation:
+        """An operation that runs beside the group's current one without displacing it."""
+        return Operation(lane, kind, 0, new_future())
+
+    @staticmethod
+    def run(op: Operation, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        """Run a step of the operation as a task that a supersession cancels."""
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        op.tasks.add(task)
+        task.add_done_callback(op.tasks.discard)
+        return task
+
+    def is_current(self, op: Operation, group: str) -> bool:
+        """Whether the operation is still its group's current one."""
+        return self.current.get(group) is op
+
+    def check(self, op: Operation, group: str) -> None:
+        """After an await: go on only while the operation is current."""
+        if not self.is_current(op, group):
+            raise Superseded(
+                f"{op.kind.value} {op.lane} was replaced by a newer request",
+                "the newest request for a group wins",
+            )
+
+    def supersede(self, op: Operation, group: str, why: str) -> None:
+        """A newer request wins: cancel the operation's tasks, tell its caller."""
+        me = asyncio.current_task()
+        for task in list(op.tasks):
+            if task is not me:
+                task.cancel()
+        error = Superseded(why, "the newest request for a group wins")
+        self._record_swap(op, error)
+        if not op.future.done():
+            op.future.set_exception(error)
+        if self.current.get(group) is op:
+            del self.current[group]
+
+    def finish(
+        self, op: Operation, group: str, status: LaneStatus, error: LanedError | None
+    ) -> None:
+        """The operation ended: its caller hears the lane's status or the error."""
+        self._record_swap(op, error)
+        if not op.future.done():
+            if error is None:
+                op.future.set_result(status)
+            else:
+                op.future.set_exception(error)
+        if self.current.get(group) is op:
+            del self.current[group]
+
+    def cancel_all(self) -> list[asyncio.Task[None]]:
+        """Cancel every operation's tasks (laned is stopping); the tasks, to wait for."""
+        tasks = [t for op in self.current.values() for t in op.tasks]
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    def _record_swap(self, op: Operation, error: BaseException | None) -> None:
+        if op.kind is not OpKind.ACTIVATE or op.future.done():
+            return
+        if error is None:
+            result = SwapResult.READY
+        elif isinstance(error, Superseded):
+            result = SwapResult.SUPERSEDED
+        else:
+            result = SwapResult.FAILED
+        self.recorder.swap(op.from_lane, op.lane, result.value, time.monotonic() - op.started)

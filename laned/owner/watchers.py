@@ -1,0 +1,200 @@
+"""Watchers: readiness, liveness (health, stall, memory floor) and startup phases.
+
+A watcher probes and reads, and reports what it saw to the owner as an observation; it
+never changes a lane's state. The owner answers each report with whether to go on watching
+(False once the run it watches is over or no longer serving).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from laned.adapters import journal
+from laned.adapters.host import meminfo
+from laned.adapters.probes import Probe, read_api_key
+from laned.config.model import LaneConfig
+from laned.core.liveness import EngineSample, MemoryFloor, StallDetector
+from laned.core.phases import Seen, read_line
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A liveness round begins (the owner may say the run is over)."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Health answers 200 and /v1/models lists the served model."""
+
+    image_id: str | None = None  # the image a container lane runs
+
+
+@dataclass(frozen=True)
+class StartTimedOut:
+    """Not ready within start_timeout."""
+
+    after: float
+
+
+@dataclass(frozen=True)
+class ProbeFailed:
+    """One health probe failed; `failures` in a row so far, `limit` allowed."""
+
+    failures: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One scrape of the engine's /metrics."""
+
+    sample: EngineSample
+    at: float  # monotonic
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """Requests running or waiting and no token moving for `after` seconds."""
+
+    sample: EngineSample
+    after: float
+
+
+@dataclass(frozen=True)
+class MemoryLow:
+    """The host's MemAvailable stayed below the lane's floor."""
+
+    available_gib: float
+
+
+Observation = Tick | Ready | StartTimedOut | ProbeFailed | Sampled | Stalled | MemoryLow
+Report = Callable[[Observation], bool]
+
+
+# A close watch on the port: a connection attempt this often (HTTP once it accepts, at most
+# every CLOSE_HTTP), for CLOSE_FOR seconds after a trigger: the engine's last startup lines
+# (which journald hands on up to 250 ms late: it coalesces its change notifications), or the
+# time the lane's last cold start took, CLOSE_LEAD of it in, no more than CLOSE_LEAD_MAX
+# seconds early.
+CLOSE_EVERY = 0.01
+CLOSE_HTTP = 0.1
+CLOSE_FOR = 60.0
+CLOSE_LEAD = 0.8
+CLOSE_LEAD_MAX = 30.0
+
+
+def close_watch_from(expected: float | None) -> float | None:
+    """Seconds into a start when the close watch begins, given the last cold start."""
+    if expected is None or expected <= 0:
+        return None
+    return max(expected * CLOSE_LEAD, expected - CLOSE_LEAD_MAX)
+
+
+async def await_ready(
+    probe: Probe,
+    spec: LaneConfig,
+    poke: asyncio.Event,
+    report: Report,
+    expected: float | None = None,
+) -> bool:
+    """Probe until the engine is ready (True) or start_timeout has passed (False, reported;
+    a Ready the caller reports, with what it learns about the run).
+
+    Probing backs off over a long cold start (×1.5 from start_interval_min to
+    start_interval_max). A close watch (the port every 10 ms) begins when `poke` is set —
+    the engine logged that it is about to serve — and when the start has run most of the
+    `expected` seconds the last cold start took: journald alone would be up to 250 ms late."""
+    if spec.headless():
+        # A worker rank serves no API: its unit running is all it shows. Its death (it exits
+        # when the head goes away) reaches laned as the unit's exit.
+        return True
+    started = time.monotonic()
+    interval = spec.probe.start_interval_min
+    key = read_api_key(spec.secrets_path)
+    planned = close_watch_from(expected)
+    close_until, opened = 0.0, False
+    while True:
+        if await probe.health(spec.port, spec.health_path):
+            models = await probe.models(spec.port, key)
+            if models is not None and spec.served_model_name in models:
+                return True
+        elapsed = time.monotonic() - started
+        if elapsed >= spec.start_timeout:
+            report(StartTimedOut(spec.start_timeout))
+            return False
+        if poke.is_set():
+            poke.clear()
+            close_until = max(close_until, elapsed + CLOSE_FOR)
+        if planned is not None and elapsed >= planned:
+            close_until, planned = max(close_until, planned + CLOSE_FOR), None
+        if elapsed < close_until:
+            if opened:  # it takes connections but does not serve yet (or a proxy holds the port)
+                await asyncio.sleep(CLOSE_HTTP)
+            opened = await _until_accepting(probe, spec.port, CLOSE_HTTP)
+            continue
+        wait = interval if planned is None else min(interval, planned - elapsed)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(poke.wait(), wait)
+        interval = min(interval * 1.5, spec.probe.start_interval_max)
+
+
+async def _until_accepting(probe: Probe, port: int, at_most: float) -> bool:
+    """Whether the port took a connection within `at_most` seconds (tried every CLOSE_EVERY)."""
+    deadline = time.monotonic() + at_most
+    while not await probe.accepts(port):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(CLOSE_EVERY)
+    return True
+
+
+async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None:
+    """Every probe.interval: health, then /metrics (stall), then the host's memory floor.
+    Returns when the owner says stop, or after reporting a failure that ends the run."""
+    if spec.headless():
+        return
+    settings = spec.probe
+    stall = StallDetector(settings.stall_after)
+    floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)
+    failures = 0
+    while True:
+        await asyncio.sleep(settings.interval)
+        if not report(Tick()):
+            return
+        if not await probe.health(spec.port, spec.health_path):
+            failures += 1
+            if not report(ProbeFailed(failures, settings.failures)):
+                return
+            continue
+        failures = 0
+        sample = await probe.sample(spec.port)
+        now = time.monotonic()
+        if sample is not None:
+            if not report(Sampled(sample, now)):
+                return
+            if stall.observe(sample, now):
+                report(Stalled(sample, settings.stall_after))
+                return
+        if settings.memory_floor_gib > 0:
+            available = meminfo().get("MemAvailable")
+            if floor.observe(available, now) and available is not None:
+                report(MemoryLow(available))
+                return
+
+
+async def follow_phases(
+    units: Callable[[], Mapping[str, str]],
+    report: Callable[[str, Seen, float], None],
+    since: float | None = None,
+    opened: Callable[[], None] | None = None,
+) -> None:
+    """Report (unit, what it says, when it was logged) for every startup line of the lane
+    units' logs from `since` (default: now); JournalUnavailable when they cannot be read."""
+    async for unit, line, at in journal.follow(units(), since, opened):
+        seen = read_line(line)
+        if seen is not None:
+            report(unit, seen, at)

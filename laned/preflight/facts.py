@@ -1,0 +1,99 @@
+"""What preflight and fit look at, as plain data: findings, and the facts of a host and a lane."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from laned.errors import Finding, Severity
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU's memory: the device's own count, and its compute processes where NVML lists them."""
+
+    index: int
+    name: str
+    total_bytes: int
+    used_bytes: int
+    processes: tuple[tuple[int, int], ...] | None  # (pid, bytes); None: NVML cannot list them
+
+    @property
+    def compute_bytes(self) -> int:
+        """Memory held by compute processes; the device's used memory where NVML lists none
+        (it cannot see them from some containers and sandboxes, and then says nothing)."""
+        if not self.processes:
+            return self.used_bytes
+        return sum(used for _, used in self.processes)
+
+    def to_json(self) -> dict[str, Any]:
+        """As served by /fit and preflight."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "total_gib": round(self.total_bytes / GIB, 2),
+            "used_gib": round(self.used_bytes / GIB, 2),
+            "compute_gib": round(self.compute_bytes / GIB, 2),
+            "processes": None if self.processes is None else [p for p, _ in self.processes],
+        }
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host has: GPUs (None where NVML is absent, with the reason) and memory."""
+
+    gpus: tuple[GpuReading, ...] | None
+    gpu_note: str = ""
+    mem_total_gib: float | None = None
+    mem_available_gib: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As served by /fit."""
+        return {
+            "gpus": None if self.gpus is None else [g.to_json() for g in self.gpus],
+            "gpu_note": self.gpu_note,
+            "mem_total_gib": self.mem_total_gib,
+            "mem_available_gib": self.mem_available_gib,
+        }
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    """The lane's secrets file as found: does it exist, its mode, the names it defines (never
+    a value), and why it cannot be read as NAME=VALUE lines."""
+
+    exists: bool
+    mode: int = 0
+    names: tuple[str, ...] = ()
+    unreadable: str | None = None
+
+
+@dataclass(frozen=True)
+class LaneFacts:
+    """Everything the checks of one lane look at, gathered beforehand (see laned.adapters.host)."""
+
+    host: HostFacts
+    paths: dict[str, bool] = field(default_factory=dict)  # host path -> exists
+    disk_total_gib: float | None = None  # the filesystem of the model directory
+    key_file: KeyFile | None = None
+    port_busy: bool = False
+    port_peer: str | None = None  # a lane of the same group that runs on the port
+    command_found: bool | None = None  # exec lanes: the program is on PATH
+    image_id: str | None = None  # container lanes: the local image's id (None: not present)
+    image_error: str | None = None  # the podman API could not be asked
+    last_image_id: str | None = None  # at the lane's last good start
+    model_generation_config: dict[str, Any] | None = None  # the model's generation_config.json
+    flag_generation_config: dict[str, Any] | None = None  # that of a --generation-config DIR
+
+
+def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:
+    """Findings as served and kept."""
+    return [f.to_json() for f in findings]
+
+
+def blocking(findings: Sequence[Finding]) -> list[Finding]:
+    """The findings that block an activation (errors)."""
+    return [f for f in findings if f.severity is Severity.ERROR]

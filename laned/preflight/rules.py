@@ -1,0 +1,347 @@
+"""Preflight: will this lane start? Pure checks over facts gathered by `laned.adapters.host`.
+
+Each finding has a severity (an error blocks activation unless forced; a warning is shown;
+a note records a check that was skipped and why), a message and a hint. The checks come
+from what costs a cold start on real boxes: an image that was never built, a missing model
+directory or bind-mount source, an API key file that is missing, readable by others or
+empty, a port something else holds (vLLM binds with SO_REUSEPORT, so a leftover engine
+would silently share it), a host that lacks the lane's `needs`, vLLM's own 600 s engine-ready
+timeout under a long cold start, a stop timeout shorter than the engine's graceful shutdown,
+no sampling defaults (seed 000's word salad), no compile cache, and an image rebuilt since
+the last good start (its bind-mounted patches and kernels must be re-derived).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from laned.config.model import LaneConfig
+from laned.errors import Finding, Severity
+from laned.preflight.facts import KeyFile, LaneFacts, blocking, findings_json
+from laned.preflight.fit import fit
+
+VLLM_READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
+GRACEFUL_STOP_MIN = 30.0  # seconds an engine's core and workers need to exit and free memory
+
+
+def model_path(spec: LaneConfig) -> str | None:
+    """The host path of the lane's model directory: `model_dir`, else the absolute path after
+    `serve` (for containers, mapped back through the bind mounts); None for hub names."""
+    if spec.model_dir:
+        return spec.model_dir
+    words = list(
+        spec.exec.command if spec.exec else spec.container.command if spec.container else ()
+    )
+    if "serve" not in words or words.index("serve") + 1 >= len(words):
+        return None
+    return host_path(spec, words[words.index("serve") + 1])
+
+
+def generation_config_path(spec: LaneConfig) -> str | None:
+    """The host path of a `--generation-config DIR` in the lane's arguments (not auto/vllm)."""
+    value = spec.engine_arg("--generation-config")
+    if value is None or value in ("auto", "vllm"):
+        return None
+    return host_path(spec, value)
+
+
+def host_path(spec: LaneConfig, target: str) -> str | None:
+    """Where an absolute path the engine sees is on the host: itself for exec lanes, mapped
+    back through the bind mounts for containers; None when it is inside the image."""
+    if not target.startswith("/"):
+        return None
+    if spec.exec is not None:
+        return target
+    assert spec.container is not None
+    best: tuple[str, str] | None = None
+    for volume in spec.container.volumes:
+        parts = volume.split(":")
+        if len(parts) < 2:
+            continue
+        src, dst = parts[0], parts[1].rstrip("/") or "/"
+        inside = target == dst or target.startswith(dst.rstrip("/") + "/")
+        if inside and (best is None or len(dst) > len(best[1])):
+            best = (src, dst)
+    if best is None:
+        return None
+    return posixpath.normpath(best[0] + "/" + target[len(best[1]) :])
+
+
+def paths_to_check(spec: LaneConfig) -> list[tuple[str, str]]:
+    """(key path, host path) of every directory or file the lane needs to exist."""
+    out: list[tuple[str, str]] = []
+    model = model_path(spec)
+    if model is not None:
+        out.append(("model_dir", model))
+    if spec.container is not None:
+        for i, volume in enumerate(spec.container.volumes):
+            out.append((f"container.volumes[{i}]", volume.split(":", 1)[0]))
+    return out
+
+
+def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
+    """Every finding about one lane, errors first."""
+    found = [
+        *_image(lane, spec, facts),
+        *_paths(lane, spec, facts),
+        *_key(lane, spec, facts),
+        *_port(lane, spec, facts),
+        *fit(lane, spec, facts.host, facts.disk_total_gib),
+        *_engine(lane, spec),
+        *_sampling(lane, spec, facts),
+    ]
+    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.NOTE: 2}
+    return sorted(found, key=lambda f: order[f.severity])
+
+
+def report(lane: str, findings: Sequence[Finding]) -> dict[str, Any]:
+    """A lane's preflight as served and printed: `{lane, ok, findings}`."""
+    return {"lane": lane, "ok": not blocking(findings), "findings": findings_json(findings)}
+
+
+def refusal(lane: str, findings: Sequence[Finding]) -> tuple[str, str]:
+    """(message, hint) of an activation refused for these findings' errors."""
+    errors = blocking(findings)
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return (
+        f"lane {lane}: preflight: {errors[0].message}{more}",
+        f"{errors[0].hint}; nothing was stopped. Fix it (GET /lanes/{lane}/preflight lists "
+        "every finding), or activate with force=true",
+    )
+
+
+def _image(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    base = f"lanes.{lane}"
+    if spec.exec is not None and facts.command_found is False:
+        program = spec.exec.command[0]
+        yield Finding(
+            "command",
+            Severity.WARNING,
+            f"{base}.exec.command[0]: {program!r} is not found on laned's PATH",
+            "give its absolute path (the unit's PATH may differ from laned's)",
+        )
+    if spec.container is None:
+        return
+    image = spec.container.image
+    if facts.image_error is not None:
+        yield Finding(
+            "image",
+            Severity.WARNING,
+            f"cannot check that {base}.container.image {image!r} is present: {facts.image_error}",
+            "systemctl --user enable --now podman.socket (or set daemon.podman_socket)",
+        )
+        return
+    if facts.image_id is None:
+        yield Finding(
+            "image",
+            Severity.ERROR,
+            f"{base}.container.image {image!r} is not present locally",
+            f"build it first (e.g. `podman build -t {image} .` from the lane's recipe); "
+            "`podman images` lists what there is",
+        )
+        return
+    if facts.last_image_id and facts.last_image_id != facts.image_id:
+        steps = [" ".join(step.command) for step in spec.prepare]
+        hint = (
+            f"laned runs {base}.prepare before the next start: " + "; ".join(steps)
+            if steps
+            else "re-derive the bind-mounted patches and rebuild the kernels for the new image "
+            f"(the recipe's maintenance map), and list those steps in {base}.prepare"
+        )
+        yield Finding(
+            "image-drift",
+            Severity.WARNING,
+            f"image {image!r} changed since the last good start "
+            f"({_short(facts.last_image_id)} -> {_short(facts.image_id)})",
+            hint,
+        )
+    if not spec.container.compile_cache:
+        yield Finding(
+            "compile-cache",
+            Severity.WARNING,
+            f"{base}.container.compile_cache is off: every cold start redoes FlashInfer autotune "
+            "and the DeepGEMM/Triton JIT (seed 001: ~22 minutes)",
+            "remove compile_cache = false, so that laned mounts a persistent cache directory",
+        )
+
+
+def _short(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def _paths(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    for key, path in paths_to_check(spec):
+        if facts.paths.get(path) is False:
+            what = "the model directory" if key == "model_dir" else "the bind-mount source"
+            yield Finding(
+                "paths",
+                Severity.ERROR,
+                f"lanes.{lane}.{key}: {what} {path} does not exist",
+                "download or create it first, or fix the path in the config",
+            )
+
+
+def _key(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    """The secrets file: there, 0600, NAME=VALUE lines; under its older name, api_key_file,
+    it must define VLLM_API_KEY. Findings name the file and the names, never a value."""
+    path, key = spec.secrets_path, facts.key_file
+    if path is None or key is None:
+        return
+    where = f"lanes.{lane}.{spec.secrets_key}"
+    if not key.exists:
+        first = (
+            "VLLM_API_KEY=$(openssl rand -hex 32)"
+            if spec.secrets_key == "api_key_file"
+            else "NAME=VALUE"
+        )
+        yield Finding(
+            "api-key",
+            Severity.ERROR,
+            f"{where}: {path} does not exist",
+            f"create it: `umask 077; echo {first} > {path}` (one NAME=VALUE line per secret)",
+        )
+    elif key.mode & 0o077:
+        yield Finding(
+            "api-key",
+            Severity.ERROR,
+            f"{where}: {path} is mode {key.mode:04o}: others can read its secrets",
+            f"chmod 600 {path}",
+        )
+    elif key.unreadable is not None:
+        yield Finding(
+            "api-key",
+            Severity.ERROR,
+            f"{where}: {path} cannot be read as NAME=VALUE lines: {key.unreadable}",
+            "one NAME=VALUE per line (no `export`); # starts a comment",
+        )
+    elif missing := [n for n in spec.required_secrets if n not in key.names]:
+        yield Finding(
+            "api-key",
+            Severity.ERROR,
+            f"{where}: {path} does not define {', '.join(missing)}",
+            f"add a line {missing[0]}=... to {path}" + (" (one per name)" if missing[1:] else ""),
+        )
+    else:
+        yield from _secrets_beside_env(lane, spec, key)
+
+
+def _secrets_beside_env(lane: str, spec: LaneConfig, key: KeyFile) -> Iterator[Finding]:
+    for name in key.names:
+        if name in spec.env:
+            yield Finding(
+                "api-key",
+                Severity.WARNING,
+                f"lanes.{lane}.env.{name} is set in the config and in {spec.secrets_path}",
+                f"keep one: the secrets file for a secret (then remove lanes.{lane}.env.{name})",
+            )
+
+
+def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    if not facts.port_busy:
+        return
+    if facts.port_peer is not None:
+        whose = (
+            "the lane itself: it is running"
+            if facts.port_peer == lane
+            else f"lane {facts.port_peer}, which this activation stops first"
+        )
+        yield Finding("port", Severity.NOTE, f"port {spec.port} is held by {whose}")
+        return
+    yield Finding(
+        "port",
+        Severity.ERROR,
+        f"lanes.{lane}.port {spec.port} is already in use by a process laned does not run",
+        "vLLM binds with SO_REUSEPORT, so a leftover engine would silently share the port; "
+        f"find it with `ss -ltnp 'sport = :{spec.port}'` and stop it",
+    )
+
+
+def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
+    base = f"lanes.{lane}"
+    ready = spec.env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+    if ready is None and spec.start_timeout > VLLM_READY_TIMEOUT_DEFAULT:
+        yield Finding(
+            "ready-timeout",
+            Severity.WARNING,
+            f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S is unset: older vLLM (0.16 and earlier at least) and any vLLM with "
+            f"--api-server-count > 1, gives up on an engine not ready within "
+            f"{VLLM_READY_TIMEOUT_DEFAULT} s, shorter than start_timeout ({spec.start_timeout:g} s); "
+            "a current single API server does not enforce it (vLLM #48031)",
+            f'set {base}.env.VLLM_ENGINE_READY_TIMEOUT_S = "{spec.start_timeout:.0f}" (seed 001 sets 3600): harmless where it is not enforced',
+        )
+    elif ready is not None:
+        try:
+            seconds = float(ready.value)
+        except ValueError:
+            seconds = -1.0
+        if seconds < spec.start_timeout:
+            yield Finding(
+                "ready-timeout",
+                Severity.WARNING,
+                f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S = {ready.value!r} is shorter than "
+                f"start_timeout ({spec.start_timeout:g} s): a vLLM that enforces it (0.16 and earlier at least, or "
+                "several API servers) would end a long cold start (vLLM #48031)",
+                f'set it to at least "{spec.start_timeout:.0f}"',
+            )
+    graceful = GRACEFUL_STOP_MIN
+    shutdown = spec.engine_arg("--shutdown-timeout")
+    if shutdown is not None:
+        with contextlib.suppress(ValueError):
+            graceful = float(shutdown) + 10
+    if spec.stop_timeout < graceful:
+        yield Finding(
+            "stop-timeout",
+            Severity.WARNING,
+            f"{base}.stop_timeout ({spec.stop_timeout:g} s) is shorter than the engine's graceful "
+            f"shutdown (~{graceful:g} s): systemd would SIGKILL it mid-shutdown",
+            f'set {base}.stop_timeout = "{graceful:.0f}s" or more',
+        )
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+def _sampling(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    """Whether the sampling defaults take effect as written, and the stop ids stay.
+
+    vLLM (vllm/config/model.py) reads the model's generation_config.json — or a
+    `--generation-config DIR`'s *instead* — as a diff against Hugging Face's defaults, then
+    merges --override-generation-config (laned's `sampling`) over it; the stop ids
+    (`eos_token_id`) come from the same file."""
+    base = f"lanes.{lane}"
+    flag = spec.engine_arg("--generation-config")
+    model, chosen = facts.model_generation_config, facts.flag_generation_config
+    if spec.sampling is None and flag is None:
+        yield Finding(
+            "sampling",
+            Severity.WARNING,
+            f"{base}.sampling is unset: requests that send no sampling parameters get the "
+            "model's raw defaults (seed 000: top_p 1.0 on a 2-bit quant is word salad)",
+            f"set {base}.sampling = {{ temperature = ..., top_p = ... }} from the model card",
+        )
+    model_eos = (model or {}).get("eos_token_id")
+    if chosen is not None and model_eos and chosen.get("eos_token_id") != model_eos:
+        yield Finding(
+            "stop-ids",
+            Severity.WARNING,
+            f"{base}.args: --generation-config {flag} replaces the model's generation_config.json, "
+            f"and its eos_token_id ({chosen.get('eos_token_id')}) is not the model's ({model_eos}): "
+            "turns may never stop (vLLM #45591)",
+            f"drop --generation-config and set {base}.sampling (laned merges it over the "
+            "model's config), or copy the model's eos_token_id into that file",
+        )
+    if spec.sampling is not None and flag in (None, "auto") and model:
+        written = spec.sampling.as_json_dict()
+        extra = {k: model[k] for k in SAMPLING_KEYS if k in model and k not in written}
+        if extra:
+            shown = ", ".join(f"{k}={v}" for k, v in extra.items())
+            yield Finding(
+                "sampling",
+                Severity.NOTE,
+                f"the model's generation_config.json also sets {shown}: vLLM applies it under "
+                f"{base}.sampling",
+                f"set it in {base}.sampling to change it",
+            )

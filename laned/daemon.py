@@ -12,7 +12,6 @@ import ipaddress
 import logging
 import os
 import signal
-import stat
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -23,6 +22,7 @@ from laned.adapters.host import Host
 from laned.adapters.notify import keep_watchdog, notify
 from laned.adapters.podman import Podman
 from laned.adapters.probes import Probe
+from laned.adapters.secret_files import read_token
 from laned.adapters.systemd import Systemd
 from laned.api import ApiSettings, create_app
 from laned.api.front import Front
@@ -46,31 +46,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def read_token(path: str | None, key: str = "daemon.token_file") -> str | None:
-    """The API token from daemon.token_file (or `key`); the file must be 0600 (or stricter)."""
-    if path is None:
-        return None
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-        with open(path, encoding="utf-8") as handle:
-            token = handle.read().strip()
-    except OSError as exc:
-        raise LanedError(
-            f"{key} {path}: {exc.strerror}", "create it with a random token, mode 0600"
-        ) from exc
-    if mode & 0o077:
-        raise LanedError(
-            f"{key} {path} is mode {mode:04o}: others can read the token",
-            f"chmod 600 {path}",
-        )
-    if not token:
-        raise LanedError(
-            f"{key} {path} is empty",
-            "put a random token in it, e.g. `openssl rand -hex 32`",
-        )
-    return token
 
 
 def api_settings(config: Config) -> ApiSettings:
@@ -109,9 +84,10 @@ async def start_supervisor(
     systemd: Systemd | None = None,
     recorder: LanedMetrics | None = None,
     peer_token: str | None = None,
-) -> tuple[Supervisor, Coordinator | None]:
+) -> Front:
     """Render and daemon-reload the lanes, then start a supervisor on them (and, for lanes
-    over several hosts, the coordinator of their ranks, watching once started)."""
+    over several hosts, the coordinator of their ranks, watching once started); the front
+    over both, the one the metrics and the API read."""
     systemd = systemd or Systemd()
     await systemd.connect()
     version = await systemd.version() or render.DEFAULT_SYSTEMD_VERSION
@@ -124,13 +100,14 @@ async def start_supervisor(
     coordinator = None
     if any(spec.nodes for spec in config.lanes.values()):
         coordinator = Coordinator(supervisor, peer_token)
+    front = Front(supervisor, coordinator)  # the one view of this laned: metrics and API
     if recorder is not None:
         supervisor.recorder = recorder
-        recorder.attach(Front(supervisor, coordinator))
+        recorder.attach(front)
     await supervisor.start()
     if coordinator is not None:
         coordinator.start()
-    return supervisor, coordinator
+    return front
 
 
 # Idle keep-alive of the control API. Longer than clients keep a pooled connection (httpx
@@ -186,12 +163,11 @@ async def serve(config: Config) -> int:
     """Run laned until SIGTERM or SIGINT."""
     settings = api_settings(config)
     metrics = LanedMetrics()
-    supervisor, coordinator = await start_supervisor(
-        config, recorder=metrics, peer_token=settings.peer_token
-    )
+    front = await start_supervisor(config, recorder=metrics, peer_token=settings.peer_token)
+    supervisor, coordinator = front.supervisor, front.coordinator
     host = supervisor.host
     assert host is not None
-    app = create_app(supervisor, settings, metrics, coordinator)
+    app = create_app(front, settings, metrics)
     server = api_server(app, settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

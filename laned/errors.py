@@ -6,11 +6,15 @@
     ├── RenderError                 generated files could not be read back or differ on disk
     ├── WriteFailed                 a file laned writes (unit, wrapper, state) could not be written
     ├── CommandFailed               a command laned runs could not start or exited non-zero
+    ├── CommandLineError            (laned import) a command line laned cannot read without a shell
+    │   └── BadImport               ... or that cannot become a lane as it stands
     ├── EngineError                 the simulated engine was started with bad arguments
     ├── SystemdError                a call to the systemd user manager failed (D-Bus)
     │   └── BusUnavailable          the user bus cannot be reached at all
     ├── PodmanError                 a call to the podman API service failed
     │   └── PodmanUnavailable       the podman API socket does not answer
+    ├── JournalUnavailable          journald's log cannot be read (journalctl missing, or it ended)
+    ├── PeerUnreachable             another host's laned (a rank of a lane) does not answer
     ├── ApiUnavailable              (CLI) laned's control API does not answer
     ├── ApiRefused                  (CLI) laned answered with an error envelope
     └── LaneError                   a lane operation could not be done
@@ -141,6 +145,18 @@ class CommandFailed(LanedError):
     """A command laned runs (journalctl, a prepare step) could not start or failed."""
 
     code = "command-failed"
+
+
+class CommandLineError(LanedError):
+    """A command line laned cannot read without a shell (`laned import`)."""
+
+    code = "bad-command-line"
+
+
+class BadImport(CommandLineError):
+    """The command line cannot become a lane as it stands."""
+
+    code = "bad-import"
 
 
 class EngineError(LanedError):

@@ -12,19 +12,17 @@ import json
 import os
 import shutil
 import socket
-import stat
 import time
 from collections.abc import Callable
 from typing import Any
 
-from laned.adapters import proc
+from laned.adapters import proc, secret_files
 from laned.adapters.gpus import GateResult, Nvml, wait_released
 from laned.adapters.podman import Podman
-from laned.config import secrecy
 from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
 from laned.errors import CommandFailed, Finding, LaneError, PodmanError
-from laned.preflight.facts import GIB, HostFacts, KeyFile, LaneFacts
+from laned.preflight.facts import GIB, HostFacts, LaneFacts
 from laned.preflight.rules import evaluate, generation_config_path, model_path, paths_to_check
 
 
@@ -80,21 +78,6 @@ def read_generation_config(directory: str | None) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def key_file(path: str) -> KeyFile:
-    """The lane's secrets file as found (names only: its values stay in it)."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        return KeyFile(exists=False)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            names = tuple(secrecy.names_in(handle.read()))
-    except (OSError, UnicodeDecodeError, secrecy.SecretsFileError) as exc:
-        why = str(exc) if isinstance(exc, secrecy.SecretsFileError) else type(exc).__name__
-        return KeyFile(exists=True, mode=mode, unreadable=why)
-    return KeyFile(exists=True, mode=mode, names=names)
 
 
 def engine_host(spec: LaneConfig) -> str:
@@ -161,7 +144,7 @@ class Host:
             disk_total_gib=await asyncio.to_thread(
                 disk_total_gib, model or config.daemon.state_dir
             ),
-            key_file=key_file(spec.secrets_path) if spec.secrets_path else None,
+            key_file=secret_files.key_file(spec.secrets_path) if spec.secrets_path else None,
             port_busy=await asyncio.to_thread(port_busy, spec.port, engine_host(spec)),
             port_peer=port_peer,
             command_found=command_found,

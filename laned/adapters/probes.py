@@ -12,7 +12,6 @@ import socket
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from laned.config.secrecy import value_of
 from laned.core.liveness import EngineSample
 
 ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long (uvicorn)
@@ -20,18 +19,6 @@ ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long 
 # engine is fine: a false probe failure, a failed gate. laned's clients of engines give
 # pooled connections up well before the engine does (httpx keeps them 5 s by default).
 ENGINE_POOL = httpx.Limits(keepalive_expiry=ENGINE_KEEP_ALIVE / 2)
-
-
-def read_api_key(path: str | None) -> str | None:
-    """VLLM_API_KEY from a lane's secrets file (systemd's EnvironmentFile= format); None when
-    unset or unreadable."""
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return value_of(handle.read(), "VLLM_API_KEY")
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 class Probe:

@@ -19,21 +19,13 @@ from laned.api.front import Front
 from laned.api.guard import ApiSettings, Guard
 from laned.api.metrics import LanedMetrics
 from laned.api.proxy import Proxy
-from laned.owner.coordinator import Coordinator
-from laned.owner.supervisor import Supervisor
 
 __all__ = ["ApiSettings", "create_app"]
 
 
-def create_app(
-    supervisor: Supervisor,
-    settings: ApiSettings,
-    metrics: LanedMetrics | None = None,
-    coordinator: Coordinator | None = None,
-) -> FastAPI:
-    """The FastAPI application over one supervisor (and, for lanes over several hosts, the
-    coordinator of their ranks)."""
-    front = Front(supervisor, coordinator)
+def create_app(front: Front, settings: ApiSettings, metrics: LanedMetrics | None = None) -> FastAPI:
+    """The FastAPI application over one running laned (its front: the supervisor and, for
+    lanes over several hosts, the coordinator of their ranks)."""
     if metrics is None:
         metrics = LanedMetrics()
         metrics.attach(front)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from laned.adapters import journal
 from laned.adapters.host import meminfo
 from laned.config.load import load_config
-from laned.config.model import GATES
+from laned.config.model import GATES, Config
 from laned.config.names import container_name, unit_name
 from laned.config.ranks import rank_here
 from laned.core import policy
@@ -58,6 +58,11 @@ class Front:
         """The lane's status; UnknownLane (with the configured names) otherwise."""
         self.supervisor.spec(lane)
         return self.supervisor.statuses[lane]
+
+    @property
+    def config(self) -> Config:
+        """The config laned runs (the last one reload accepted)."""
+        return self.supervisor.config
 
     @property
     def statuses(self) -> Mapping[str, LaneStatus]:

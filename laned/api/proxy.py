@@ -136,7 +136,7 @@ class Proxy:
 
     def models(self) -> dict[str, Any]:
         """GET /v1/models: every configured model (aliases too), with its lane's state."""
-        config = self.front.supervisor.config
+        config = self.front.config
         data = []
         for lane in self.front.lanes():
             status = self.front.status(lane)
@@ -166,7 +166,7 @@ class Proxy:
         except ValueError:
             parsed = None
         model = parsed.get("model") if isinstance(parsed, dict) else None
-        config = self.front.supervisor.config
+        config = self.front.config
         known = sorted({n for lane in config.lanes for n in model_names(config, lane)})
         if not isinstance(model, str) or not model:
             return self._answer("none", openai_error(400, "BadRequestError", "the request names no `model`", models=known))  # fmt: skip
@@ -222,7 +222,7 @@ class Proxy:
         if status.state in SERVING:
             return None, 0.0
         if not worth_waiting(status):
-            spec = self.front.supervisor.config.lanes[lane]
+            spec = self.front.config.lanes[lane]
             why = on_demand_refusal(spec.on_demand, status, self.front.under_way(lane))
             if why is not None:
                 return self._not_serving(lane, status, why), 0.0
@@ -257,7 +257,7 @@ class Proxy:
 
     async def _wait(self, lane: str, status: LaneStatus) -> JSONResponse | None:
         """Wait in the lane's queue until it is ready; an answer that says why not, or None."""
-        config = self.front.supervisor.config
+        config = self.front.config
         settings = config.lanes[lane].proxy or config.daemon.proxy
         waiting = self.traffic.queued(lane)
         if waiting >= settings.queue_limit:

@@ -17,7 +17,7 @@ from laned.gates.engine_api import EngineClient
 
 def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig, str]:
     """(EngineClient, the lane's ChecksConfig, label) for a configured lane or --base-url."""
-    from laned.adapters.probes import read_api_key
+    from laned.adapters.secret_files import read_api_key
     from laned.config.load import load_config
     from laned.config.model import ChecksConfig
     from laned.gates.engine_api import EngineClient

@@ -94,7 +94,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     # The unit's restart policy depends on the manager (RestartSteps= since systemd 254).
     version = installed_version() or render.DEFAULT_SYSTEMD_VERSION
     if args.check:
-        differences = render.check(config, version)
+        differences = render.differences(config, version)
         for item in differences:
             print(item)
         if differences:
@@ -319,7 +319,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     """`laned import [--name LANE] [--set NAME=VALUE]... [FILE | -]`."""
     from laned.config.load import parse_config
-    from laned.importer.cmdline import CommandLineError
+    from laned.errors import CommandLineError
     from laned.importer.toml_out import render_import
     from laned.importer.translate import import_run
 

@@ -15,19 +15,13 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from laned.errors import LanedError
+from laned.errors import CommandLineError
 
 # A placeholder inside a word, between these two private-use characters, shlex-proof.
 OPEN, CLOSE = "\ue000", "\ue001"
 PLACEHOLDER = re.compile(f"{OPEN}([A-Za-z_][A-Za-z0-9_]*){CLOSE}")
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 SEPARATORS = {"&&", "||", ";", "|"}
-
-
-class CommandLineError(LanedError):
-    """A command line laned cannot read without a shell."""
-
-    code = "bad-command-line"
 
 
 @dataclass(frozen=True)

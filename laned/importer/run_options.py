@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from laned.config.secrecy import looks_secret
-from laned.importer.cmdline import PLACEHOLDER, CommandLineError, Word, shown
+from laned.errors import BadImport
+from laned.importer.cmdline import PLACEHOLDER, Word, shown
 
 BOOL_OPTIONS = {
     "--rm", "--privileged", "-d", "--detach", "-i", "--interactive", "-t", "--tty", "--init",
@@ -51,12 +52,6 @@ ROOTLESS = {
     "--privileged": "under rootless podman it grants no more than the user has",
 }
 _GPU_IDS = re.compile(r"^(?:device=)?([0-9]+(?:,[0-9]+)*)$")
-
-
-class BadImport(CommandLineError):
-    """The command line cannot become a lane as it stands."""
-
-    code = "bad-import"
 
 
 @dataclass

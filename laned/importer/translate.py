@@ -26,9 +26,9 @@ import re
 from collections.abc import Mapping, Sequence
 
 from laned.config.secrecy import SECRET_FLAGS, looks_secret, secrets_file_line
+from laned.errors import BadImport
 from laned.importer.cmdline import CLOSE, OPEN, PLACEHOLDER, Word, command_at
 from laned.importer.run_options import (
-    BadImport,
     Imported,
     comment_of,
     secret,

@@ -78,7 +78,7 @@ class Operations:
         """Whether the operation is still its group's current one."""
         return self.current.get(group) is op
 
-    def check(self, op: Operation, group: str) -> None:
+    def ensure_current(self, op: Operation, group: str) -> None:
         """After an await: go on only while the operation is current."""
         if not self.is_current(op, group):
             raise Superseded(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from laned.adapters.host import Host, port_busy, run_prepare
-from laned.adapters.probes import read_api_key
+from laned.adapters.secret_files import read_api_key
 from laned.adapters.systemd import Systemd
 from laned.config.model import Config, LaneConfig
 from laned.config.names import container_name

@@ -215,8 +215,8 @@ class Supervisor(Reactions):
     def _group_of(self, op: Operation) -> str:
         return self.config.lanes[op.lane].group
 
-    def _check(self, op: Operation) -> None:
-        self.ops.check(op, self._group_of(op))
+    def _ensure_current(self, op: Operation) -> None:
+        self.ops.ensure_current(op, self._group_of(op))
 
     def _finish(self, op: Operation, error: LanedError | None = None) -> None:
         passes = (ActivationFailed, Superseded, PreflightFailed)
@@ -247,15 +247,15 @@ class Supervisor(Reactions):
         await self._preflight(op)
         for peer in policy.peers(self.config, lane):
             await self._stop_and_confirm(peer, f"swap to {lane}", op.force)
-            self._check(op)
+            self._ensure_current(op)
         unit = unit_name(lane, self.config.lanes[lane])
         if await steps.still_ending(self.systemd, unit, self.snapshots.get(lane)):
-            self._check(op)
+            self._ensure_current(op)
             # Its own earlier run is still ending (the stop of a deactivate this request
             # superseded): that run's exit must reach laned before the new run is
             # followed, or it would be taken for the new run's and end its watch.
             await self._stop_and_confirm(lane, f"its earlier run ends before activate {lane}")
-        self._check(op)
+        self._ensure_current(op)
         ready = self.ledger.wait_ready(lane)
         await self._clear_and_start(op, reason)
         await ready
@@ -264,7 +264,7 @@ class Supervisor(Reactions):
         """Preflight; on errors (not forced) refuse the activation and undo its desire."""
         lane = op.lane
         findings = op.findings if op.findings is not None else await self.preflight(lane)
-        self._check(op)
+        self._ensure_current(op)
         errors = blocking(findings)
         warnings = [f for f in findings if f.severity is Severity.WARNING]
         if findings:
@@ -313,11 +313,11 @@ class Supervisor(Reactions):
     async def _stop_then_start(self, op: Operation, reason: str) -> None:
         try:
             await self._drain(op.lane, op.force)
-            self._check(op)
+            self._ensure_current(op)
             await self.systemd.stop_unit(unit_name(op.lane, self.config.lanes[op.lane]))
         finally:
             self._stopping.discard(op.lane)
-        self._check(op)
+        self._ensure_current(op)
         ready = self.ledger.wait_ready(op.lane)
         await self._clear_and_start(op, f"restart: {reason}")
         await ready
@@ -370,7 +370,7 @@ class Supervisor(Reactions):
             functools.partial(self.ledger.note, lane),
             self.recorder,
         )
-        self._check(op)
+        self._ensure_current(op)
         if refused is not None:
             self._fail_start(lane, refused.reason)
             raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from laned.adapters import journal
 from laned.adapters.host import meminfo
-from laned.adapters.probes import Probe, read_api_key
+from laned.adapters.probes import Probe
+from laned.adapters.secret_files import read_api_key
 from laned.config.model import LaneConfig
 from laned.core.liveness import EngineSample, MemoryFloor, StallDetector
 from laned.core.phases import Seen, read_line

@@ -143,7 +143,7 @@ def apply(
     return changes
 
 
-def check(config: Config, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> list[str]:
+def differences(config: Config, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> list[str]:
     """Differences between the plan and the disk, as unified diffs and notes; empty when in sync."""
     files = plan(config, systemd_version)
     out: list[str] = []

@@ -53,10 +53,11 @@ async def api_server(
     sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252, host=host)
     metrics = LanedMetrics()
     sup.recorder = metrics
-    metrics.attach(Front(sup))
+    front = Front(sup)
+    metrics.attach(front)
     await sup.start()
     settings = ApiSettings("127.0.0.1", api_port, token, token_for_reads)
-    server = http_server(create_app(sup, settings, metrics), settings)
+    server = http_server(create_app(front, settings, metrics), settings)
     task = asyncio.get_running_loop().create_task(server.serve())
     try:
         while not server.started:

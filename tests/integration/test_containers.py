@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from laned.api import ApiSettings, create_app
+from laned.api.front import Front
 from laned.config.load import Config
 from laned.core.lanes import Desired, EventKind, LaneState, Verdict
 from laned.errors import ActivationFailed, PodmanUnavailable, PreflightFailed
@@ -306,7 +307,7 @@ def test_the_podman_socket_going_away_disturbs_nothing(
                 assert time.monotonic() < deadline, "the podman API still answers"
                 await asyncio.sleep(0.05)
             # The lane's view says so, with the hint (the API in-process, over ASGI).
-            app = create_app(sup, ApiSettings("127.0.0.1", 9000))
+            app = create_app(Front(sup), ApiSettings("127.0.0.1", 9000))
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as api:
                 view = (await api.get("/lanes/c")).json()

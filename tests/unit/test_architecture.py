@@ -143,3 +143,23 @@ def test_the_public_surface_listed_in_laned_resolves() -> None:
     assert {name: getattr(laned, name) is not None for name in laned.__all__} == dict.fromkeys(
         laned.__all__, True
     )
+
+
+def test_every_laned_error_is_in_the_drawn_tree_of_errors_py() -> None:
+    tree = ast.parse((PACKAGE / "errors.py").read_text())
+    drawn = ast.get_docstring(tree) or ""
+    ours = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name not in {"Severity", "Problem", "Finding"}
+    }
+    assert {name for name in ours if f" {name} " not in drawn} == set(), "classes not drawn"
+    elsewhere = {
+        f"{name}.{node.name}"
+        for name, path in modules().items()
+        if name != "laned.errors"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(b, ast.Name) and b.id in ours for b in node.bases)
+    }
+    assert elsewhere == set(), f"LanedErrors defined outside errors.py: {elsewhere}"

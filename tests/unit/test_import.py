@@ -14,8 +14,8 @@ import pytest
 from laned.cli.main import main
 from laned.config import paths
 from laned.config.load import parse_config
+from laned.errors import BadImport
 from laned.importer.cmdline import CommandLineError
-from laned.importer.run_options import BadImport
 from laned.importer.toml_out import render_import
 from laned.importer.translate import import_run
 from laned.render.wrapper import cache_env, engine_argv

@@ -6,7 +6,8 @@ import asyncio
 from pathlib import Path
 
 from laned.adapters import state
-from laned.adapters.probes import parse_engine_metrics, read_api_key
+from laned.adapters.probes import parse_engine_metrics
+from laned.adapters.secret_files import read_api_key
 from laned.adapters.systemd import unit_name_from_path
 from laned.core.lanes import Desired, Event, LaneState, LastExit, Verdict
 from laned.core.liveness import EngineSample, StallDetector

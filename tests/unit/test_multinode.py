@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from laned.config.load import load_config, parse_config
-from laned.errors import ConfigError, Severity
-from laned.importer.run_options import BadImport
+from laned.errors import BadImport, ConfigError, Severity
 from laned.importer.translate import import_run
 from laned.render.wrapper import engine_argv
 from tests.helpers import ROOT

@@ -1,0 +1,65 @@
+"""The one place laned reads secret files: the API and peer tokens (daemon.token_file,
+daemon.peer_token_file: 0600 or refused), a lane's secrets file (one value, VLLM_API_KEY,
+for laned's own requests to the engine; or its names and mode only, for preflight). What
+counts as a secret and how a secrets file reads is laned.config.secrecy."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from laned.config import secrecy
+from laned.errors import LanedError
+from laned.preflight.facts import KeyFile
+
+
+def read_token(path: str | None, key: str = "daemon.token_file") -> str | None:
+    """The API token from daemon.token_file (or `key`); the file must be 0600 (or stricter)."""
+    if path is None:
+        return None
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read().strip()
+    except OSError as exc:
+        raise LanedError(
+            f"{key} {path}: {exc.strerror}", "create it with a random token, mode 0600"
+        ) from exc
+    if mode & 0o077:
+        raise LanedError(
+            f"{key} {path} is mode {mode:04o}: others can read the token",
+            f"chmod 600 {path}",
+        )
+    if not token:
+        raise LanedError(
+            f"{key} {path} is empty",
+            "put a random token in it, e.g. `openssl rand -hex 32`",
+        )
+    return token
+
+
+def read_api_key(path: str | None) -> str | None:
+    """VLLM_API_KEY from a lane's secrets file (systemd's EnvironmentFile= format); None when
+    unset or unreadable."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return secrecy.value_of(handle.read(), "VLLM_API_KEY")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def key_file(path: str) -> KeyFile:
+    """The lane's secrets file as found (names only: its values stay in it)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return KeyFile(exists=False)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            names = tuple(secrecy.names_in(handle.read()))
+    except (OSError, UnicodeDecodeError, secrecy.SecretsFileError) as exc:
+        why = str(exc) if isinstance(exc, secrecy.SecretsFileError) else type(exc).__name__
+        return KeyFile(exists=True, mode=mode, unreadable=why)
+    return KeyFile(exists=True, mode=mode, names=names)

@@ -36,6 +36,13 @@ PROPERTIES = "org.freedesktop.DBus.Properties"
 UNIT_PREFIX = "/org/freedesktop/systemd1/unit/"
 
 
+class BusError(str, Enum):
+    """The D-Bus errors of systemd that laned answers to (others are SystemdError)."""
+
+    NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
+    ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
+
+
 class JobMode(str, Enum):
     """How a new job treats queued jobs (systemd's own words)."""
 
@@ -150,7 +157,7 @@ class Systemd:
         try:
             await self._call("Subscribe")
         except SystemdError as exc:
-            if exc.name != "org.freedesktop.systemd1.AlreadySubscribed":
+            if exc.name != BusError.ALREADY_SUBSCRIBED:
                 raise
 
     async def reload(self) -> None:
@@ -206,7 +213,7 @@ class Systemd:
         try:
             await self._call("ResetFailedUnit", "s", [name], unit=name)
         except SystemdError as exc:
-            if exc.name != "org.freedesktop.systemd1.NoSuchUnit":
+            if exc.name != BusError.NO_SUCH_UNIT:
                 raise
 
     async def snapshot(self, name: str) -> UnitSnapshot:
@@ -267,7 +274,7 @@ class Systemd:
             text = reply.body[0] if reply.body else ""
             where = f" {unit}" if unit else ""
             hint = ""
-            if reply.error_name == "org.freedesktop.systemd1.NoSuchUnit":
+            if reply.error_name == BusError.NO_SUCH_UNIT:
                 hint = "run `laned render` and `systemctl --user daemon-reload`"
             raise SystemdError(
                 f"{member}{where}: {text} ({reply.error_name})", hint, reply.error_name or ""

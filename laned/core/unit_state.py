@@ -24,6 +24,21 @@ class ActiveState(str, Enum):
     DEACTIVATING = "deactivating"
 
 
+class Result(str, Enum):
+    """A unit's Result: how its last run ended, in systemd's words (systemd.exec(5),
+    `$SERVICE_RESULT`)."""
+
+    SUCCESS = "success"
+    TIMEOUT = "timeout"  # a start or stop outlived TimeoutStartSec=/TimeoutStopSec=: killed
+    EXIT_CODE = "exit-code"
+    SIGNAL = "signal"
+    CORE_DUMP = "core-dump"
+    WATCHDOG = "watchdog"
+    START_LIMIT_HIT = "start-limit-hit"
+    RESOURCES = "resources"
+    OOM_KILL = "oom-kill"
+
+
 # The unit holds (or is about to hold) its process: active, starting, reloading.
 HOLDING = frozenset(
     {ActiveState.ACTIVE.value, ActiveState.ACTIVATING.value, ActiveState.RELOADING.value}
@@ -50,7 +65,7 @@ class UnitSnapshot:
     name: str
     active_state: str = ActiveState.INACTIVE.value
     sub_state: str = "dead"
-    result: str = "success"
+    result: str = Result.SUCCESS.value
     exec_main_code: int = 0
     exec_main_status: int = 0
     n_restarts: int = 0

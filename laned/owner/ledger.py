@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from laned.adapters import state
 from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
@@ -72,6 +73,23 @@ class Ledger:
             failed={s.name: s.reason for s in statuses if s.state is LaneState.FAILED},
             events=list(self.events),
         )
+
+    def restore(self, saved: state.Saved, checks: Callable[[str], dict[str, Any] | None]) -> None:
+        """Take up what state.json kept (the reverse of `saved`), each lane's last acceptance
+        run from `checks`. A lane that gave up (crash loop, start timeout) stays failed until
+        activated."""
+        now = self.clock()
+        for name, status in self.statuses.items():
+            status.desired = saved.desired.get(name, Desired.INACTIVE)
+            status.restarts = saved.restarts.get(name, 0)
+            status.last_exit = saved.last_exit.get(name)
+            status.last_cold_start = saved.last_cold_start.get(name)
+            status.last_phases = saved.last_phases.get(name, {})
+            status.image_id = saved.image_ids.get(name)
+            status.checks, status.since = checks(name), now
+            if name in saved.failed:
+                status.state, status.reason = LaneState.FAILED, saved.failed[name]
+        self.events.extend(e for e in saved.events if e.lane in self.statuses)
 
     # --- changing (the owner only) -------------------------------------------------------------
 

@@ -12,14 +12,15 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from laned.core import policy, resume
+from laned.core import exits, resume
+from laned.core.exits import ExitFacts
 from laned.core.lanes import EventKind, LaneState, LaneStatus
 from laned.core.phases import Seen
-from laned.core.policy import ExitFacts
 from laned.core.resume import CatchUp
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import JournalUnavailable
 from laned.owner import watchers
+from laned.owner.runs import LaneRun
 
 if TYPE_CHECKING:
     from laned.config.model import Config
@@ -39,8 +40,7 @@ class Outages:
     units: dict[str, str]  # unit -> lane
     snapshots: dict[str, UnitSnapshot]
     notices: dict[str, str]  # what laned itself meets, by source (/healthz)
-    _timers: dict[str, asyncio.TimerHandle]
-    _follow: dict[str, asyncio.Task[None]]
+    runs: dict[str, LaneRun]  # one record per lane (laned.owner.runs)
     _closing: bool
 
     if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class Outages:
                 self.ledger.note(lane, EventKind.MANAGER, f"{why}: {where}")
             if replaced and previous.running and not snap.running:
                 self.snapshots[lane] = snap
-                self._on_exit(lane, snap, policy.LOST_WITH_MANAGER)
+                self._on_exit(lane, snap, exits.LOST_WITH_MANAGER)
             else:
                 self._apply(lane, snap)
         self._catch_up(why)
@@ -101,10 +101,10 @@ class Outages:
         """Each lane made to match the last request again (resume.plan_catch_up)."""
         lanes = {}
         for lane, status in self.statuses.items():
-            watch = self._follow.get(lane)
+            watch = self.runs[lane].follow
             busy = (
                 self.ops.of(self.config.lanes[lane].group) is not None
-                or lane in self._timers
+                or self.runs[lane].restart is not None
                 or (watch is not None and not watch.done())
             )
             running = self.snapshots.get(lane, UnitSnapshot("")).running
@@ -116,7 +116,7 @@ class Outages:
                 self._start_follow(lane)
             elif plan is CatchUp.RESTART:
                 self.ledger.transition(lane, LaneState.RESTARTING, f"started again after {why}")
-                self._timers[lane] = asyncio.get_running_loop().call_later(
+                self.runs[lane].restart = asyncio.get_running_loop().call_later(
                     0, self._restart_after_failure, lane
                 )
             elif plan is CatchUp.ACTIVATE:

@@ -20,7 +20,7 @@ from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.config.model import Config, LaneConfig
 from laned.config.names import exit_record_path, unit_name
-from laned.core import policy
+from laned.core import exits, policy
 from laned.core.lanes import (
     Desired,
     Event,
@@ -31,7 +31,7 @@ from laned.core.lanes import (
     Verdict,
     phase_durations,
 )
-from laned.core.liveness import EngineSample, engine_summary
+from laned.core.liveness import engine_summary
 from laned.core.phases import ALMOST_READY, Seen, add_mark
 from laned.core.policy import ExitAction, OpKind, RestartKind
 from laned.core.recorder import Recorder
@@ -42,6 +42,7 @@ from laned.owner.bus import BusKeeper
 from laned.owner.ledger import Ledger, Listener
 from laned.owner.operations import Operations
 from laned.owner.outages import Outages
+from laned.owner.runs import LaneRun
 from laned.owner.serving import Serving
 from laned.owner.traffic import Traffic
 from laned.render import plan as render
@@ -78,20 +79,9 @@ class Reactions(Outages, Serving):
             systemd, lambda: self.units, self._on_unit_change, self._on_resync, self._bus_trouble
         )
         self.snapshots: dict[str, UnitSnapshot] = {}
-        self._runs: dict[str, int] = {}  # each lane's run number: reports of older runs drop
-        self._stopping: set[str] = set()  # lanes whose stop laned asked for, under way
-        self._follow: dict[str, asyncio.Task[None]] = {}
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._started_at: dict[str, float] = {}
+        self.runs = {name: LaneRun() for name in config.lanes}  # one record per lane
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pokes: dict[str, asyncio.Event] = {}
         self._log_task: asyncio.Task[None] | None = None
-        self._samples: dict[str, deque[tuple[float, EngineSample]]] = {}
-        self._check_degraded: set[str] = set()  # degraded by a failed check, still serving
-        # The run of each lane whose failure is counted already, and what saw it: a run
-        # fails once, whichever path (its exit, health probes, a stall, a timeout) saw it first.
-        self._failed_run: dict[str, tuple[int, str]] = {}
-        self._ready_at: dict[str, float] = {}  # when each lane last became ready
         self._closing = False
 
     # --- reading ------------------------------------------------------------------------------
@@ -126,7 +116,7 @@ class Reactions(Outages, Serving):
 
     def engine_summary(self, lane: str) -> dict[str, float] | None:
         """The engine's load from its /metrics (running lanes only), with tokens/s over a minute."""
-        window = self._samples.get(lane)
+        window = self.runs[lane].samples
         if not window or self.statuses[lane].state not in policy.RUNNING_STATES:
             return None
         return engine_summary(list(window))
@@ -144,7 +134,7 @@ class Reactions(Outages, Serving):
         previous = self.snapshots.get(lane, UnitSnapshot(snap.name))
         self.snapshots[lane] = snap
         op = self.ops.of(self.config.lanes[lane].group)
-        by_laned = lane in self._timers or (
+        by_laned = self.runs[lane].restart is not None or (
             op is not None and op.lane == lane and op.kind is not OpKind.DEACTIVATE
         )
         change = policy.judge_unit_change(previous, snap, self.statuses[lane].state, by_laned)
@@ -156,18 +146,16 @@ class Reactions(Outages, Serving):
             self.ledger.transition(lane, LaneState.STARTING, "started outside laned")
             self._start_follow(lane)
 
-    def _on_exit(
-        self, lane: str, snap: UnitSnapshot, facts: policy.ExitFacts | None = None
-    ) -> None:
+    def _on_exit(self, lane: str, snap: UnitSnapshot, facts: exits.ExitFacts | None = None) -> None:
         spec, status, now = self.config.lanes[lane], self.statuses[lane], self.clock()
         if facts is None:
             record = steps.read_exit_record(exit_record_path(self.config, lane))
-            facts = policy.exit_facts(record, self._started_at.get(lane, 0), snap)
+            facts = exits.exit_facts(record, self.runs[lane].started_at or 0, snap)
         counted = self._counted(lane)
         plan = policy.plan_exit(
             spec,
             facts,
-            stopping_by_laned=lane in self._stopping,
+            stopping_by_laned=self.runs[lane].stopping,
             state=status.state,
             desired=status.desired,
             failures=status.failures,
@@ -175,7 +163,7 @@ class Reactions(Outages, Serving):
             systemd_restarts=self.systemd_restarts,
             sub_state=snap.sub_state,
             counted=counted,
-            ready_at=self._ready_at.get(lane, 0.0),
+            ready_at=self.runs[lane].ready_at,
         )
         why = plan.reason if plan.verdict is Verdict.FAILURE else ""
         status.last_exit = LastExit(
@@ -184,7 +172,7 @@ class Reactions(Outages, Serving):
         self.recorder.exit(lane, facts.code, facts.signal, plan.verdict.value)
         self._stop_follow(lane)
         if plan.verdict is Verdict.FAILURE and counted is None:
-            self._failed_run[lane] = (self._runs.get(lane, 0), "its exit")
+            self.runs[lane].failed = (self.runs[lane].number, "its exit")
             self.recorder.failure(lane, "exit")
         if plan.action is ExitAction.OWN_STOP:
             if plan.verdict is Verdict.FAILURE:
@@ -206,7 +194,7 @@ class Reactions(Outages, Serving):
             self.ledger.transition(lane, LaneState.RESTARTING, plan.reason)
             self._cancel_restart(lane)
             loop = asyncio.get_running_loop()
-            self._timers[lane] = loop.call_later(plan.delay, self._restart_after_failure, lane)
+            self.runs[lane].restart = loop.call_later(plan.delay, self._restart_after_failure, lane)
         else:  # FAIL (not desired) or CRASH_LOOP
             self.ledger.transition(lane, LaneState.FAILED, plan.reason)
             if plan.action is ExitAction.CRASH_LOOP:
@@ -214,8 +202,8 @@ class Reactions(Outages, Serving):
 
     def _counted(self, lane: str) -> str | None:
         """What counted the current run's failure already (None: not counted yet)."""
-        run, seen_by = self._failed_run.get(lane, (-1, ""))
-        return seen_by if run == self._runs.get(lane, 0) else None
+        run, seen_by = self.runs[lane].failed or (-1, "")
+        return seen_by if run == self.runs[lane].number else None
 
     def _count_failure(self, lane: str, seen_by: str, what: str) -> policy.Counted | None:
         """Count the current run's failure, seen first by a path other than its exit
@@ -226,7 +214,7 @@ class Reactions(Outages, Serving):
         status = self.statuses[lane]
         counted = policy.count_failure(self.config.lanes[lane], status.failures, self.clock(), what)
         status.failures[:] = counted.failures
-        self._failed_run[lane] = (self._runs.get(lane, 0), what)
+        self.runs[lane].failed = (self.runs[lane].number, what)
         self.recorder.failure(lane, seen_by)
         self.writer.mark()
         return counted
@@ -254,12 +242,14 @@ class Reactions(Outages, Serving):
 
     def _start_follow(self, lane: str) -> None:
         self._stop_follow(lane)
-        task = asyncio.get_running_loop().create_task(self._follow_lane(lane, self._runs[lane]))
+        task = asyncio.get_running_loop().create_task(
+            self._follow_lane(lane, self.runs[lane].number)
+        )
         task.add_done_callback(self._task_done)
-        self._follow[lane] = task
+        self.runs[lane].follow = task
 
     def _stop_follow(self, lane: str) -> None:
-        task = self._follow.pop(lane, None)
+        task, self.runs[lane].follow = self.runs[lane].follow, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
@@ -267,7 +257,7 @@ class Reactions(Outages, Serving):
         """Readiness (fast probing backing off over a long cold start), then liveness."""
         spec = self.config.lanes[lane]
         report = functools.partial(self._observe, lane, run)
-        poke = self._pokes.setdefault(lane, asyncio.Event())
+        poke = self.runs[lane].poke
         expected = self.statuses[lane].last_cold_start
         if not await watchers.await_ready(self.probe, spec, poke, report, expected):
             return
@@ -277,14 +267,14 @@ class Reactions(Outages, Serving):
 
     def _observe(self, lane: str, run: int, seen: watchers.Observation) -> bool:
         """A watcher's report on one run of the lane; True: go on watching."""
-        if self._closing or self._runs.get(lane) != run or lane not in self.statuses:
+        if self._closing or lane not in self.statuses or self.runs[lane].number != run:
             return False
         if isinstance(seen, watchers.Ready):
             return self._became_ready(lane, seen.image_id)
         if isinstance(seen, watchers.Tick):
             return self._serving(lane)
         if isinstance(seen, watchers.Sampled):
-            window = self._samples.setdefault(lane, deque())
+            window = self.runs[lane].samples
             window.append((seen.at, seen.sample))
             while window and window[0][0] < seen.at - 60:
                 window.popleft()
@@ -319,7 +309,8 @@ class Reactions(Outages, Serving):
         if status.state is not LaneState.STARTING:
             return False
         now = self.clock()
-        status.last_cold_start = round(now - self._started_at.get(lane, now), 3)
+        started = self.runs[lane].started_at
+        status.last_cold_start = round(now - (now if started is None else started), 3)
         self.recorder.cold_start(lane, status.last_cold_start)
         if status.phases:
             status.last_phases = dict(phase_durations(status.phases, now))
@@ -328,7 +319,7 @@ class Reactions(Outages, Serving):
         # The failures stay: an engine that dies after each good start is a crash loop too;
         # they leave the window after start_limit_interval (or at the next activate). The
         # backoff starts again from here.
-        self._ready_at[lane] = now
+        self.runs[lane].ready_at = now
         self.ledger.transition(
             lane, LaneState.READY, "health 200 and /v1/models lists " + spec.served_model_name
         )
@@ -340,7 +331,7 @@ class Reactions(Outages, Serving):
         """Ready, or degraded only by a failed acceptance check (it still serves; watch it)."""
         now = self.statuses[lane].state
         return now is LaneState.READY or (
-            now is LaneState.DEGRADED and lane in self._check_degraded
+            now is LaneState.DEGRADED and self.runs[lane].check_degraded
         )
 
     def _degrade(self, lane: str, reason: str, kind: RestartKind) -> None:
@@ -349,7 +340,7 @@ class Reactions(Outages, Serving):
         self.ledger.transition(lane, LaneState.DEGRADED, reason)
         counted = self._count_failure(lane, kind.value, reason)
         if counted is not None and counted.crash_loop:
-            self._spawn(self._give_up(lane, self._runs.get(lane, 0), counted.reason))
+            self._spawn(self._give_up(lane, self.runs[lane].number, counted.reason))
             return
         self._restart(lane, reason, kind)
 
@@ -371,7 +362,7 @@ class Reactions(Outages, Serving):
             status.phase, status.progress = seen.phase, seen.progress
             status.phases = add_mark(status.phases, seen.phase, since)
             if seen.phase in ALMOST_READY:
-                self._pokes.setdefault(lane, asyncio.Event()).set()
+                self.runs[lane].poke.set()
         elif status.started_at is not None and status.last_cold_start is not None:
             ready_at = status.started_at + status.last_cold_start
             if since < ready_at:  # late, but of this start: its timeline gets it
@@ -389,15 +380,15 @@ class Reactions(Outages, Serving):
     def _begin_start(self, lane: str) -> None:
         """A new run of the lane: its number, its clock and its phase timeline begin again."""
         now = self.clock()
-        self._runs[lane] = self._runs.get(lane, 0) + 1
-        self._started_at[lane] = now
+        self.runs[lane].number += 1
+        self.runs[lane].started_at = now
         self.statuses[lane].started_at = now
         self.statuses[lane].phases = []
         self.statuses[lane].notes = []
-        self._check_degraded.discard(lane)
+        self.runs[lane].check_degraded = False
 
     def _cancel_restart(self, lane: str) -> None:
-        timer = self._timers.pop(lane, None)
+        timer, self.runs[lane].restart = self.runs[lane].restart, None
         if timer is not None:
             timer.cancel()
 

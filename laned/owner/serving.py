@@ -17,6 +17,7 @@ from laned.core.lanes import EventKind, LaneState, LaneStatus
 from laned.errors import LanedError, LaneNotRunning
 from laned.gates.acceptance import GateResult, merge_run
 from laned.owner import steps
+from laned.owner.runs import LaneRun
 from laned.render import plan as render
 
 if TYPE_CHECKING:
@@ -32,8 +33,7 @@ class Serving:
     ledger: Ledger
     systemd_version: int
     clock: Callable[[], float]
-    _runs: dict[str, int]
-    _check_degraded: set[str]  # degraded by a failed check or an unreachable peer
+    runs: dict[str, LaneRun]  # one record per lane (laned.owner.runs)
 
     if TYPE_CHECKING:
 
@@ -53,15 +53,15 @@ class Serving:
         if status is None:
             return
         if reason is not None and status.state is LaneState.READY:
-            self._check_degraded.add(lane)
+            self.runs[lane].check_degraded = True
             self.ledger.transition(lane, LaneState.DEGRADED, reason)
         elif (
             reason is None
-            and lane in self._check_degraded
+            and self.runs[lane].check_degraded
             and status.state is LaneState.DEGRADED
             and status.reason.startswith("peer ")
         ):
-            self._check_degraded.discard(lane)
+            self.runs[lane].check_degraded = False
             self.ledger.transition(lane, LaneState.READY, "every peer rank answers again")
 
     async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
@@ -75,10 +75,10 @@ class Serving:
                 f"lane {lane} is {status.state.value}, not serving: no gate can run",
                 f"activate it first: laned activate {lane} --wait",
             )
-        run = self._runs.get(lane)
+        run = self.runs[lane].number
 
         def still_serving() -> bool:
-            return self._runs.get(lane) == run and self._serving(lane)
+            return self.runs[lane].number == run and self._serving(lane)
 
         def on_result(result: GateResult) -> None:
             if still_serving():
@@ -107,11 +107,11 @@ class Serving:
         if failed and status.state is LaneState.READY:
             # It serves, but not as it should (word salad, a broken tool parser...): a
             # restart would not fix that, so the lane is degraded and left running.
-            self._check_degraded.add(lane)
+            self.runs[lane].check_degraded = True
             reason = f"check {failed[0].gate}: {failed[0].reason}"
             self.ledger.transition(lane, LaneState.DEGRADED, reason)
-        elif not failed and lane in self._check_degraded and status.state is LaneState.DEGRADED:
-            self._check_degraded.discard(lane)
+        elif not failed and self.runs[lane].check_degraded and status.state is LaneState.DEGRADED:
+            self.runs[lane].check_degraded = False
             self.ledger.transition(lane, LaneState.READY, "the acceptance checks pass again")
         return run
 

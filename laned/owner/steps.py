@@ -18,8 +18,8 @@ from laned.adapters.systemd import Systemd
 from laned.config.model import Config, LaneConfig
 from laned.config.names import container_name
 from laned.core import policy
+from laned.core.exits import ExitRecord, parse_exit_record
 from laned.core.lanes import EventKind, LaneState
-from laned.core.policy import ExitRecord, parse_exit_record
 from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import Finding, LanedError, PodmanError

@@ -35,6 +35,7 @@ from laned.errors import (
 from laned.owner import steps
 from laned.owner.operations import Operation
 from laned.owner.reactions import Reactions
+from laned.owner.runs import LaneRun
 from laned.preflight.facts import blocking
 from laned.preflight.rules import refusal
 from laned.render import plan as render
@@ -53,19 +54,9 @@ class Supervisor(Reactions):
         if saved.problem is not None:
             log.warning("%s", saved.problem)
             self.notices["state.json at start"] = saved.problem
-        for name, status in self.statuses.items():
-            status.desired = saved.desired.get(name, Desired.INACTIVE)
-            status.restarts = saved.restarts.get(name, 0)
-            status.last_exit = saved.last_exit.get(name)
-            status.last_cold_start = saved.last_cold_start.get(name)
-            status.last_phases = saved.last_phases.get(name, {})
-            status.image_id = saved.image_ids.get(name)
-            status.checks = state.load_checks(self.config.daemon.state_dir, name)
-            status.since = self.clock()
-            if name in saved.failed:
-                # A lane that gave up (crash loop, start timeout) stays failed until activated.
-                status.state, status.reason = LaneState.FAILED, saved.failed[name]
-        self.events.extend(e for e in saved.events if e.lane in self.statuses)
+        self.ledger.restore(
+            saved, functools.partial(state.load_checks, self.config.daemon.state_dir)
+        )
         self.writer.start()
         await self.bus.connect()
         self._log_task = self._spawn(self._follow_logs())
@@ -75,9 +66,11 @@ class Supervisor(Reactions):
     async def close(self) -> None:
         """Stop watching (the lanes keep running: they are systemd's units)."""
         self._closing = True
-        for timer in self._timers.values():
-            timer.cancel()
-        tasks = [*self._tasks, *self._follow.values(), *self.ops.cancel_all()]
+        for run in self.runs.values():
+            if run.restart is not None:
+                run.restart.cancel()
+        follows = [run.follow for run in self.runs.values() if run.follow]
+        tasks = [*self._tasks, *follows, *self.ops.cancel_all()]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -98,7 +91,7 @@ class Supervisor(Reactions):
         plan = resume.plan_reconcile(self.config, running, desired, self.ledger.states(), first)
         for lane in plan.adopt:
             self.ledger.desire(lane, Desired.ACTIVE)
-            if lane not in self._started_at:
+            if self.runs[lane].started_at is None:
                 self._begin_start(lane)
             self.ledger.transition(lane, LaneState.STARTING, "adopted: already running")
             self._start_follow(lane)
@@ -111,7 +104,8 @@ class Supervisor(Reactions):
         Refused (ConfigRefused, the running config stays in force): removing or renaming
         the unit of a lane that runs or has an operation under way, or changing daemon
         settings only a restart applies."""
-        under_way = {op.lane for op in self.ops.current.values()} | set(self._timers)
+        under_way = {op.lane for op in self.ops.current.values()}
+        under_way |= {name for name, run in self.runs.items() if run.restart is not None}
         problems = policy.reload_problems(self.config, new, self.ledger.states(), under_way)
         if problems:
             raise ConfigRefused(
@@ -126,6 +120,7 @@ class Supervisor(Reactions):
             self.ledger.drop(lane)
         for lane in new.lanes:
             self.ledger.add(lane)
+            self.runs.setdefault(lane, LaneRun())  # a dropped lane's stays, inert
         self.writer.mark()
         await self.systemd.reload()
         await self.bus.ref_units()
@@ -306,7 +301,7 @@ class Supervisor(Reactions):
         self._stop_follow(lane)
         op = self.ops.begin(lane, OpKind.RESTART, group)
         op.force = force or kind is not RestartKind.REQUESTED
-        self._stopping.add(lane)
+        self.runs[lane].stopping = True
         self.ledger.transition(lane, LaneState.RESTARTING, reason)
         self.ops.run(op, self._operation(op, self._stop_then_start(op, reason)))
 
@@ -316,7 +311,7 @@ class Supervisor(Reactions):
             self._ensure_current(op)
             await self.systemd.stop_unit(unit_name(op.lane, self.config.lanes[op.lane]))
         finally:
-            self._stopping.discard(op.lane)
+            self.runs[op.lane].stopping = False
         self._ensure_current(op)
         ready = self.ledger.wait_ready(op.lane)
         await self._clear_and_start(op, f"restart: {reason}")
@@ -325,7 +320,7 @@ class Supervisor(Reactions):
     def _restart_after_failure(self, lane: str) -> None:
         """The backoff after a failure is over (a timer): start the lane again, within the
         operation that wants it ready, or as a restart operation of its own."""
-        self._timers.pop(lane, None)
+        self.runs[lane].restart = None
         status = self.statuses.get(lane)
         if status is None or status.desired is not Desired.ACTIVE:
             return
@@ -393,7 +388,7 @@ class Supervisor(Reactions):
             if status.state is not LaneState.INACTIVE:
                 self.ledger.transition(lane, LaneState.INACTIVE, reason)
             return
-        self._stopping.add(lane)
+        self.runs[lane].stopping = True
         try:
             self.ledger.transition(lane, LaneState.STOPPING, reason)
             await self._drain(lane, force)
@@ -406,7 +401,7 @@ class Supervisor(Reactions):
                 self.ledger.transition(lane, LaneState.FAILED, refused.reason)  # not `stopping`
                 raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
         finally:
-            self._stopping.discard(lane)
+            self.runs[lane].stopping = False
         if status.state is LaneState.STOPPING:
             self.ledger.transition(lane, LaneState.INACTIVE, reason)
 
@@ -420,10 +415,10 @@ class Supervisor(Reactions):
 
     async def _give_up(self, lane: str, run: int, reason: str) -> None:
         """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
-        self._stopping.add(lane)
+        self.runs[lane].stopping = True
         try:
             await self.systemd.stop_unit(unit_name(lane, self.config.lanes[lane]))
         finally:
-            self._stopping.discard(lane)
-        if self._runs.get(lane) == run:  # not if a newer start owns the lane by now
+            self.runs[lane].stopping = False
+        if self.runs[lane].number == run:  # not if a newer start owns the lane by now
             self._fail_start(lane, reason)

@@ -25,7 +25,7 @@ from laned.config.names import (
     unit_name,
     wrapper_name,
 )
-from laned.core.policy import WRAPPER_EXIT_0
+from laned.core.exits import WRAPPER_EXIT_0
 from laned.render.units import generated_header
 
 # Status the wrapper exits with when the engine exited 0 without being asked to stop:

@@ -235,12 +235,12 @@ def test_a_crash_loop_ends_in_failed_without_further_restarts(
             assert (
                 status.restarts == 2 and status.last_exit is not None and status.last_exit.code == 3
             )
-            assert "a" not in sup._timers, "no restart may be pending after a crash loop"
+            assert sup.runs["a"].restart is None, "no restart may be pending after a crash loop"
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
         # A new laned leaves the failed lane alone until it is activated again.
         async with supervising(harness, config) as sup:
             assert sup.statuses["a"].state is LaneState.FAILED
-            assert sup.ops.current == {} and sup._timers == {}
+            assert sup.ops.current == {} and all(r.restart is None for r in sup.runs.values())
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
             # Deactivating acknowledges the failure.
             await sup.deactivate("a")
@@ -314,7 +314,7 @@ def test_memory_guard_stops_the_lane_when_memavailable_stays_low(
             assert last is not None and last.verdict is Verdict.FAILURE
             assert "seen first as memory-guard" in last.reason
             assert len(sup.statuses["a"].failures) == 1
-            assert "a" not in sup._timers
+            assert sup.runs["a"].restart is None
 
     run(scenario())
 

@@ -9,9 +9,10 @@ from laned.adapters import state
 from laned.adapters.probes import parse_engine_metrics
 from laned.adapters.secret_files import read_api_key
 from laned.adapters.systemd import unit_name_from_path
+from laned.core.exits import ExitFacts, decode_status, judge_exit
 from laned.core.lanes import Desired, Event, LaneState, LastExit, Verdict
 from laned.core.liveness import EngineSample, StallDetector
-from laned.core.policy import ExitFacts, backoff_delay, decode_status, is_crash_loop, judge_exit
+from laned.core.policy import backoff_delay, is_crash_loop
 from laned.core.unit_state import UnitSnapshot
 from laned.owner.steps import read_exit_record
 from tests.helpers import parse_phase

@@ -7,10 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laned.config.load import Config, parse_config
-from laned.core import policy, resume
+from laned.core import exits, policy, resume
+from laned.core.exits import ExitFacts, ExitRecord
 from laned.core.lanes import Desired, LaneState, Verdict
 from laned.core.liveness import EngineSample, MemoryFloor, tokens_per_second
-from laned.core.policy import Admit, Current, ExitAction, ExitFacts, ExitRecord, OpKind, UnitChange
+from laned.core.policy import Admit, Current, ExitAction, OpKind, UnitChange
 from laned.core.unit_state import CLD_EXITED, CLD_KILLED, UnitSnapshot
 
 
@@ -123,31 +124,31 @@ def test_a_start_behind_laneds_back_is_seen_only_when_laned_starts_nothing(
 
 def test_the_wrappers_record_of_this_run_wins_over_systemds_view() -> None:
     record = ExitRecord(status=137, requested=False, at=100.0, oom_killed=True)
-    facts = policy.exit_facts(record, started_at=99.0, snap=FAILED)
+    facts = exits.exit_facts(record, started_at=99.0, snap=FAILED)
     assert facts == ExitFacts(None, 9, False, True, witnessed=True)
     assert "signal 9" in facts.describe() and "OOM" in facts.describe()
     # A record older than this run (by more than 2 s of clock skew) is an earlier run's.
-    stale = policy.exit_facts(record, started_at=200.0, snap=FAILED)
+    stale = exits.exit_facts(record, started_at=200.0, snap=FAILED)
     assert stale == ExitFacts(75, None, False, False)
     killed = UnitSnapshot("a.service", "failed", "failed", "signal", CLD_KILLED, 9)
-    assert policy.exit_facts(None, 0, killed) == ExitFacts(None, 9, False, False)
+    assert exits.exit_facts(None, 0, killed) == ExitFacts(None, 9, False, False)
     clean = UnitSnapshot("a.service", "inactive", "dead", "success", CLD_EXITED, 0)
-    assert policy.exit_facts(None, 0, clean).requested_by_systemd is True
+    assert exits.exit_facts(None, 0, clean).requested_by_systemd is True
     # Killed at TimeoutStopSec: no OOM guess, the timeout is named.
     late = UnitSnapshot("a.service", "failed", "failed", "timeout", CLD_KILLED, 9)
-    said = policy.exit_facts(None, 0, late).describe()
+    said = exits.exit_facts(None, 0, late).describe()
     assert "stop_timeout" in said and "OOM" not in said, said
 
 
 def test_parse_exit_record() -> None:
-    assert policy.parse_exit_record("status=0 requested=1 at=12.5 oom=0\n") == ExitRecord(
+    assert exits.parse_exit_record("status=0 requested=1 at=12.5 oom=0\n") == ExitRecord(
         0, True, 12.5, False
     )
-    assert policy.parse_exit_record("status=0 requested=0 late=1 at=12 oom=0\n") == ExitRecord(
+    assert exits.parse_exit_record("status=0 requested=0 late=1 at=12 oom=0\n") == ExitRecord(
         0, False, 12.0, False, late=True
     )
-    assert policy.parse_exit_record("status=x requested=1 at=1") is None
-    assert policy.parse_exit_record("") is None
+    assert exits.parse_exit_record("status=x requested=1 at=1") is None
+    assert exits.parse_exit_record("") is None
 
 
 def plan(
@@ -405,7 +406,7 @@ def test_catch_up_leaves_a_worker_rank_to_its_head() -> None:
 
 
 def test_a_run_lost_with_its_user_manager_is_a_failure_with_no_status() -> None:
-    lost = policy.LOST_WITH_MANAGER
+    lost = exits.LOST_WITH_MANAGER
     plan = policy.plan_exit(
         SPEC, lost, stopping_by_laned=False, state=LaneState.READY, desired=Desired.ACTIVE,
         failures=[], now=100.0, systemd_restarts=False, sub_state="dead",
@@ -452,11 +453,11 @@ def test_tokens_per_second_over_a_window() -> None:
 def test_exit_statuses_are_explained_where_they_are_shown(
     code: int | None, signal: int | None, words: str
 ) -> None:
-    assert words in policy.explain_exit(code, signal, "/opt/venv/bin/vllm")
+    assert words in exits.explain_exit(code, signal, "/opt/venv/bin/vllm")
     shown = ExitFacts(code, signal, False, False).describe("/opt/venv/bin/vllm")
     assert words in shown and shown.startswith("signal" if signal else "status")
 
 
 def test_plain_statuses_get_no_invented_meaning() -> None:
-    assert policy.explain_exit(0, None) == "" and policy.explain_exit(1, None) == ""
+    assert exits.explain_exit(0, None) == "" and exits.explain_exit(1, None) == ""
     assert ExitFacts(0, None, False, False).describe() == "status 0"

@@ -7,6 +7,7 @@ import os
 
 from laned.adapters import proc
 from laned.config.engine_flags import PARSER_PROBE, KnownFlags, Source, parse_probe
+from laned.errors import CommandFailed, LanedError
 
 # Importing vLLM imports torch: seconds on a warm page cache, a minute on a cold one.
 PROBE_TIMEOUT = 300.0
@@ -25,4 +26,16 @@ def read_flags(source: Source, podman: str = "podman") -> KnownFlags:
         # --pull=never: checking flags never downloads an image of tens of GB.
         argv = [podman, "run", "--rm", "--pull=never", "--network=none", *quiet,
                 "--entrypoint", "python3", source.image, "-c", PARSER_PROBE]  # fmt: skip
-    return parse_probe(proc.run(argv, {**os.environ, **QUIET}, timeout=PROBE_TIMEOUT), source)
+    try:
+        text = proc.run(argv, {**os.environ, **QUIET}, timeout=PROBE_TIMEOUT)
+    except CommandFailed as exc:
+        # Its message names the whole command, the probe script included: say what failed.
+        what = (
+            exc.message.rsplit(" exited with ", 1)[-1]
+            if " exited with " in exc.message
+            else exc.message
+        )
+        raise LanedError(
+            f"{source}: vLLM's argument parser did not run ({what})", exc.hint
+        ) from exc
+    return parse_probe(text, source)

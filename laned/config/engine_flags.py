@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from laned.config.model import Config, LaneConfig
@@ -72,10 +72,20 @@ class KnownFlags:
         return longer[0] if len(longer) == 1 else None
 
 
+def _program(command: Sequence[str]) -> int | None:
+    """Where the engine's program is in an exec command: the first Python or `vllm`
+    (a wrapper before it, as `taskset -c 0 python -m ...`, is not the engine's)."""
+    for i, word in enumerate(command):
+        name = word.rsplit("/", 1)[-1]
+        if name.startswith("python") or name == "vllm":
+            return i
+    return None
+
+
 def is_vllm(spec: LaneConfig) -> bool:
     """Whether a lane runs vLLM (its command or image names it)."""
     if spec.exec is not None:
-        return any("vllm" in part for part in spec.exec.command[:3])
+        return any("vllm" in part for part in spec.exec.command)
     c = spec.container
     assert c is not None
     return any("vllm" in part for part in (c.image, c.entrypoint or "", *c.command[:2]))
@@ -87,11 +97,11 @@ def source_of(spec: LaneConfig, python: str | None) -> Source | None:
     if python:
         return Source(python=python)
     if spec.exec is not None:
-        program = spec.exec.command[0]
-        name = program.rsplit("/", 1)[-1]
-        if name.startswith("python"):
+        at = _program(spec.exec.command)
+        program = "" if at is None else spec.exec.command[at]
+        if program.rsplit("/", 1)[-1].startswith("python"):
             return Source(python=program)
-        if name == "vllm" and "/" in program:
+        if "/" in program:  # a `vllm` script: its venv's python
             return Source(python=program.rsplit("/", 1)[0] + "/python")
         return None
     assert spec.container is not None
@@ -117,12 +127,13 @@ def parse_probe(text: str, source: Source) -> KnownFlags:
 
 def flag_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
     """(key path, word) of every argv word the lane's engine gets that may be a flag: the
-    command after the program (and after `-m module` or `serve`), `args`, laned's own."""
+    command after the engine's program (and after `-m module`), `args`, laned's own."""
     spec = config.lanes[lane]
     base = f"lanes.{lane}"
     if spec.exec is not None:
         command = spec.exec.command
-        skip = 3 if len(command) > 2 and command[1] == "-m" else 1
+        at = _program(command) or 0
+        skip = at + (3 if tuple(command[at + 1 : at + 2]) == ("-m",) else 1)
         yield from ((f"{base}.exec.command[{i}]", w) for i, w in enumerate(command) if i >= skip)
     else:
         assert spec.container is not None

@@ -113,3 +113,11 @@ def test_a_probe_that_says_nothing_useful_is_a_clear_error() -> None:
     assert parse_probe(text, KNOWN.source).flags == frozenset({"--port"})
     with pytest.raises(LanedError, match="gave no flag list"):
         parse_probe("Traceback ...\nModuleNotFoundError: No module named 'vllm'", KNOWN.source)
+
+
+def test_a_wrapper_before_the_engine_is_not_taken_for_its_flags() -> None:
+    # The real_vllm tier's lane: `taskset -c 0 python -m vllm...` (-c is taskset's).
+    wrapped = '["taskset", "-c", "0", "/opt/vllm/bin/python", "-m", "vllm.x", "--modle", "/m"]'
+    cfg = config("[]", wrapped)
+    assert [p.path for p in unknown_flags(cfg, "a", KNOWN)] == ["lanes.a.exec.command[6]"]
+    assert source_of(cfg.lanes["a"], None) == Source(python="/opt/vllm/bin/python")

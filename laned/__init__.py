@@ -11,7 +11,7 @@ The public surface, for code that uses laned as a library (imported on first use
 
 - the config: `load_config`, `parse_config`, `Config`, `LaneConfig`;
 - rendering: `plan` (the files a config renders to) and `apply` (written atomically);
-- the error tree: `LanedError` and its children, `Problem`, `Severity` (laned.errors).
+- the error tree: `LanedError` and its children, `Finding`, `Severity` (laned.errors).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _SURFACE = {
     "apply": "laned.render.plan",
     "LanedError": "laned.errors",
     "ConfigError": "laned.errors",
-    "Problem": "laned.errors",
+    "Finding": "laned.errors",
     "Severity": "laned.errors",
 }
 

@@ -1,7 +1,7 @@
 """laned's exception tree. Every error laned raises on purpose is one of these.
 
     LanedError                      root: what went wrong, and a hint for what to do
-    ├── ConfigError                 the config file is unreadable or invalid (carries every Problem)
+    ├── ConfigError                 the config file is unreadable or invalid (carries every Finding)
     ├── ConfigRefused               a valid new config cannot be applied while laned runs
     ├── RenderError                 generated files could not be read back or differ on disk
     ├── WriteFailed                 a file laned writes (unit, wrapper, state) could not be written
@@ -52,10 +52,11 @@ class Severity(str, Enum):
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One finding about a config: where (file and dotted key path), what, and what to do."""
+class Finding:
+    """One thing found before anything runs: by a config rule, on a key path, or by a
+    preflight rule, under its name. Where, what, what to do, how bad."""
 
-    path: str
+    where: str  # the config's dotted key path ("lanes.a.port"), or the preflight rule ("image")
     message: str
     hint: str = ""
     severity: Severity = Severity.ERROR
@@ -63,27 +64,17 @@ class Problem:
     def render(self, source: str = "") -> str:
         """Format as one or two lines: `file: key.path: message` and an indented hint."""
         where = f"{source}: " if source else ""
-        key = f"{self.path}: " if self.path else ""
+        key = f"{self.where}: " if self.where else ""
         tag = "" if self.severity is Severity.ERROR else f"{self.severity.value}: "
         text = f"{where}{tag}{key}{self.message}"
         if self.hint:
             text += f"\n    hint: {self.hint}"
         return text
 
-
-@dataclass(frozen=True)
-class Finding:
-    """One preflight result."""
-
-    check: str
-    severity: Severity
-    message: str
-    hint: str = ""
-
     def to_json(self) -> dict[str, str]:
-        """As served by the API."""
+        """A preflight finding as the API serves it (`check`: the rule's name)."""
         return {
-            "check": self.check,
+            "check": self.where,
             "severity": self.severity.value,
             "message": self.message,
             "hint": self.hint,
@@ -109,7 +100,7 @@ class ConfigError(LanedError):
 
     code = "bad-config"
 
-    def __init__(self, source: str, problems: list[Problem]) -> None:
+    def __init__(self, source: str, problems: list[Finding]) -> None:
         self.source = source
         self.problems = problems
         errors = [p for p in problems if p.severity is Severity.ERROR]

@@ -10,10 +10,8 @@ string or a number): the parsing below accepts both.
 from __future__ import annotations
 
 import asyncio
-import queue
 import socket
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -176,40 +174,3 @@ class Podman:
             return data.decode("utf-8", errors="replace").splitlines()
 
         return await self._off_loop(f"logs of {name}", read)
-
-    async def follow_logs(self, name: str) -> AsyncIterator[str]:
-        """New log lines of a running container, until it stops or the caller stops reading."""
-        lines: queue.Queue[str | BaseException | None] = queue.Queue(maxsize=10000)
-        stop = threading.Event()
-
-        def pump() -> None:
-            try:
-                for chunk in (
-                    self._api().containers.get(name).logs(stream=True, follow=True, tail=0)
-                ):
-                    if stop.is_set():
-                        return
-                    data = chunk if isinstance(chunk, bytes) else str(chunk).encode()
-                    for line in data.decode("utf-8", errors="replace").splitlines():
-                        lines.put(line)
-            except (APIError, RequestException, OSError) as exc:
-                lines.put(exc)
-            finally:
-                lines.put(None)
-
-        thread = threading.Thread(target=pump, name=f"podman-logs-{name}", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = await asyncio.to_thread(lines.get)
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    if isinstance(item, NotFound):
-                        return
-                    raise PodmanUnavailable(
-                        f"following the logs of {name} failed: {item}", SOCKET_HINT
-                    ) from item
-                yield item
-        finally:
-            stop.set()

@@ -84,14 +84,11 @@ class Front:
 
     def under_way(self, lane: str) -> str | None:
         """The operation under way in the lane's group ("activate b"), or None."""
-        sup = self.supervisor
-        op = sup.ops.of(sup.config.lanes[lane].group)
-        return None if op is None else f"{op.kind.value} {op.lane}"
+        return self.supervisor.under_way(lane)
 
     def wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
         """A future that resolves when the lane is ready, or fails with why it will not be."""
-        self.status(lane)
-        return self.supervisor.ledger.wait_ready(lane)
+        return self.supervisor.wait_ready(lane)
 
     def lanes(self) -> list[str]:
         """The configured lanes, sorted."""
@@ -184,11 +181,11 @@ class Front:
             if (lane is None or event.lane == lane) and not queue.full():
                 queue.put_nowait(event)
 
-        self.supervisor.listeners.append(listener)
+        self.supervisor.listen(listener)
         try:
             yield queue
         finally:
-            self.supervisor.listeners.remove(listener)
+            self.supervisor.unlisten(listener)
 
     async def logs(self, lane: str, lines: int, source: str = "journal") -> list[str]:
         """The engine's last log lines, from journald or the running container's own log."""
@@ -234,7 +231,7 @@ class Front:
         if rank is not None and rank > 0:  # a worker's host: the head coordinates
             assert self.coordinator is not None
             await self.coordinator.ask_head(lane, "activate", force)
-            return self.supervisor.ledger.wait_ready(lane)  # the head asked this rank meanwhile
+            return self.supervisor.wait_ready(lane)  # the head asked this rank meanwhile
         findings = None
         if not force and not policy.already_active(status.state, status.desired):
             findings = await self.supervisor.preflight(lane)
@@ -268,7 +265,7 @@ class Front:
         self.status(lane)
         self._reachable(lane, "restarted")
         if await self._coordinated(lane, "restart", force, rank_only):
-            return self.supervisor.ledger.wait_ready(lane)
+            return self.supervisor.wait_ready(lane)
         return await self._kept(self.supervisor.restart(lane, force=force))
 
     def _reachable(self, lane: str, what: str) -> None:
@@ -283,7 +280,7 @@ class Front:
     async def _kept(self, accepted: asyncio.Future[LaneStatus]) -> asyncio.Future[LaneStatus]:
         """An accepted request is on disk (state.json) before laned answers it: a laned
         killed right after its answer comes back wanting what the caller was told."""
-        await self.supervisor.writer.flush()
+        await self.supervisor.flush()
         return accepted
 
     def _rank_of(self, lane: str, rank_only: bool) -> int | None:

@@ -18,7 +18,7 @@ from laned.cli.args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, config_path
 from laned.cli.args import client as api_client
 from laned.cli.gates import cmd_bench, cmd_check
 from laned.cli.setup import cmd_completion, cmd_init, cmd_lanes
-from laned.errors import ApiUnavailable, ConfigError, LanedError, Problem, Severity
+from laned.errors import ApiUnavailable, ConfigError, Finding, LanedError, Severity
 
 if TYPE_CHECKING:
     from laned.config.model import Config
@@ -46,13 +46,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _engine_flags(config: Config, python: str | None) -> list[Problem]:
+def _engine_flags(config: Config, python: str | None) -> list[Finding]:
     """Each vLLM lane's flags against its vLLM's own parser (read once per interpreter or
     image); what could not be read is a warning too, never a reason to fail."""
     from laned.adapters.engine_parser import read_flags
     from laned.config import engine_flags
 
-    found: list[Problem] = []
+    found: list[Finding] = []
     known: dict[engine_flags.Source, engine_flags.KnownFlags | LanedError] = {}
     for lane, spec in sorted(config.lanes.items()):
         base = f"lanes.{lane}"
@@ -72,7 +72,7 @@ def _engine_flags(config: Config, python: str | None) -> list[Problem]:
             hint = "give an interpreter with vLLM: --python PATH" + (
                 f" (or `podman pull {source.image}`)" if source.image else ""
             )
-            found.append(Problem(base, f"engine flags not checked: {flags.message}", hint,
+            found.append(Finding(base, f"engine flags not checked: {flags.message}", hint,
                                  Severity.WARNING))  # fmt: skip
             continue
         said = engine_flags.unknown_flags(config, lane, flags)

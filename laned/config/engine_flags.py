@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from laned.config.model import Config, LaneConfig
-from laned.errors import LanedError, Problem, Severity
+from laned.errors import Finding, LanedError, Severity
 
 # Runs in the target Python: prints vLLM's version and every option string of the parser
 # `vllm serve` builds (vllm/entrypoints/cli/serve.py: make_arg_parser). Module paths moved
@@ -160,7 +160,7 @@ def normalize(word: str) -> str | None:
     return word.split("=", 1)[0]
 
 
-def unknown_flags(config: Config, lane: str, known: KnownFlags) -> list[Problem]:
+def unknown_flags(config: Config, lane: str, known: KnownFlags) -> list[Finding]:
     """A warning for each of the lane's flags that `known` does not have, with the nearest;
     a note for an abbreviation (taken today, ambiguous once a flag with its prefix comes)."""
     problems = []
@@ -170,7 +170,7 @@ def unknown_flags(config: Config, lane: str, known: KnownFlags) -> list[Problem]
             continue
         if full := known.expand(flag):
             problems.append(
-                Problem(
+                Finding(
                     where,
                     f"{flag} abbreviates {full}: vLLM {known.version} takes it (argparse "
                     "matches a prefix), a release that adds a flag with that prefix refuses it",
@@ -182,7 +182,7 @@ def unknown_flags(config: Config, lane: str, known: KnownFlags) -> list[Problem]
         near = difflib.get_close_matches(flag, sorted(known.flags), n=1, cutoff=0.6)
         hint = f"did you mean {near[0]}? " if near else ""
         problems.append(
-            Problem(
+            Finding(
                 where,
                 f"{flag} is not a flag of vLLM {known.version} ({known.source})",
                 hint + "a lane may target a newer vLLM than this one: check its image's "

@@ -11,7 +11,7 @@ from laned.config.model import LaneConfig
 from laned.config.names import container_name
 from laned.config.ranks import PLACEHOLDER
 from laned.config.secrecy import SECRET_FLAGS, looks_secret, secrets_file_line
-from laned.errors import Problem, Severity
+from laned.errors import Finding, Severity
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
@@ -25,25 +25,25 @@ OWNED_FLAGS = {
 }
 
 
-def check_env(base: str, lane: LaneConfig) -> Iterator[Problem]:
+def check_env(base: str, lane: LaneConfig) -> Iterator[Finding]:
     tables = [(f"{base}.env", lane.env)]
     tables += [(f"{base}.rank.{rank}.env", r.env) for rank, r in lane.rank.items()]
     for table, env in tables:
         for key, var in env.items():
             where = f"{table}.{key}"
             if not ENV_NAME.match(key):
-                yield Problem(
+                yield Finding(
                     where, f"{key!r} is not a valid environment variable name", "use A-Z, 0-9 and _"
                 )
             if "\x00" in var.value:
-                yield Problem(where, "the value contains a NUL byte", "remove it")
+                yield Finding(where, "the value contains a NUL byte", "remove it")
             if looks_secret(key) and var.secret is not False:
                 yield secret_in_config(base, lane, where, key)
 
 
 def secret_in_config(
     base: str, lane: LaneConfig, where: str, name: str, flag: str | None = None
-) -> Problem:
+) -> Finding:
     """A secret written into the config: an error, since from there it reaches the wrapper
     and an argv (/proc/PID/cmdline, readable by every local user) at every start. `flag`:
     the engine flag that carried it (vLLM reads `name` from its environment instead)."""
@@ -51,14 +51,14 @@ def secret_in_config(
     key = f"{base}.{lane.secrets_key}"
     where_file = f"{file} ({key})" if lane.secrets_path else f"{file}, set as {key}"
     if flag is not None:
-        return Problem(
+        return Finding(
             where,
             f"{flag} puts a secret in the engine's argv",
             f"remove it here and write the line {secrets_file_line(name)} in the lane's "
             f"secrets file (mode 0600) {where_file}: vLLM reads {name} from its environment, "
             "and laned passes it by name only",
         )
-    return Problem(
+    return Finding(
         where,
         f"{name} looks like a secret: its value would be in the wrapper and in podman's argv",
         f"move the line {secrets_file_line(name)} into the lane's secrets file (mode 0600) "
@@ -94,14 +94,14 @@ def _flag_of(text: str) -> str:
     return text.split("=", 1)[0] if text.startswith("--") else text
 
 
-def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Problem]:
+def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Finding]:
     """A recipe's `${NODE_IP}` left in a value reaches the engine as written: no shell runs
     the wrapper's words (they are quoted), and laned fills no placeholder itself."""
     values = [(f"{base}.env.{k}", v.value) for k, v in lane.env.items()]
     values += [(where, text) for where, text in _argv_sources(base, lane)]
     for where, text in values:
         if match := PLACEHOLDER.search(text):
-            yield Problem(
+            yield Finding(
                 where,
                 f"{match.group()} reaches the engine as written: laned fills no placeholder",
                 "write this host's value here (laned import --set NAME=VALUE does it)",
@@ -109,11 +109,11 @@ def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Problem]:
             )
 
 
-def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
+def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
     yield from check_placeholders(base, lane)
     for where, text in _argv_sources(base, lane):
         if "\x00" in text:
-            yield Problem(where, "contains a NUL byte, which no argv can carry", "remove it")
+            yield Finding(where, "contains a NUL byte, which no argv can carry", "remove it")
     engine_parts: list[tuple[str, str]] = [
         (f"{base}.args[{i}]", a.flag) for i, a in enumerate(lane.args)
     ]
@@ -128,7 +128,7 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
         flag = _flag_of(text)
         if flag in OWNED_FLAGS:
             key = OWNED_FLAGS[flag]
-            yield Problem(
+            yield Finding(
                 where,
                 f"{flag} is set by laned from {base}.{key}",
                 f"remove it here; {base}.{key} is the single source of truth",
@@ -136,13 +136,13 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
         if flag in SECRET_FLAGS:
             yield secret_in_config(base, lane, where, SECRET_FLAGS[flag], flag)
         if flag == "--override-generation-config" and lane.sampling is not None:
-            yield Problem(
+            yield Finding(
                 where,
                 "--override-generation-config conflicts with `sampling`",
                 f"laned passes {base}.sampling as --override-generation-config; keep one of the two",
             )
         if flag.startswith("--") and flag in seen:
-            yield Problem(
+            yield Finding(
                 where,
                 f"{flag} is given twice (also at {seen[flag]})",
                 "the engine keeps only the last one; remove the other",
@@ -151,7 +151,7 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Problem]:
         seen.setdefault(flag, where)
     engram_disk = _exl3_engram_disk(lane)
     if engram_disk and "--enforce-eager" not in seen:
-        yield Problem(
+        yield Finding(
             f"{base}.args",
             f"{engram_disk[0]}=1 needs --enforce-eager",
             "CUDA graphs cannot capture the NVMe reads of engram-disk mode; add --enforce-eager",
@@ -185,32 +185,32 @@ def _podman_flags(args: Iterable[str]) -> list[tuple[str, str | None]]:
     return out
 
 
-def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]:
+def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]:
     """A container lane: its name, image, bind mounts, cache paths and podman flags."""
     spec = lane.container
     assert spec is not None
     where = f"{base}.container"
     cname = container_name(name, lane)
     if not CONTAINER_NAME.match(cname):
-        yield Problem(
+        yield Finding(
             f"{where}.name",
             f"{cname!r} is not a valid container name",
             "use letters, digits and _.-",
         )
     if not spec.image.strip() or CONTROL.search(spec.image):
-        yield Problem(
+        yield Finding(
             f"{where}.image", f"{spec.image!r} is not an image name", "name a locally built image"
         )
     for i, volume in enumerate(spec.volumes):
         src = volume.split(":", 1)[0]
         if ":" not in volume:
-            yield Problem(
+            yield Finding(
                 f"{where}.volumes[{i}]",
                 f"{volume!r} is not SRC:DST[:OPTIONS]",
                 "e.g. /models:/models:ro",
             )
         elif not src.startswith("/"):
-            yield Problem(
+            yield Finding(
                 f"{where}.volumes[{i}]",
                 f"host path {src!r} is not absolute",
                 "named volumes belong in podman_args; a bind mount starts with /, ~ or $XDG_*",
@@ -219,24 +219,24 @@ def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]
     yield from _check_podman_args(base, where, lane)
 
 
-def _check_cache_env(where: str, cache_env: Mapping[str, str]) -> Iterator[Problem]:
+def _check_cache_env(where: str, cache_env: Mapping[str, str]) -> Iterator[Finding]:
     """Where each engine keeps what it compiles, inside the container."""
     for key, path in cache_env.items():
         if not ENV_NAME.match(key):
-            yield Problem(
+            yield Finding(
                 f"{where}.cache_env.{key}",
                 f"{key!r} is not a valid environment variable name",
                 "use A-Z, 0-9 and _",
             )
         elif not path.startswith("/") or CONTROL.search(path):
-            yield Problem(
+            yield Finding(
                 f"{where}.cache_env.{key}",
                 f"{path!r} is not an absolute path inside the container",
                 "e.g. /laned/cache/b12x (the lane's cache directory is mounted at /laned/cache)",
             )
 
 
-def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Problem]:
+def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Finding]:
     """Extra podman flags: the known-bad combinations, and flags laned owns."""
     spec = lane.container
     assert spec is not None
@@ -244,7 +244,7 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Prob
     names = {flag for flag, _ in flags}
     pargs = f"{where}.podman_args"
     if "--shm-size" in names and spec.ipc == "host":
-        yield Problem(
+        yield Finding(
             pargs,
             '--shm-size together with ipc = "host"',
             "with the host's IPC namespace the container uses the host's /dev/shm; rootless podman "
@@ -255,20 +255,20 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Prob
         disk = _exl3_engram_disk(lane)
         memlock = any(f == "--ulimit" and v and v.startswith("memlock") for f, v in flags)
         if disk and lane.engine_arg("--kv-offloading-size") is None:
-            yield Problem(
+            yield Finding(
                 pargs,
                 f"--cap-add IPC_LOCK with {disk[0]}=1",
                 "engram-disk mode pins nothing (the pinned mode is unused); drop --cap-add IPC_LOCK",
             )
         elif not memlock:
-            yield Problem(
+            yield Finding(
                 pargs,
                 "--cap-add IPC_LOCK without --ulimit memlock",
                 "pinning needs a raised memlock limit (--ulimit memlock=-1:-1); without it drop IPC_LOCK",
                 Severity.WARNING,
             )
     if "--gpus" in names:
-        yield Problem(
+        yield Finding(
             pargs,
             "--gpus is Docker's GPU flag",
             'rootless podman uses CDI: devices = ["nvidia.com/gpu=all"]',
@@ -279,7 +279,7 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Prob
         if flag in ("-e", "--env") and has_value and looks_secret(name):
             yield secret_in_config(base, lane, pargs, name)
         if flag == "--env-file":
-            yield Problem(
+            yield Finding(
                 pargs,
                 "--env-file hands podman a file laned does not check (mode, names)",
                 f"put its lines in the lane's secrets file ({base}.secrets_file, mode 0600): "
@@ -287,7 +287,7 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Prob
                 Severity.WARNING,
             )
         if flag in ("--name", "--rm"):
-            yield Problem(
+            yield Finding(
                 pargs,
                 f"{flag} is set by laned",
                 f"use {where}.name instead"
@@ -295,7 +295,7 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Prob
                 else "remove it: laned removes the container itself, after reading how it ended",
             )
     if spec.network == "host" and ("-p" in names or "--publish" in names):
-        yield Problem(
+        yield Finding(
             pargs,
             'publishing ports with network = "host" has no effect',
             "the engine already listens on the host's port; drop -p/--publish",

@@ -37,7 +37,7 @@ from laned.config.model import (
 )
 from laned.config.ranks import check_nodes, for_host
 from laned.config.rules import check_config
-from laned.errors import ConfigError, Problem, Severity
+from laned.errors import ConfigError, Finding, Severity
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -76,7 +76,7 @@ def load_config(path: str, env: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(
             path,
             [
-                Problem(
+                Finding(
                     "",
                     "no such file",
                     "create it (see config/laned.example.toml) or pass --config PATH / set LANED_CONFIG",
@@ -84,11 +84,11 @@ def load_config(path: str, env: Mapping[str, str] | None = None) -> Config:
             ],
         ) from None
     except OSError as exc:
-        raise ConfigError(path, [Problem("", f"cannot read: {exc.strerror}")]) from exc
+        raise ConfigError(path, [Finding("", f"cannot read: {exc.strerror}")]) from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(path, [Problem("", f"not UTF-8 text ({exc.reason})")]) from exc
+        raise ConfigError(path, [Finding("", f"not UTF-8 text ({exc.reason})")]) from exc
     config = parse_config(text, source=path, env=env)
     problems = linked_away(config, env)
     if problems:
@@ -99,7 +99,7 @@ def load_config(path: str, env: Mapping[str, str] | None = None) -> Config:
 WRITTEN = {"unit_dir": "units", "bin_dir": "serve wrappers"}  # the dirs laned writes into
 
 
-def linked_away(config: Config, env: Mapping[str, str]) -> list[Problem]:
+def linked_away(config: Config, env: Mapping[str, str]) -> list[Finding]:
     """A directory laned writes into, named inside the user's own places (HOME,
     XDG_RUNTIME_DIR), that a symlink leads out of them: laned would write its units or
     wrappers somewhere the config does not say (a link to /etc/systemd/user, to another
@@ -116,7 +116,7 @@ def linked_away(config: Config, env: Mapping[str, str]) -> list[Problem]:
         real = os.path.realpath(path)
         if inside(path) and not inside(real):
             problems.append(
-                Problem(
+                Finding(
                     f"daemon.{key}",
                     f"{path} leads through a symlink to {real}, outside your home: laned "
                     f"would write its {what} there",
@@ -135,20 +135,20 @@ def parse_config(
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(
-            source, [Problem("", f"not valid TOML: {exc}", "check quoting and brackets there")]
+            source, [Finding("", f"not valid TOML: {exc}", "check quoting and brackets there")]
         ) from exc
     try:
         config = Config.model_validate(data, context={"env": env})
     except ValidationError as exc:
         raise ConfigError(source, [_problem_from(err, data) for err in exc.errors()]) from None
     except ValueError as exc:  # e.g. $XDG_RUNTIME_DIR used but unset
-        raise ConfigError(source, [Problem("", str(exc))]) from None
+        raise ConfigError(source, [Finding("", str(exc))]) from None
     # A lane over several hosts is checked for every rank, then run as this host's rank.
     problems = list(check_nodes(config))
     raw, config = config, for_host(config)
-    problems += [p for p in check_config(config) if not (config.elsewhere and p.path == "lanes")]
+    problems += [p for p in check_config(config) if not (config.elsewhere and p.where == "lanes")]
     problems += [
-        Problem(
+        Finding(
             f"lanes.{name}.nodes",
             f"runs on {', '.join(n.host for n in raw.lanes[name].nodes)}, not on this host "
             f"(daemon.host = {config.daemon.host!r}): laned here leaves it alone",
@@ -220,7 +220,7 @@ def _item_type(annotation: Any) -> Any:
     return None
 
 
-def _problem_from(err: Any, data: Any) -> Problem:
+def _problem_from(err: Any, data: Any) -> Finding:
     loc = tuple(err["loc"])
     path = _dotted(loc)
     kind = err["type"]
@@ -234,14 +234,14 @@ def _problem_from(err: Any, data: Any) -> Problem:
         hint = f"did you mean `{close[0]}`?" if close else ""
         if known:
             hint = (hint + " " if hint else "") + "known keys here: " + ", ".join(known)
-        return Problem(path, f"unknown key `{key}`", hint)
+        return Finding(path, f"unknown key `{key}`", hint)
     if kind == "missing":
-        return Problem(path, "is required but missing", "add it; see docs/configuration.md")
+        return Finding(path, "is required but missing", "add it; see docs/configuration.md")
     message = err["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
-    return Problem(path, f"{message} (got {shown})", _type_hint(kind))
+    return Finding(path, f"{message} (got {shown})", _type_hint(kind))
 
 
 def _type_hint(kind: str) -> str:

@@ -22,7 +22,7 @@ from pydantic import (
 
 from laned.config import paths
 from laned.config.durations import parse_duration
-from laned.errors import Problem, UnknownLane
+from laned.errors import Finding, UnknownLane
 
 
 def _scalar_to_str(value: object) -> object:
@@ -373,7 +373,7 @@ class Config(_Model):
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     lanes: dict[str, LaneConfig] = Field(default_factory=dict)
     source: str = Field(default="", exclude=True)
-    warnings: tuple[Problem, ...] = Field(default=(), exclude=True)
+    warnings: tuple[Finding, ...] = Field(default=(), exclude=True)
     elsewhere: tuple[str, ...] = Field(default=(), exclude=True)  # lanes of other hosts
 
     def lane(self, name: str) -> LaneConfig:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 from laned.config.model import Arg, Config, ContainerSpec, EnvVar, ExecSpec, LaneConfig
-from laned.errors import Problem, Severity
+from laned.errors import Finding, Severity
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 OWN = ("NODE_RANK", "NNODES")  # laned's own values, per rank
@@ -96,14 +96,14 @@ def for_host(config: Config) -> Config:
     )
 
 
-def check_nodes(config: Config) -> Iterator[Problem]:
+def check_nodes(config: Config) -> Iterator[Finding]:
     """The nodes of each lane over several hosts, and a value for every placeholder on
     every rank."""
     for name, spec in config.lanes.items():
         base = f"lanes.{name}"
         if not spec.nodes:
             if spec.rank or spec.values:
-                yield Problem(
+                yield Finding(
                     f"{base}.rank" if spec.rank else f"{base}.values",
                     "is set on a lane without `nodes`",
                     "list the lane's hosts: nodes = [{ host = ..., laned = ... }, ...] (rank 0 is the head)",
@@ -111,16 +111,16 @@ def check_nodes(config: Config) -> Iterator[Problem]:
             continue
         hosts = [node.host for node in spec.nodes]
         if len(spec.nodes) < 2:
-            yield Problem(
+            yield Finding(
                 f"{base}.nodes",
                 "a lane over several hosts needs two or more",
                 "list every host; rank 0 first",
             )
         for host in {h for h in hosts if hosts.count(h) > 1}:
-            yield Problem(f"{base}.nodes", f"host {host!r} is listed twice", "one entry per host")
+            yield Finding(f"{base}.nodes", f"host {host!r} is listed twice", "one entry per host")
         for key in spec.rank:
             if not key.isdigit() or int(key) >= len(spec.nodes):
-                yield Problem(
+                yield Finding(
                     f"{base}.rank.{key}",
                     f"there is no rank {key} (ranks are 0 to {len(spec.nodes) - 1}, by position in nodes)",
                     "name the table by the rank's number",
@@ -133,7 +133,7 @@ def check_nodes(config: Config) -> Iterator[Problem]:
             )
             empty = sorted(k for k, v in values.items() if v == "" and k not in missing)
             if empty:
-                yield Problem(
+                yield Finding(
                     f"{base}.rank.{rank}",
                     f"{', '.join(f'${{{m}}}' for m in empty)} is empty on rank {rank} ({spec.nodes[rank].host})",
                     "fill it in: the engine gets an empty value",
@@ -141,7 +141,7 @@ def check_nodes(config: Config) -> Iterator[Problem]:
                 )
             if missing:
                 names = ", ".join(f"${{{m}}}" for m in missing)
-                yield Problem(
+                yield Finding(
                     f"{base}.rank.{rank}",
                     f"{names} has no value on rank {rank} ({spec.nodes[rank].host})",
                     f"set it in [{base}.values] (every rank) or [{base}.rank.{rank}.values]",
@@ -151,7 +151,7 @@ def check_nodes(config: Config) -> Iterator[Problem]:
         and any(s.nodes for s in config.lanes.values())
         and not config.daemon.peer_token_file
     ):
-        yield Problem(
+        yield Finding(
             "daemon.peer_token_file",
             "is unset, and lanes over several hosts need their laned to call each other",
             "write a random token (openssl rand -hex 32) to a 0600 file on every host, name it here",

@@ -13,20 +13,20 @@ from collections.abc import Iterator
 from laned.config.engine_rules import CONTROL, check_argv, check_container, check_env
 from laned.config.model import GATES, Config, LaneConfig, gpu_indices
 from laned.config.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
-from laned.errors import Problem, Severity
+from laned.errors import Finding, Severity
 
 LANE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+\.service$")
 
 
-def check_config(config: Config) -> list[Problem]:
+def check_config(config: Config) -> list[Finding]:
     """Every cross-key problem in the config, errors and warnings."""
-    problems: list[Problem] = []
+    problems: list[Finding] = []
     problems += _check_daemon(config)
     if not config.lanes:
         problems.append(
-            Problem(
+            Finding(
                 "lanes",
                 "no lanes are configured",
                 "add a [lanes.NAME] table; see config/laned.example.toml",
@@ -40,14 +40,14 @@ def check_config(config: Config) -> list[Problem]:
     return problems
 
 
-def _check_gpu_sharing(config: Config) -> Iterator[Problem]:
+def _check_gpu_sharing(config: Config) -> Iterator[Finding]:
     # Lanes of different groups run at the same time: each must say which GPUs are its own,
     # or the GPU-memory gate of one waits on the memory the other holds.
     if len({lane.group for lane in config.lanes.values()}) < 2:
         return
     for name, lane in sorted(config.lanes.items()):
         if lane.gpu_gate.enabled and gpu_indices(lane) is None:
-            yield Problem(
+            yield Finding(
                 f"lanes.{name}.gpus",
                 "is unset while lanes of other groups may run at the same time: the GPU-memory "
                 "gate would wait on every GPU, theirs too",
@@ -57,10 +57,10 @@ def _check_gpu_sharing(config: Config) -> Iterator[Problem]:
             )
 
 
-def _check_daemon(config: Config) -> Iterator[Problem]:
+def _check_daemon(config: Config) -> Iterator[Finding]:
     daemon = config.daemon
     if parse_listen(daemon.listen) is None:
-        yield Problem(
+        yield Finding(
             "daemon.listen",
             f"{daemon.listen!r} is not HOST:PORT",
             'write it like "127.0.0.1:9000" or "[::1]:9000"',
@@ -70,9 +70,9 @@ def _check_daemon(config: Config) -> Iterator[Problem]:
         if value is not None:
             yield from _check_path(f"daemon.{key}", value)
     if CONTROL.search(daemon.podman) or not daemon.podman:
-        yield Problem("daemon.podman", f"{daemon.podman!r} is not a command name", 'e.g. "podman"')
+        yield Finding("daemon.podman", f"{daemon.podman!r} is not a command name", 'e.g. "podman"')
     elif "/" in daemon.podman and not daemon.podman.startswith("/"):
-        yield Problem(
+        yield Finding(
             "daemon.podman",
             f"{daemon.podman!r} is a relative path",
             "give a bare name looked up on PATH or an absolute path",
@@ -80,7 +80,7 @@ def _check_daemon(config: Config) -> Iterator[Problem]:
     if daemon.default_lane is not None and daemon.default_lane not in config.lanes:
         close = difflib.get_close_matches(daemon.default_lane, list(config.lanes), n=1)
         hint = f"did you mean {close[0]!r}?" if close else "name one of the [lanes.*] tables"
-        yield Problem("daemon.default_lane", f"no lane named {daemon.default_lane!r}", hint)
+        yield Finding("daemon.default_lane", f"no lane named {daemon.default_lane!r}", hint)
 
 
 def parse_listen(listen: str) -> tuple[str, int] | None:
@@ -93,14 +93,14 @@ def parse_listen(listen: str) -> tuple[str, int] | None:
     return (host, port) if 0 < port < 65536 else None
 
 
-def _check_path(key: str, value: str) -> Iterator[Problem]:
+def _check_path(key: str, value: str) -> Iterator[Finding]:
     if CONTROL.search(value):
-        yield Problem(key, f"{value!r} contains a control character", "remove it")
+        yield Finding(key, f"{value!r} contains a control character", "remove it")
     elif not value.startswith("/"):
-        yield Problem(key, f"{value!r} is not an absolute path", "start it with /, ~ or $XDG_*")
+        yield Finding(key, f"{value!r} is not an absolute path", "start it with /, ~ or $XDG_*")
 
 
-def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
+def _check_lane(name: str, lane: LaneConfig) -> Iterator[Finding]:
     base = f"lanes.{name}"
     yield from _check_identity(base, name, lane)
     yield from _check_text(base, lane)
@@ -112,61 +112,61 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Problem]:
         yield from check_container(base, name, lane)
 
 
-def _check_identity(base: str, name: str, lane: LaneConfig) -> Iterator[Problem]:
+def _check_identity(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]:
     """The lane's name, its kind (container or exec), its unit and its group."""
     if not LANE_NAME.match(name):
-        yield Problem(
+        yield Finding(
             base,
             f"{name!r} is not a valid lane name",
             "use 1-32 characters: lowercase letters, digits, - and _, starting with a letter or digit",
         )
     if (lane.container is None) == (lane.exec is None):
         which = "both" if lane.container else "neither"
-        yield Problem(
+        yield Finding(
             base,
             f"has {which} of `container` and `exec`",
             f"give exactly one: [{base}.container] (podman) or [{base}.exec] (a host process)",
         )
     unit = unit_name(name, lane)
     if not UNIT_NAME.match(unit) or CONTROL.search(unit):
-        yield Problem(
+        yield Finding(
             f"{base}.unit",
             f"{unit!r} is not a service unit name",
             'use letters, digits and ":_.-", ending in ".service" (templates with @ are not supported)',
         )
     elif unit == DAEMON_UNIT:
-        yield Problem(f"{base}.unit", f"{unit!r} is laned's own unit", "pick another name")
+        yield Finding(f"{base}.unit", f"{unit!r} is laned's own unit", "pick another name")
     if not GROUP_NAME.match(lane.group):
-        yield Problem(
+        yield Finding(
             f"{base}.group",
             f"{lane.group!r} is not a valid group name",
             "use lowercase letters, digits, - and _",
         )
 
 
-def _check_text(base: str, lane: LaneConfig) -> Iterator[Problem]:
+def _check_text(base: str, lane: LaneConfig) -> Iterator[Finding]:
     """Values that end up on a unit line or in a URL, and the paths the lane reads."""
     for i, alias in enumerate(lane.aliases):
         if not alias.strip() or CONTROL.search(alias):
-            yield Problem(f"{base}.aliases[{i}]", f"{alias!r} is not a model name", 'e.g. "glm"')
+            yield Finding(f"{base}.aliases[{i}]", f"{alias!r} is not a model name", 'e.g. "glm"')
     for key in ("description", "served_model_name", "health_path"):
         value = getattr(lane, key)
         if CONTROL.search(value):
-            yield Problem(
+            yield Finding(
                 f"{base}.{key}", f"{value!r} contains a control character", "keep it on one line"
             )
     if lane.description.endswith("\\"):
-        yield Problem(
+        yield Finding(
             f"{base}.description",
             "ends with a backslash, which would continue the unit line",
             "remove the trailing backslash",
         )
     if not lane.served_model_name.strip():
-        yield Problem(
+        yield Finding(
             f"{base}.served_model_name", "is empty", "name the model clients will ask for"
         )
     if not lane.health_path.startswith("/") or " " in lane.health_path:
-        yield Problem(
+        yield Finding(
             f"{base}.health_path", f"{lane.health_path!r} is not a URL path", 'e.g. "/health"'
         )
     for key in ("secrets_file", "api_key_file", "model_dir"):
@@ -174,83 +174,83 @@ def _check_text(base: str, lane: LaneConfig) -> Iterator[Problem]:
             yield from _check_path(f"{base}.{key}", getattr(lane, key))
     for i, name in enumerate(lane.secrets):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            yield Problem(
+            yield Finding(
                 f"{base}.secrets[{i}]",
                 f"{name!r} is not an environment variable name",
                 "use A-Z, 0-9 and _",
             )
     if lane.secrets and lane.secrets_path is None:
-        yield Problem(
+        yield Finding(
             f"{base}.secrets",
             "names secrets, but the lane has no secrets_file to hold them",
             f'set {base}.secrets_file = "~/.config/laned/{base.removeprefix("lanes.")}.env" (mode 0600, NAME=VALUE lines)',
         )
     if lane.secrets_file and lane.api_key_file:
-        yield Problem(
+        yield Finding(
             f"{base}.api_key_file",
             "is the older name of secrets_file: the lane has one secrets file",
             f"write VLLM_API_KEY=... in {lane.secrets_file} and remove api_key_file",
         )
 
 
-def _check_gpus(base: str, lane: LaneConfig) -> Iterator[Problem]:
+def _check_gpus(base: str, lane: LaneConfig) -> Iterator[Finding]:
     """The lane's GPU list against its needs, and the GPU-memory gate's settings."""
     if lane.gpus is not None:
         if any(index < 0 for index in lane.gpus) or len(set(lane.gpus)) != len(lane.gpus):
-            yield Problem(
+            yield Finding(
                 f"{base}.gpus",
                 f"{list(lane.gpus)} is not a list of distinct GPU indices",
                 "list NVML indices as nvidia-smi shows them, e.g. [0, 1]",
             )
         elif lane.needs.gpus and len(lane.gpus) != lane.needs.gpus:
-            yield Problem(
+            yield Finding(
                 f"{base}.needs.gpus",
                 f"is {lane.needs.gpus} but {base}.gpus lists {len(lane.gpus)}",
                 "make them agree (or drop needs.gpus: the list says it)",
             )
     if lane.gpu_gate.timeout <= 0 or lane.gpu_gate.interval <= 0:
-        yield Problem(
+        yield Finding(
             f"{base}.gpu_gate", "timeout and interval must be longer than zero", "e.g. 2m and 250ms"
         )
 
 
-def _check_timing(base: str, lane: LaneConfig) -> Iterator[Problem]:
+def _check_timing(base: str, lane: LaneConfig) -> Iterator[Finding]:
     """Durations, probing, restarts, prepare steps and the acceptance checks' settings."""
     for i, gate in enumerate(lane.checks.after_activate):
         if gate not in GATES:
             close = difflib.get_close_matches(gate, GATES, n=1)
-            yield Problem(
+            yield Finding(
                 f"{base}.checks.after_activate[{i}]",
                 f"{gate!r} is not a gate",
                 (f"did you mean {close[0]!r}? " if close else "") + "gates: " + ", ".join(GATES),
             )
     for key in ("load_within", "deadline", "context_deadline"):
         if getattr(lane.checks, key) <= 0:
-            yield Problem(f"{base}.checks.{key}", "must be longer than zero", "e.g. 5m")
+            yield Finding(f"{base}.checks.{key}", "must be longer than zero", "e.g. 5m")
     for i, step in enumerate(lane.prepare):
         if step.timeout <= 0:
-            yield Problem(f"{base}.prepare[{i}].timeout", "must be longer than zero", "e.g. 30m")
+            yield Finding(f"{base}.prepare[{i}].timeout", "must be longer than zero", "e.g. 30m")
     for key in ("start_timeout", "stop_timeout", "start_limit_interval"):
         if getattr(lane, key) <= 0:
-            yield Problem(f"{base}.{key}", "must be longer than zero", "e.g. 90s, 15m or 1h")
+            yield Finding(f"{base}.{key}", "must be longer than zero", "e.g. 90s, 15m or 1h")
     for key in ("interval", "stall_after", "start_interval_min", "start_interval_max"):
         if getattr(lane.probe, key) <= 0:
-            yield Problem(f"{base}.probe.{key}", "must be longer than zero", "e.g. 500ms, 5s or 2m")
+            yield Finding(f"{base}.probe.{key}", "must be longer than zero", "e.g. 500ms, 5s or 2m")
     if lane.probe.start_interval_min > lane.probe.start_interval_max:
-        yield Problem(
+        yield Finding(
             f"{base}.probe.start_interval_min",
             "is longer than probe.start_interval_max",
             "readiness probing starts at the min and backs off to the max",
         )
     if lane.restart_max_delay < lane.restart_sec:
-        yield Problem(
+        yield Finding(
             f"{base}.restart_max_delay",
             "is shorter than restart_sec",
             "the backoff cap must be >= restart_sec",
         )
 
 
-def _check_uniqueness(config: Config) -> Iterator[Problem]:
+def _check_uniqueness(config: Config) -> Iterator[Finding]:
     units: dict[str, str] = {}
     containers: dict[str, str] = {}
     wrappers: dict[str, str] = {}
@@ -261,7 +261,7 @@ def _check_uniqueness(config: Config) -> Iterator[Problem]:
             (wrappers, wrapper_name(name, lane), "unit"),
         ):
             if value in table and key == "unit":
-                yield Problem(
+                yield Finding(
                     f"lanes.{name}.unit",
                     f"{value!r} is also used by lane {table[value]!r}",
                     "give each lane its own unit name",
@@ -271,7 +271,7 @@ def _check_uniqueness(config: Config) -> Iterator[Problem]:
         if lane.container is not None:
             cname = container_name(name, lane)
             if cname in containers:
-                yield Problem(
+                yield Finding(
                     f"lanes.{name}.container.name",
                     f"container name {cname!r} is also used by lane {containers[cname]!r}",
                     "give each container lane its own name",
@@ -283,13 +283,13 @@ def _check_uniqueness(config: Config) -> Iterator[Problem]:
         groups = {group for _, group in users}
         if len(groups) > 1:
             names = ", ".join(f"{n} (group {g})" for n, g in users)
-            yield Problem(
+            yield Finding(
                 f"lanes.{users[-1][0]}.port",
                 f"port {port} is shared by lanes that may run at the same time: {names}",
                 "lanes of different groups need different ports; lanes of one group may share one",
             )
         if listen is not None and listen[1] == port:
-            yield Problem(
+            yield Finding(
                 f"lanes.{users[0][0]}.port",
                 f"port {port} is laned's own listen port (daemon.listen)",
                 "pick another port for the engine",

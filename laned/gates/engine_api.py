@@ -54,25 +54,38 @@ class EngineClient:
     model: str
     api_key: str | None = None
     timeout: float = 3600.0
+    # A pool of connections to share: the owner passes its probe's, one pool per laned for
+    # the engines it watches. None: a pool of its own, closed by `close()`.
+    pool: httpx.AsyncClient | None = None
     _per_sentence: tuple[int, float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self.http = httpx.AsyncClient(
-            base_url=self.base_url.rstrip("/"),
-            headers=headers,
-            timeout=self.timeout,
-            limits=ENGINE_POOL,
-        )
+        self._headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.http = self.pool or httpx.AsyncClient(limits=ENGINE_POOL)
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        await self.http.aclose()
+        """Close its own connection pool (a shared one stays its owner's)."""
+        if self.pool is None:
+            await self.http.aclose()
+
+    def _url(self, path: str) -> str:
+        return self.base_url.rstrip("/") + path
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 0
+    ) -> httpx.Response:
+        return await self.http.request(
+            method,
+            self._url(path),
+            json=None if body is None else {"model": self.model, **body},
+            headers=self._headers,
+            timeout=timeout or self.timeout,
+        )
 
     async def _post(self, path: str, body: dict[str, Any]) -> Timed:
         started = time.monotonic()
         try:
-            response = await self.http.post(path, json={"model": self.model, **body})
+            response = await self._request("POST", path, body)
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
                 f"{self.base_url}{path}: {type(exc).__name__} {exc}".rstrip(),
@@ -101,14 +114,14 @@ class EngineClient:
     async def healthy(self, timeout: float = 5.0) -> bool:
         """Whether /health answers 200 within `timeout`."""
         try:
-            return (await self.http.get("/health", timeout=timeout)).status_code == 200
+            return (await self._request("GET", "/health", timeout=timeout)).status_code == 200
         except httpx.HTTPError:
             return False
 
     async def served(self, timeout: float = 10.0) -> dict[str, Any] | None:
         """The model's entry in /v1/models (with max_model_len where vLLM lists it), or None."""
         try:
-            response = await self.http.get("/v1/models", timeout=timeout)
+            response = await self._request("GET", "/v1/models", timeout=timeout)
             entries = response.json().get("data", []) if response.status_code == 200 else []
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
@@ -160,7 +173,7 @@ class EngineClient:
             {"messages": messages} if messages is not None else {"prompt": prompt}
         )
         try:
-            response = await self.http.post("/tokenize", json={"model": self.model, **body})
+            response = await self._request("POST", "/tokenize", body)
             return int(response.json()["count"]) if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None

@@ -67,7 +67,7 @@ class Coordinator:
         """A worker's host: hand the request for the whole lane to the head, which calls
         this host back for its own rank before it answers."""
         head = self.spec(lane).nodes[0]
-        self.supervisor.ledger.note(lane, EventKind.PEER, f"{action}: asked the head, {head.host}")
+        self.supervisor.note(lane, EventKind.PEER, f"{action}: asked the head, {head.host}")
         await self.peers.forward(head, lane, action, force)
 
     async def ask_workers(self, lane: str, action: str, force: bool) -> None:
@@ -86,15 +86,11 @@ class Coordinator:
         for rank, node in self.workers(lane):
             try:
                 await self.peers.ask(node, lane, action, force)
-                self.supervisor.ledger.note(
-                    lane, EventKind.PEER, f"{action}: rank {rank} on {node.host}"
-                )
+                self.supervisor.note(lane, EventKind.PEER, f"{action}: rank {rank} on {node.host}")
             except PeerUnreachable as exc:
                 if action == "activate":
                     raise
-                self.supervisor.ledger.note(
-                    lane, EventKind.PEER, f"{action}: rank {rank}: {exc.message}"
-                )
+                self.supervisor.note(lane, EventKind.PEER, f"{action}: rank {rank}: {exc.message}")
 
     # --- watching ----------------------------------------------------------------------
 
@@ -149,7 +145,7 @@ class Coordinator:
                 action = "activate" if desired is Desired.ACTIVE else "deactivate"
                 try:
                     await self.peers.ask(node, lane, action)
-                    self.supervisor.ledger.note(
+                    self.supervisor.note(
                         lane, EventKind.PEER, f"{action}: rank {rank} on {node.host} (converging)"
                     )
                 except PeerUnreachable as exc:

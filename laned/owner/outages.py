@@ -1,8 +1,8 @@
 """What laned does while something it depends on is away, and when it is back: the user bus
 or the user manager (re-executed, out of reach, killed and started again), journald, the
 state file. Each trouble is a notice (/healthz, GET /lanes, `laned status`, the status
-page) until it is over; the lanes are caught up with the last request once systemd is seen
-again. The owner's; `Reactions` extends it.
+page) until it is over (`Records.trouble`); the lanes are caught up with the last request
+once systemd is seen again. A part of the owner (laned.owner.supervisor).
 """
 
 from __future__ import annotations
@@ -10,22 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from laned.core import exits, resume
-from laned.core.exits import ExitFacts
-from laned.core.lanes import EventKind, LaneState, LaneStatus
-from laned.core.phases import Seen
+from laned.core.lanes import EventKind, LaneState
 from laned.core.resume import CatchUp
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import JournalUnavailable
 from laned.owner import watchers
-from laned.owner.runs import LaneRun
-
-if TYPE_CHECKING:
-    from laned.config.model import Config
-    from laned.owner.ledger import Ledger
-    from laned.owner.operations import Operations
+from laned.owner.reactions import Reactions
+from laned.owner.records import Records
+from laned.owner.requests import Requests
 
 log = logging.getLogger("laned.supervisor")
 JOURNAL_RETRY = 30.0  # seconds between two tries to follow the lanes' logs without journald
@@ -34,130 +28,89 @@ JOURNAL_RETRY = 30.0  # seconds between two tries to follow the lanes' logs with
 class Outages:
     """Notices of what is away; catching the lanes up when systemd is back."""
 
-    config: Config
-    ledger: Ledger
-    ops: Operations
-    units: dict[str, str]  # unit -> lane
-    snapshots: dict[str, UnitSnapshot]
-    notices: dict[str, str]  # what laned itself meets, by source (/healthz)
-    runs: dict[str, LaneRun]  # one record per lane (laned.owner.runs)
-    _closing: bool
-
-    if TYPE_CHECKING:
-
-        @property
-        def statuses(self) -> dict[str, LaneStatus]: ...
-
-        def _apply(self, lane: str, snap: UnitSnapshot) -> None: ...
-
-        def _on_exit(
-            self, lane: str, snap: UnitSnapshot, facts: ExitFacts | None = None
-        ) -> None: ...
-
-        def _begin_start(self, lane: str) -> None: ...
-
-        def _start_follow(self, lane: str) -> None: ...
-
-        def _restart_after_failure(self, lane: str) -> None: ...
-
-        def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]: ...
-
-        def _spawn_activation(self, lane: str, reason: str) -> None: ...
-
-        def _phase_seen(self, unit: str, seen: Seen, at: float) -> None: ...
+    def __init__(self, records: Records, reactions: Reactions, requests: Requests) -> None:
+        self.records, self.reactions, self.requests = records, reactions, requests
 
     # --- the user manager ----------------------------------------------------------------------
 
-    def _bus_trouble(self, why: str | None) -> None:
-        """The bus keeper's trouble (None: connected again)."""
-        if why is None:
-            self.notices.pop("user manager", None)
-        else:
-            self.notices["user manager"] = why
-
-    def _on_resync(self, why: str, snaps: dict[str, UnitSnapshot], replaced: bool) -> None:
+    def resynced(self, why: str, snaps: dict[str, UnitSnapshot], replaced: bool) -> None:
         """Every lane unit as systemd has it after a reconnect or a re-exec (`why`). Under a
         new manager (`replaced`) a run laned saw is gone with the one before: a failure,
         restarted as any other, never taken for an operator's stop."""
-        if self._closing:
+        r = self.records
+        if r.closing:
             return
         for unit, snap in snaps.items():
-            lane = self.units.get(unit)
+            lane = r.units.get(unit)
             if lane is None:
                 continue
-            previous = self.snapshots.get(lane, UnitSnapshot(unit))
-            status = self.statuses[lane]
+            previous = r.snapshots.get(lane, UnitSnapshot(unit))
+            status = r.statuses[lane]
             if previous.running or snap.running or status.state is not LaneState.INACTIVE:
                 where = f"{unit} is {snap.active_state} ({snap.sub_state})"
-                self.ledger.note(lane, EventKind.MANAGER, f"{why}: {where}")
+                r.ledger.note(lane, EventKind.MANAGER, f"{why}: {where}")
             if replaced and previous.running and not snap.running:
-                self.snapshots[lane] = snap
-                self._on_exit(lane, snap, exits.LOST_WITH_MANAGER)
+                r.snapshots[lane] = snap
+                self.reactions.exited(lane, snap, exits.LOST_WITH_MANAGER)
             else:
-                self._apply(lane, snap)
+                self.reactions.apply(lane, snap)
         self._catch_up(why)
 
     def _catch_up(self, why: str) -> None:
         """Each lane made to match the last request again (resume.plan_catch_up)."""
+        r = self.records
         lanes = {}
-        for lane, status in self.statuses.items():
-            watch = self.runs[lane].follow
+        for lane, status in r.statuses.items():
+            run = r.runs[lane]
             busy = (
-                self.ops.of(self.config.lanes[lane].group) is not None
-                or self.runs[lane].restart is not None
-                or (watch is not None and not watch.done())
+                r.ops.of(r.config.lanes[lane].group) is not None
+                or run.restart is not None
+                or (run.follow is not None and not run.follow.done())
             )
-            running = self.snapshots.get(lane, UnitSnapshot("")).running
+            running = r.snapshots.get(lane, UnitSnapshot("")).running
             lanes[lane] = resume.LaneNow(status.state, status.desired, running, busy)
-        for lane, plan in resume.plan_catch_up(self.config, lanes).items():
+        for lane, plan in resume.plan_catch_up(r.config, lanes).items():
             if plan is CatchUp.ADOPT:
-                self._begin_start(lane)
-                self.ledger.transition(lane, LaneState.STARTING, f"adopted again after {why}")
-                self._start_follow(lane)
+                r.begin_start(lane)
+                r.ledger.transition(lane, LaneState.STARTING, f"adopted again after {why}")
+                self.reactions.follow(lane)
             elif plan is CatchUp.RESTART:
-                self.ledger.transition(lane, LaneState.RESTARTING, f"started again after {why}")
-                self.runs[lane].restart = asyncio.get_running_loop().call_later(
-                    0, self._restart_after_failure, lane
+                r.ledger.transition(lane, LaneState.RESTARTING, f"started again after {why}")
+                r.runs[lane].restart = asyncio.get_running_loop().call_later(
+                    0, self.requests.restart_after_failure, lane
                 )
             elif plan is CatchUp.ACTIVATE:
-                self._spawn_activation(lane, f"activated again after {why}")
+                self.requests.spawn_activation(lane, f"activated again after {why}")
             elif plan is CatchUp.STOP:
                 log.info("%s: stopped again after %s (not desired, and its unit runs)", lane, why)
-                self.deactivate(lane)
+                self.requests.deactivate(lane)
             elif plan is CatchUp.SETTLE:
-                self.ledger.transition(lane, LaneState.INACTIVE, f"found stopped after {why}")
+                r.ledger.transition(lane, LaneState.INACTIVE, f"found stopped after {why}")
 
     # --- journald ------------------------------------------------------------------------------
 
-    def _journal_back(self) -> None:
-        self.notices.pop("journald", None)
-
-    async def _follow_logs(self) -> None:
+    async def follow_logs(self) -> None:
         """Startup phases of starting lanes, from their engines' log lines (one journalctl).
         Without journald laned runs on (readiness is probed) and says so, and tries again
         every JOURNAL_RETRY seconds from where it stopped."""
+        r = self.records
         since = None
-        while not self._closing:
+        while not r.closing:
             try:
                 await watchers.follow_phases(
-                    lambda: self.units, self._phase_seen, since, self._journal_back
+                    lambda: r.units,
+                    self.reactions.phase_seen,
+                    since,
+                    lambda: r.trouble("journald", None),
                 )
                 return  # no lane to follow
             except JournalUnavailable as exc:
-                if "journald" not in self.notices:
+                if "journald" not in r.notices:
                     log.warning("cannot follow the lanes' logs: %s", exc.message)
-                self.notices["journald"] = (
+                r.trouble(
+                    "journald",
                     f"cannot follow the lanes' logs: {exc.message}; startup phases are not "
-                    f"shown and readiness is found by probing alone ({exc.hint})"
+                    f"shown and readiness is found by probing alone ({exc.hint})",
                 )
             since = time.time()  # the next try reads the lines logged from this failure on
             await asyncio.sleep(JOURNAL_RETRY)
-
-    # --- the state file ------------------------------------------------------------------------
-
-    def _state_trouble(self, why: str | None) -> None:
-        """The state writer's trouble (None: over), shown in /healthz until it is over."""
-        if why is None:
-            self.notices.pop("state.json", None)
-        else:
-            self.notices["state.json"] = why

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from laned.adapters.host import Host, port_busy, run_prepare
+from laned.adapters.probes import Probe
 from laned.adapters.secret_files import read_api_key
 from laned.adapters.systemd import Systemd
 from laned.config.model import Config, LaneConfig
@@ -174,17 +175,19 @@ async def running_image(host: Host | None, lane: str, spec: LaneConfig) -> str |
 
 
 async def run_checks(
+    probe: Probe,
     spec: LaneConfig,
     gates: Sequence[str],
     last_cold_start: float | None,
     on_result: Callable[[GateResult], None],
 ) -> list[GateResult]:
-    """Run acceptance gates against the lane's engine."""
+    """Run acceptance gates against the lane's engine, over the probe's connections."""
     client = EngineClient(
-        f"http://127.0.0.1:{spec.port}",
+        probe.url(spec.port, ""),
         spec.served_model_name,
         read_api_key(spec.secrets_path),
         timeout=max(spec.checks.deadline, spec.checks.context_deadline) + 30,
+        pool=probe.client,
     )
     try:
         return list(

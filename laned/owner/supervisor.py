@@ -1,12 +1,20 @@
-"""The supervisor: the one owner of lane state.
+"""The supervisor: the one owner of lane state, composed of its parts.
 
 Commands reach it as synchronous calls on its event loop (requests, systemd's unit changes,
 the watchers' observations, timers), each handled to its end before the next: the loop is
-the owner's queue (docs/decisions/0005-one-owner.md). Only this class changes a LaneStatus,
-through the ledger. Decisions come from `core.policy`; I/O runs in operations
-(`owner.operations`) made of steps (`owner.steps`), each checking after every await that it
-is still current. Every start is part of an operation, so a newer request for the group
-always wins: a deactivate that arrives while a restart waits at its start gate stops it.
+the owner's queue (docs/decisions/0005-one-owner.md). Its parts share one `Records` (the
+ledger of statuses and events, one `LaneRun` per lane, the units as last seen, the
+operations under way) and only they change it:
+
+- `Requests` (owner.requests): activate, deactivate, restart, as operations of a group;
+- `Reactions` (owner.reactions): a unit's change, an exit, what the watchers observe, the
+  journal's startup phases, a peer rank out of reach;
+- `Checks` (owner.checks): acceptance gates against a serving lane;
+- `Outages` (owner.outages): the user manager, journald, the state file away and back;
+- `BusKeeper` (owner.bus): the D-Bus connection and its resyncs.
+
+Everyone else (the front, the proxy, the coordinator, the metrics) uses the methods below
+and reads what they return; nobody reaches into the parts.
 """
 
 from __future__ import annotations
@@ -14,89 +22,108 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from laned.adapters import state
-from laned.config.model import Config
+from laned.adapters.host import Host
+from laned.adapters.probes import Probe
+from laned.adapters.systemd import Systemd
+from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import unit_name
 from laned.core import policy, resume
-from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus
-from laned.core.policy import Admit, OpKind, RestartKind
-from laned.errors import (
-    ActivationFailed,
-    ConfigRefused,
-    Finding,
-    LanedError,
-    PreflightFailed,
-    Severity,
-    Superseded,
-)
-from laned.owner import steps
-from laned.owner.operations import Operation
+from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
+from laned.core.liveness import engine_summary
+from laned.core.policy import RestartKind
+from laned.core.recorder import Recorder
+from laned.errors import ConfigRefused, Finding
+from laned.owner.bus import BusKeeper
+from laned.owner.checks import Checks
+from laned.owner.ledger import Listener
+from laned.owner.outages import Outages
 from laned.owner.reactions import Reactions
-from laned.owner.runs import LaneRun
-from laned.preflight.facts import blocking
-from laned.preflight.rules import refusal
+from laned.owner.records import LaneRun, Records
+from laned.owner.requests import Requests
+from laned.owner.traffic import Traffic
 from laned.render import plan as render
 
 log = logging.getLogger("laned.supervisor")
 
 
-class Supervisor(Reactions):
+class Supervisor:
     """Owns every lane's state; talks to systemd and the engines."""
+
+    def __init__(
+        self,
+        config: Config,
+        systemd: Systemd,
+        probe: Probe,
+        systemd_version: int = render.DEFAULT_SYSTEMD_VERSION,
+        host: Host | None = None,  # podman and NVML: preflight, the GPU gate, containers
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.systemd, self.probe, self.host, self.clock = systemd, probe, host, clock
+        self.records = records = Records(config, clock, systemd_version)
+        self.traffic = Traffic()  # laned's OpenAI endpoint counts its requests here
+        self.checks = Checks(records, probe)
+        self.reactions = Reactions(records, systemd, probe, host, self.checks, restarts=self)
+        self.requests = Requests(records, systemd, host, self.traffic, self.reactions)
+        self.outages = Outages(records, self.reactions, self.requests)
+        self.bus = BusKeeper(
+            systemd,
+            lambda: records.units,
+            self.reactions.unit_changed,
+            self.outages.resynced,
+            functools.partial(records.trouble, "user manager"),
+        )
+        self._log_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Load the saved state, connect to systemd, reconcile with what runs."""
-        saved = state.load(self.config.daemon.state_dir)
+        r = self.records
+        saved = state.load(r.config.daemon.state_dir)
         if saved.problem is not None:
             log.warning("%s", saved.problem)
-            self.notices["state.json at start"] = saved.problem
-        self.ledger.restore(
-            saved, functools.partial(state.load_checks, self.config.daemon.state_dir)
-        )
-        self.writer.start()
+            r.notices["state.json at start"] = saved.problem
+        r.ledger.restore(saved, functools.partial(state.load_checks, r.config.daemon.state_dir))
+        r.writer.start()
         await self.bus.connect()
-        self._log_task = self._spawn(self._follow_logs())
+        self._log_task = r.spawn(self.outages.follow_logs())
         await self.reconcile(first=not saved.desired)
-        self._spawn(self.bus.keep())
+        r.spawn(self.bus.keep())
 
     async def close(self) -> None:
         """Stop watching (the lanes keep running: they are systemd's units)."""
-        self._closing = True
-        for run in self.runs.values():
-            if run.restart is not None:
-                run.restart.cancel()
-        follows = [run.follow for run in self.runs.values() if run.follow]
-        tasks = [*self._tasks, *follows, *self.ops.cancel_all()]
-        for task in tasks:
-            task.cancel()
+        tasks = self.records.cancel_all()
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=10)
             for task in pending:
                 log.error("a supervisor task did not stop: %r", task)
         await self.bus.close()
-        await self.writer.close()
+        await self.records.writer.close()
 
     async def reconcile(self, first: bool = False) -> None:
         """Adopt lanes that already run (never restart a healthy one); start the desired ones."""
+        r = self.records
         running = []
-        for unit, lane in self.units.items():
-            self.snapshots[lane] = snap = await self.bus.snapshot(unit)
+        for unit, lane in r.units.items():
+            r.snapshots[lane] = snap = await self.bus.snapshot(unit)
             if snap.running:
                 running.append(lane)
-        desired = {n: s.desired for n, s in self.statuses.items()}
-        plan = resume.plan_reconcile(self.config, running, desired, self.ledger.states(), first)
+        desired = {n: s.desired for n, s in r.statuses.items()}
+        plan = resume.plan_reconcile(r.config, running, desired, r.ledger.states(), first)
         for lane in plan.adopt:
-            self.ledger.desire(lane, Desired.ACTIVE)
-            if self.runs[lane].started_at is None:
-                self._begin_start(lane)
-            self.ledger.transition(lane, LaneState.STARTING, "adopted: already running")
-            self._start_follow(lane)
+            r.ledger.desire(lane, Desired.ACTIVE)
+            if r.runs[lane].started_at is None:
+                r.begin_start(lane)
+            r.ledger.transition(lane, LaneState.STARTING, "adopted: already running")
+            self.reactions.follow(lane)
         for lane, reason in plan.start:
-            self._spawn_activation(lane, reason)
+            self.requests.spawn_activation(lane, reason)
 
     async def reload(self, new: Config) -> dict[str, Any]:
         """Apply a new, already validated config; nothing running is disturbed.
@@ -104,36 +131,37 @@ class Supervisor(Reactions):
         Refused (ConfigRefused, the running config stays in force): removing or renaming
         the unit of a lane that runs or has an operation under way, or changing daemon
         settings only a restart applies."""
-        under_way = {op.lane for op in self.ops.current.values()}
-        under_way |= {name for name, run in self.runs.items() if run.restart is not None}
-        problems = policy.reload_problems(self.config, new, self.ledger.states(), under_way)
+        r = self.records
+        under_way = {op.lane for op in r.ops.current.values()}
+        under_way |= {name for name, run in r.runs.items() if run.restart is not None}
+        problems = policy.reload_problems(r.config, new, r.ledger.states(), under_way)
         if problems:
             raise ConfigRefused(
                 "the new config cannot be applied while laned runs", "; ".join(problems)
             )
         # No await from the check to the switch: nothing can start a lane in between.
-        changes = render.apply(new, self.systemd_version)
-        restart_needed = policy.restart_needed(self.config, new, self.ledger.states())
-        old, self.config = self.config, new
-        self.units = {unit_name(n, spec): n for n, spec in new.lanes.items()}
+        changes = render.apply(new, r.systemd_version)
+        restart_needed = policy.restart_needed(r.config, new, r.ledger.states())
+        old, r.config = r.config, new
+        r.units = {unit_name(n, spec): n for n, spec in new.lanes.items()}
         for lane in old.lanes.keys() - new.lanes.keys():
-            self.ledger.drop(lane)
+            r.ledger.drop(lane)
         for lane in new.lanes:
-            self.ledger.add(lane)
-            self.runs.setdefault(lane, LaneRun())  # a dropped lane's stays, inert
-        self.writer.mark()
+            r.ledger.add(lane)
+            r.runs.setdefault(lane, LaneRun())  # a dropped lane's stays, inert
+        r.writer.mark()
         await self.systemd.reload()
         await self.bus.ref_units()
         if self._log_task is not None:
             self._log_task.cancel()
-        self._log_task = self._spawn(self._follow_logs())
+        self._log_task = r.spawn(self.outages.follow_logs())
         return {
             "applied": True,
             "changed": [path for action, path in changes if action is not render.Action.UNCHANGED],
             "restart_needed": restart_needed,
         }
 
-    # --- requests -------------------------------------------------------------------------------
+    # --- requests (each answers with a future: ready, stopped, or why not) -------------------
 
     def activate(
         self,
@@ -142,283 +170,106 @@ class Supervisor(Reactions):
         force: bool = False,
         findings: list[Finding] | None = None,
     ) -> asyncio.Future[LaneStatus]:
-        """Make `lane` the running lane of its group; the future resolves when it is ready.
-
-        Preflight runs first, before anything is stopped: an error refuses the activation
-        (unless `force`) and leaves the running lane and the desired lanes as they were.
-        `findings`: a preflight the caller ran just now (the API does), not run again."""
-        spec, status = self.spec(lane), self.statuses[lane]
-        current = self.ops.of(spec.group)
-        admit = policy.admit_activate(lane, self.ops.view(spec.group), status.state, status.desired)
-        if admit is Admit.JOIN and current is not None:
-            return current.future
-        if admit is Admit.WAIT_READY:
-            return self.ledger.wait_ready(lane)  # idempotent: nothing is restarted
-        if current is not None:
-            self.ops.supersede(current, spec.group, f"superseded by activate {lane}")
-        peers = policy.peers(self.config, lane)
-        before = {n: self.statuses[n].desired for n in (lane, *peers)}
-        self._desire_only(lane)
-        status.failures.clear()
-        op = self.ops.begin(lane, OpKind.ACTIVATE, spec.group)
-        op.force, op.desired_before, op.findings = force, before, findings
-        holding = [p for p in peers if self.statuses[p].state in policy.HOLDING_STATES]
-        op.from_lane = holding[0] if holding else "none"
-        self.ops.run(op, self._operation(op, self._activation(op, reason)))
-        return op.future
+        """Make `lane` the running lane of its group (Requests.activate)."""
+        return self.requests.activate(lane, reason, force, findings)
 
     def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
-        """Stop `lane`; a stop laned asked for is never counted as a failure. Requests in
-        flight through laned's OpenAI endpoint end first (up to its drain_timeout) unless
-        `force`."""
-        group = self.spec(lane).group
-        current = self.ops.of(group)
-        self.ledger.desire(lane, Desired.INACTIVE)
-        self._cancel_restart(lane)
-        if policy.admit_deactivate(lane, self.ops.view(group)) is Admit.ALONGSIDE:
-            # Another lane's operation (an activation stops this one anyway): stop it
-            # alongside without displacing that operation.
-            op = self.ops.alongside(lane, OpKind.DEACTIVATE)
-        else:
-            if current is not None:
-                self.ops.supersede(current, group, f"superseded by deactivate {lane}")
-            op = self.ops.begin(lane, OpKind.DEACTIVATE, group)
-        op.force = force
-        stop = self._stop_and_confirm(op.lane, "deactivate", force)
-        self.ops.run(op, self._operation(op, stop))
-        return op.future
+        """Stop `lane`, never counted as a failure (Requests.deactivate)."""
+        return self.requests.deactivate(lane, force)
 
     def restart(
         self, lane: str, reason: str = "restart requested", force: bool = False
     ) -> asyncio.Future[LaneStatus]:
-        """Stop and start `lane` again (it must be desired active); requests in flight
-        through laned's OpenAI endpoint end first unless `force`."""
-        self.spec(lane)
-        if self.statuses[lane].desired is not Desired.ACTIVE:
-            return self.activate(lane, force=force)
-        self._restart(lane, reason, RestartKind.REQUESTED, force)
-        return self.ledger.wait_ready(lane)
+        """Stop and start `lane` again (Requests.restart)."""
+        return self.requests.restart(lane, reason, force)
 
     async def preflight(self, lane: str) -> list[Finding]:
         """The lane's preflight findings as of now ([] without a host adapter)."""
+        return await self.requests.preflight(lane)
+
+    async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
+        """Run acceptance gates against the serving lane and keep the results (Checks.check)."""
+        return await self.checks.check(lane, gates)
+
+    def peer_trouble(self, lane: str, reason: str | None) -> None:
+        """The coordinator's word on a lane over several hosts: a peer rank out of reach
+        (`reason`) or every one back (None)."""
+        self.reactions.peer_trouble(lane, reason)
+
+    def note(self, lane: str, kind: EventKind, text: str) -> None:
+        """An event of the lane that changes no state (the coordinator's asks)."""
+        self.records.ledger.note(lane, kind, text)
+
+    def wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
+        """A future that resolves when the lane is ready, or fails with why it will not be."""
         self.spec(lane)
-        image = self.statuses[lane].image_id
-        return await steps.preflight(self.host, self.config, lane, self.ledger.states(), image)
+        return self.records.ledger.wait_ready(lane)
 
-    # --- operations -------------------------------------------------------------------------------
+    async def flush(self) -> None:
+        """What was accepted is on disk (state.json) once this returns."""
+        await self.records.writer.flush()
 
-    def _group_of(self, op: Operation) -> str:
-        return self.config.lanes[op.lane].group
+    # --- reading --------------------------------------------------------------------------------
 
-    def _ensure_current(self, op: Operation) -> None:
-        self.ops.ensure_current(op, self._group_of(op))
+    @property
+    def config(self) -> Config:
+        """The config laned runs (the last one reload accepted)."""
+        return self.records.config
 
-    def _finish(self, op: Operation, error: LanedError | None = None) -> None:
-        passes = (ActivationFailed, Superseded, PreflightFailed)
-        if error is not None and op.kind is not OpKind.DEACTIVATE and not isinstance(error, passes):
-            error = ActivationFailed(error.message, error.hint)
-        self.ops.finish(op, self._group_of(op), self.statuses[op.lane], error)
+    def spec(self, lane: str) -> LaneConfig:
+        """The lane's config; UnknownLane with the known names otherwise."""
+        return self.records.spec(lane)
 
-    async def _operation(self, op: Operation, body: Coroutine[object, object, None]) -> None:
-        """Run the operation's body; whatever ends it, its caller hears."""
-        try:
-            await body
-            self._finish(op)
-        except LanedError as exc:
-            self._finish(op, exc)
-        except Exception as exc:  # a bug: the caller still hears, and the log has it
-            log.exception("%s %s failed", op.kind.value, op.lane)
-            self._finish(op, ActivationFailed(f"lane {op.lane}: laned failed: {exc!r}"))
+    @property
+    def statuses(self) -> Mapping[str, LaneStatus]:
+        """Every lane's status, read-only (the owner's parts change them, through the ledger)."""
+        return MappingProxyType(self.records.statuses)
 
-    def _spawn_activation(self, lane: str, reason: str) -> None:
-        """An activation laned makes itself (the desired or default lane at start)."""
-        future = self.activate(lane, reason)
-        op = self.ops.of(self.config.lanes[lane].group)
-        if op is not None and op.future is future:
-            op.unattended = True  # nobody waits for it: a refusal must show in the lane's state
+    @property
+    def events(self) -> Sequence[Event]:
+        """Recent events, oldest first."""
+        return self.records.ledger.events
 
-    async def _activation(self, op: Operation, reason: str) -> None:
-        lane = op.lane
-        await self._preflight(op)
-        for peer in policy.peers(self.config, lane):
-            await self._stop_and_confirm(peer, f"swap to {lane}", op.force)
-            self._ensure_current(op)
-        unit = unit_name(lane, self.config.lanes[lane])
-        if await steps.still_ending(self.systemd, unit, self.snapshots.get(lane)):
-            self._ensure_current(op)
-            # Its own earlier run is still ending (the stop of a deactivate this request
-            # superseded): that run's exit must reach laned before the new run is
-            # followed, or it would be taken for the new run's and end its watch.
-            await self._stop_and_confirm(lane, f"its earlier run ends before activate {lane}")
-        self._ensure_current(op)
-        ready = self.ledger.wait_ready(lane)
-        await self._clear_and_start(op, reason)
-        await ready
+    @property
+    def notices(self) -> Mapping[str, str]:
+        """What laned itself meets or met, by source (/healthz)."""
+        return MappingProxyType(self.records.notices)
 
-    async def _preflight(self, op: Operation) -> None:
-        """Preflight; on errors (not forced) refuse the activation and undo its desire."""
-        lane = op.lane
-        findings = op.findings if op.findings is not None else await self.preflight(lane)
-        self._ensure_current(op)
-        errors = blocking(findings)
-        warnings = [f for f in findings if f.severity is Severity.WARNING]
-        if findings:
-            summary = "; ".join(f.message for f in [*errors, *warnings]) or "notes only"
-            self.ledger.note(
-                lane,
-                EventKind.PREFLIGHT,
-                f"preflight: {len(errors)} error(s), {len(warnings)} warning(s): {summary}",
-            )
-        if not errors:
-            return
-        self.recorder.preflight_refused(lane)
-        if op.force:
-            self.ledger.note(lane, EventKind.PREFLIGHT, "preflight errors overridden (force)")
-            return
-        for name, desired in op.desired_before.items():
-            self.ledger.desire(name, desired)
-        message, hint = refusal(lane, findings)
-        if op.unattended:
-            self._fail_start(lane, message.removeprefix(f"lane {lane}: "))
-        raise PreflightFailed(message, hint, findings)
+    def under_way(self, lane: str) -> str | None:
+        """The operation under way in the lane's group ("activate b"), or None."""
+        op = self.records.ops.of(self.spec(lane).group)
+        return None if op is None else f"{op.kind.value} {op.lane}"
 
-    def _restart(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
-        """Restart a desired lane as an operation of its group: `restarting` now (so waiters
-        made after this wait for the new run), then stop and start it. A requested restart
-        drains the endpoint's requests first (unless `force`); a failed engine has none to
-        finish."""
-        status, group = self.statuses[lane], self.config.lanes[lane].group
-        if status.desired is not Desired.ACTIVE:
-            return
-        if policy.admit_restart(lane, self.ops.view(group)) is Admit.JOIN:
-            return  # an activation or restart of it is under way: it ends in a fresh run
-        current = self.ops.of(group)
-        if current is not None:
-            self.ops.supersede(current, group, f"superseded by restart {lane}")
-        status.restarts += 1
-        self.recorder.restart(lane, kind.value)
-        self._cancel_restart(lane)
-        self._stop_follow(lane)
-        op = self.ops.begin(lane, OpKind.RESTART, group)
-        op.force = force or kind is not RestartKind.REQUESTED
-        self.runs[lane].stopping = True
-        self.ledger.transition(lane, LaneState.RESTARTING, reason)
-        self.ops.run(op, self._operation(op, self._stop_then_start(op, reason)))
+    def engine_summary(self, lane: str) -> dict[str, float] | None:
+        """The engine's load from its /metrics (running lanes only), with tokens/s over a minute."""
+        window = self.records.runs[lane].samples
+        if not window or self.records.statuses[lane].state not in policy.RUNNING_STATES:
+            return None
+        return engine_summary(list(window))
 
-    async def _stop_then_start(self, op: Operation, reason: str) -> None:
-        try:
-            await self._drain(op.lane, op.force)
-            self._ensure_current(op)
-            await self.systemd.stop_unit(unit_name(op.lane, self.config.lanes[op.lane]))
-        finally:
-            self.runs[op.lane].stopping = False
-        self._ensure_current(op)
-        ready = self.ledger.wait_ready(op.lane)
-        await self._clear_and_start(op, f"restart: {reason}")
-        await ready
+    def listen(self, listener: Listener) -> None:
+        """Call `listener` with every new event, until `unlisten`."""
+        self.records.ledger.listeners.append(listener)
 
-    def _restart_after_failure(self, lane: str) -> None:
-        """The backoff after a failure is over (a timer): start the lane again, within the
-        operation that wants it ready, or as a restart operation of its own."""
-        self.runs[lane].restart = None
-        status = self.statuses.get(lane)
-        if status is None or status.desired is not Desired.ACTIVE:
-            return
-        group = self.config.lanes[lane].group
-        if status.state is not LaneState.RESTARTING or self._closing:
-            return
-        status.restarts += 1
-        self.recorder.restart(lane, RestartKind.FAILURE.value)
-        reason = f"restart #{status.restarts} after a failure"
-        current = self.ops.of(group)
-        if current is not None and current.lane == lane and current.kind is not OpKind.DEACTIVATE:
-            self.ops.run(current, self._start_within(current, reason))
-            return
-        op = self.ops.begin(lane, OpKind.RESTART, group)
-        ready = self.ledger.wait_ready(lane)
+    def unlisten(self, listener: Listener) -> None:
+        self.records.ledger.listeners.remove(listener)
 
-        async def body() -> None:
-            await self._clear_and_start(op, reason)
-            await ready
+    @property
+    def recorder(self) -> Recorder:
+        """Where what happens is counted (laned's metrics; a no-op by default)."""
+        return self.records.recorder
 
-        self.ops.run(op, self._operation(op, body()))
+    @recorder.setter
+    def recorder(self, recorder: Recorder) -> None:
+        self.records.recorder = recorder
 
-    async def _start_within(self, op: Operation, reason: str) -> None:
-        """A start inside an operation that already waits for the lane to be ready."""
-        try:
-            await self._clear_and_start(op, reason)
-        except (Superseded, ActivationFailed):
-            pass  # superseded, or refused at the gate: the lane's waiters have heard
-        except LanedError as exc:
-            log.error("%s: %s failed: %s", op.lane, reason, exc)
+    # --- the reactions' Restarts, answered by the requests' side --------------------------------
 
-    async def _clear_and_start(self, op: Operation, reason: str) -> None:
-        """The one way a lane starts: the start gate (prepare, GPU memory, port), a check that
-        the operation is still current, then the unit's start job."""
-        lane = op.lane
-        spec = self.config.lanes[lane]
-        refused = await steps.clear_for_start(
-            self.host,
-            lane,
-            spec,
-            self.statuses[lane].image_id,
-            functools.partial(self.ledger.note, lane),
-            self.recorder,
-        )
-        self._ensure_current(op)
-        if refused is not None:
-            self._fail_start(lane, refused.reason)
-            raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
-        self._begin_start(lane)
-        self.ledger.transition(lane, LaneState.STARTING, reason)
-        self._start_follow(lane)
-        await steps.start(self.systemd, unit_name(lane, spec))
+    def restart_lane(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
+        self.requests.restart_lane(lane, reason, kind, force)
 
-    async def _stop_and_confirm(self, lane: str, reason: str, force: bool = False) -> None:
-        """Stop the lane's unit and confirm it is gone (for containers, ExecStopPost removed it).
-        `stopping` first, so laned's OpenAI endpoint sends it no new request; the requests in
-        flight end before the stop (drain_timeout at most) unless `force`."""
-        status, spec = self.statuses[lane], self.config.lanes[lane]
-        self._cancel_restart(lane)
-        self._stop_follow(lane)
-        self.ledger.fail_waiters(lane, reason, superseded=True)
-        unit = unit_name(lane, spec)
-        if not await steps.still_ending(self.systemd, unit, self.snapshots.get(lane)):
-            # Not running (a failed lane included: deactivating it acknowledges the failure).
-            if status.state is not LaneState.INACTIVE:
-                self.ledger.transition(lane, LaneState.INACTIVE, reason)
-            return
-        self.runs[lane].stopping = True
-        try:
-            self.ledger.transition(lane, LaneState.STOPPING, reason)
-            await self._drain(lane, force)
-            refused = await steps.stop(self.systemd, unit)
-            if refused is not None:
-                raise ActivationFailed(refused.reason, refused.hint)
-            note = functools.partial(self.ledger.note, lane)
-            refused = await steps.container_gone(self.host, lane, spec, note)
-            if refused is not None:
-                self.ledger.transition(lane, LaneState.FAILED, refused.reason)  # not `stopping`
-                raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
-        finally:
-            self.runs[lane].stopping = False
-        if status.state is LaneState.STOPPING:
-            self.ledger.transition(lane, LaneState.INACTIVE, reason)
+    def restart_after_failure(self, lane: str) -> None:
+        self.requests.restart_after_failure(lane)
 
-    async def _drain(self, lane: str, force: bool) -> None:
-        note = functools.partial(self.ledger.note, lane, EventKind.DRAIN)
-        await steps.drain(self.traffic, lane, self.config.lanes[lane], force, note, self.clock)
-
-    def _fail_start(self, lane: str, reason: str) -> None:
-        self.ledger.transition(lane, LaneState.FAILED, reason)
-        self.ledger.fail_waiters(lane, reason)
-
-    async def _give_up(self, lane: str, run: int, reason: str) -> None:
-        """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
-        self.runs[lane].stopping = True
-        try:
-            await self.systemd.stop_unit(unit_name(lane, self.config.lanes[lane]))
-        finally:
-            self.runs[lane].stopping = False
-        if self.runs[lane].number == run:  # not if a newer start owns the lane by now
-            self._fail_start(lane, reason)
+    def give_up(self, lane: str, run: int, reason: str) -> Coroutine[object, object, None]:
+        return self.requests.give_up(lane, run, reason)

@@ -39,10 +39,10 @@ def fit(
         out.append(
             Finding(
                 "needs",
-                Severity.WARNING,
                 f"{base}.gpus: the lane needs {count}{memory}; laned sees no GPU here "
                 f"({host.gpu_note or 'no NVML'})",
                 "run it on a host with the GPUs; if they are here, install the NVIDIA driver",
+                severity=Severity.WARNING,
             )
         )
     elif host.gpus is not None:
@@ -51,10 +51,10 @@ def fit(
             out.append(
                 Finding(
                     "needs",
-                    Severity.ERROR,
                     f"lanes.{lane}.gpus: GPU {', '.join(map(str, missing))} does not exist "
                     f"(this host has {len(host.gpus)})",
                     "list indices as nvidia-smi shows them",
+                    severity=Severity.ERROR,
                 )
             )
         gpus = lane_gpus(spec, host)
@@ -62,9 +62,9 @@ def fit(
             out.append(
                 Finding(
                     "needs",
-                    Severity.ERROR,
                     f"{base}.gpus: the lane needs {needs.gpus} GPUs, this host has {len(gpus)}",
                     "run it on a host with enough GPUs",
+                    severity=Severity.ERROR,
                 )
             )
         total = sum(g.total_bytes for g in gpus) / GIB
@@ -72,10 +72,10 @@ def fit(
             out.append(
                 Finding(
                     "needs",
-                    Severity.ERROR,
                     f"{base}.gpu_memory_gib: the lane needs {needs.gpu_memory_gib:g} GiB of GPU "
                     f"memory, its GPUs have {total:.1f} GiB",
                     "use bigger (or more) GPUs, or a smaller quant / context",
+                    severity=Severity.ERROR,
                 )
             )
     if needs.host_memory_gib and host.mem_total_gib is not None:
@@ -83,30 +83,30 @@ def fit(
             out.append(
                 Finding(
                     "needs",
-                    Severity.ERROR,
                     f"{base}.host_memory_gib: the lane needs {needs.host_memory_gib:g} GiB of RAM, "
                     f"this host has {host.mem_total_gib:.1f} GiB",
                     "run it on a host with more memory",
+                    severity=Severity.ERROR,
                 )
             )
         elif host.mem_available_gib is not None and host.mem_available_gib < needs.host_memory_gib:
             out.append(
                 Finding(
                     "needs",
-                    Severity.WARNING,
                     f"{base}.host_memory_gib: {host.mem_available_gib:.1f} GiB of RAM is available "
                     f"now, the lane needs {needs.host_memory_gib:g} GiB",
                     "something else holds memory; the engine may be OOM-killed while loading",
+                    severity=Severity.WARNING,
                 )
             )
     if needs.disk_gib and disk_total_gib is not None and disk_total_gib < needs.disk_gib:
         out.append(
             Finding(
                 "needs",
-                Severity.ERROR,
                 f"{base}.disk_gib: the lane needs {needs.disk_gib:g} GiB of disk, the model "
                 f"directory's filesystem has {disk_total_gib:.1f} GiB",
                 "put the model on a bigger disk",
+                severity=Severity.ERROR,
             )
         )
     return out

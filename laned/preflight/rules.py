@@ -119,9 +119,9 @@ def _image(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
         program = spec.exec.command[0]
         yield Finding(
             "command",
-            Severity.WARNING,
             f"{base}.exec.command[0]: {program!r} is not found on laned's PATH",
             "give its absolute path (the unit's PATH may differ from laned's)",
+            severity=Severity.WARNING,
         )
     if spec.container is None:
         return
@@ -129,18 +129,18 @@ def _image(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
     if facts.image_error is not None:
         yield Finding(
             "image",
-            Severity.WARNING,
             f"cannot check that {base}.container.image {image!r} is present: {facts.image_error}",
             "systemctl --user enable --now podman.socket (or set daemon.podman_socket)",
+            severity=Severity.WARNING,
         )
         return
     if facts.image_id is None:
         yield Finding(
             "image",
-            Severity.ERROR,
             f"{base}.container.image {image!r} is not present locally",
             f"build it first (e.g. `podman build -t {image} .` from the lane's recipe); "
             "`podman images` lists what there is",
+            severity=Severity.ERROR,
         )
         return
     if facts.last_image_id and facts.last_image_id != facts.image_id:
@@ -153,18 +153,18 @@ def _image(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
         )
         yield Finding(
             "image-drift",
-            Severity.WARNING,
             f"image {image!r} changed since the last good start "
             f"({_short(facts.last_image_id)} -> {_short(facts.image_id)})",
             hint,
+            severity=Severity.WARNING,
         )
     if not spec.container.compile_cache:
         yield Finding(
             "compile-cache",
-            Severity.WARNING,
             f"{base}.container.compile_cache is off: every cold start redoes FlashInfer autotune "
             "and the DeepGEMM/Triton JIT (seed 001: ~22 minutes)",
             "remove compile_cache = false, so that laned mounts a persistent cache directory",
+            severity=Severity.WARNING,
         )
 
 
@@ -178,9 +178,9 @@ def _paths(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
             what = "the model directory" if key == "model_dir" else "the bind-mount source"
             yield Finding(
                 "paths",
-                Severity.ERROR,
                 f"lanes.{lane}.{key}: {what} {path} does not exist",
                 "download or create it first, or fix the path in the config",
+                severity=Severity.ERROR,
             )
 
 
@@ -199,30 +199,30 @@ def _key(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
         )
         yield Finding(
             "api-key",
-            Severity.ERROR,
             f"{where}: {path} does not exist",
             f"create it: `umask 077; echo {first} > {path}` (one NAME=VALUE line per secret)",
+            severity=Severity.ERROR,
         )
     elif key.mode & 0o077:
         yield Finding(
             "api-key",
-            Severity.ERROR,
             f"{where}: {path} is mode {key.mode:04o}: others can read its secrets",
             f"chmod 600 {path}",
+            severity=Severity.ERROR,
         )
     elif key.unreadable is not None:
         yield Finding(
             "api-key",
-            Severity.ERROR,
             f"{where}: {path} cannot be read as NAME=VALUE lines: {key.unreadable}",
             "one NAME=VALUE per line (no `export`); # starts a comment",
+            severity=Severity.ERROR,
         )
     elif missing := [n for n in spec.required_secrets if n not in key.names]:
         yield Finding(
             "api-key",
-            Severity.ERROR,
             f"{where}: {path} does not define {', '.join(missing)}",
             f"add a line {missing[0]}=... to {path}" + (" (one per name)" if missing[1:] else ""),
+            severity=Severity.ERROR,
         )
     else:
         yield from _secrets_beside_env(lane, spec, key)
@@ -233,9 +233,9 @@ def _secrets_beside_env(lane: str, spec: LaneConfig, key: KeyFile) -> Iterator[F
         if name in spec.env:
             yield Finding(
                 "api-key",
-                Severity.WARNING,
                 f"lanes.{lane}.env.{name} is set in the config and in {spec.secrets_path}",
                 f"keep one: the secrets file for a secret (then remove lanes.{lane}.env.{name})",
+                severity=Severity.WARNING,
             )
 
 
@@ -248,14 +248,14 @@ def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
             if facts.port_peer == lane
             else f"lane {facts.port_peer}, which this activation stops first"
         )
-        yield Finding("port", Severity.NOTE, f"port {spec.port} is held by {whose}")
+        yield Finding("port", f"port {spec.port} is held by {whose}", severity=Severity.NOTE)
         return
     yield Finding(
         "port",
-        Severity.ERROR,
         f"lanes.{lane}.port {spec.port} is already in use by a process laned does not run",
         "vLLM binds with SO_REUSEPORT, so a leftover engine would silently share the port; "
         f"find it with `ss -ltnp 'sport = :{spec.port}'` and stop it",
+        severity=Severity.ERROR,
     )
 
 
@@ -265,12 +265,12 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
     if ready is None and spec.start_timeout > VLLM_READY_TIMEOUT_DEFAULT:
         yield Finding(
             "ready-timeout",
-            Severity.WARNING,
             f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S is unset: older vLLM (0.16 and earlier at least) and any vLLM with "
             f"--api-server-count > 1, gives up on an engine not ready within "
             f"{VLLM_READY_TIMEOUT_DEFAULT} s, shorter than start_timeout ({spec.start_timeout:g} s); "
             "a current single API server does not enforce it (vLLM #48031)",
             f'set {base}.env.VLLM_ENGINE_READY_TIMEOUT_S = "{spec.start_timeout:.0f}" (seed 001 sets 3600): harmless where it is not enforced',
+            severity=Severity.WARNING,
         )
     elif ready is not None:
         try:
@@ -280,11 +280,11 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
         if seconds < spec.start_timeout:
             yield Finding(
                 "ready-timeout",
-                Severity.WARNING,
                 f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S = {ready.value!r} is shorter than "
                 f"start_timeout ({spec.start_timeout:g} s): a vLLM that enforces it (0.16 and earlier at least, or "
                 "several API servers) would end a long cold start (vLLM #48031)",
                 f'set it to at least "{spec.start_timeout:.0f}"',
+                severity=Severity.WARNING,
             )
     graceful = GRACEFUL_STOP_MIN
     shutdown = spec.engine_arg("--shutdown-timeout")
@@ -294,10 +294,10 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
     if spec.stop_timeout < graceful:
         yield Finding(
             "stop-timeout",
-            Severity.WARNING,
             f"{base}.stop_timeout ({spec.stop_timeout:g} s) is shorter than the engine's graceful "
             f"shutdown (~{graceful:g} s): systemd would SIGKILL it mid-shutdown",
             f'set {base}.stop_timeout = "{graceful:.0f}s" or more',
+            severity=Severity.WARNING,
         )
 
 
@@ -317,21 +317,21 @@ def _sampling(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding
     if spec.sampling is None and flag is None:
         yield Finding(
             "sampling",
-            Severity.WARNING,
             f"{base}.sampling is unset: requests that send no sampling parameters get the "
             "model's raw defaults (seed 000: top_p 1.0 on a 2-bit quant is word salad)",
             f"set {base}.sampling = {{ temperature = ..., top_p = ... }} from the model card",
+            severity=Severity.WARNING,
         )
     model_eos = (model or {}).get("eos_token_id")
     if chosen is not None and model_eos and chosen.get("eos_token_id") != model_eos:
         yield Finding(
             "stop-ids",
-            Severity.WARNING,
             f"{base}.args: --generation-config {flag} replaces the model's generation_config.json, "
             f"and its eos_token_id ({chosen.get('eos_token_id')}) is not the model's ({model_eos}): "
             "turns may never stop (vLLM #45591)",
             f"drop --generation-config and set {base}.sampling (laned merges it over the "
             "model's config), or copy the model's eos_token_id into that file",
+            severity=Severity.WARNING,
         )
     if spec.sampling is not None and flag in (None, "auto") and model:
         written = spec.sampling.as_json_dict()
@@ -340,8 +340,8 @@ def _sampling(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding
             shown = ", ".join(f"{k}={v}" for k, v in extra.items())
             yield Finding(
                 "sampling",
-                Severity.NOTE,
                 f"the model's generation_config.json also sets {shown}: vLLM applies it under "
                 f"{base}.sampling",
                 f"set it in {base}.sampling to change it",
+                severity=Severity.NOTE,
             )

@@ -87,7 +87,7 @@ async def ends_in_a_crash_loop(sup: Supervisor, lane: str, deaths: int) -> None:
     status = sup.statuses[lane]
     assert status.reason.startswith("crash-loop: 2 failures"), status.reason
     assert status.restarts == 1 and len(status.failures) == deaths == 2
-    assert sup.runs[lane].restart is None, "no restart may be pending after a crash loop"
+    assert sup.records.runs[lane].restart is None, "no restart may be pending after a crash loop"
 
 
 def test_a_stop_during_a_slow_teardown_leaves_the_exit_a_failure_counted_once(
@@ -115,7 +115,7 @@ def test_a_stop_during_a_slow_teardown_leaves_the_exit_a_failure_counted_once(
                 # laned's stop reaches the wrapper during the clean-up.
                 await until(lambda: Path(f"{gate}.waiting").exists(), 20, "the clean-up")
                 await until(
-                    lambda: sup.snapshots["c"].active_state == "deactivating",
+                    lambda: sup.records.snapshots["c"].active_state == "deactivating",
                     20,
                     "laned's stop after the failed probes",
                 )

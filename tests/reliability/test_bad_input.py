@@ -25,7 +25,7 @@ def test_a_malformed_config_is_refused_at_its_key_with_a_hint(
     with pytest.raises(ConfigError) as refused:
         parse_config(text, "laned.toml", {"HOME": "/home/op"})
     errors = [p for p in refused.value.problems if p.severity is Severity.ERROR]
-    where = [p for p in errors if key in p.path or (key == "line" and "line" in p.message)]
+    where = [p for p in errors if key in p.where or (key == "line" and "line" in p.message)]
     assert where, f"{name}: no error at {key!r}: {[p.render() for p in errors]}"
     assert all(p.hint for p in where), f"{name}: an error without a hint: {where}"
 
@@ -86,7 +86,7 @@ def test_a_unit_dir_linked_out_of_home_is_refused_and_reloading_it_changes_nothi
         serve.path.write_text(good.replace(str(harness.unit_dir), str(link), 1))
         with pytest.raises(ConfigError) as refused:
             load_config(str(serve.path), harness.env)
-        assert [p.path for p in refused.value.problems] == ["daemon.unit_dir"]
+        assert [p.where for p in refused.value.problems] == ["daemon.unit_dir"]
         assert str(outside) in refused.value.problems[0].message
         reply = httpx.post(f"{serve.url}/reload", timeout=30)
         assert reply.status_code == 400 and "daemon.unit_dir" in reply.text, reply.text

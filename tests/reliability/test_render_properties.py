@@ -84,7 +84,7 @@ def test_every_valid_config_renders_what_systemd_and_bash_accept(
         except ConfigError as exc:
             event("rejected")
             SEEN["rejected"] += 1
-            assert all(p.path and p.hint for p in exc.problems if p.severity.value == "error"), exc
+            assert all(p.where and p.hint for p in exc.problems if p.severity.value == "error"), exc
             return
         render.apply(config)
         SEEN["rendered"] += 1

@@ -26,7 +26,7 @@ def problems(text: str, env: dict[str, str] | None = None) -> list[tuple[str, st
     """(key path, message) of every error a config text produces."""
     with pytest.raises(ConfigError) as info:
         parse_config(textwrap.dedent(text), "t.toml", env or ENV)
-    return [(p.path, p.message) for p in info.value.problems if p.severity is Severity.ERROR]
+    return [(p.where, p.message) for p in info.value.problems if p.severity is Severity.ERROR]
 
 
 def paths_of(text: str) -> set[str]:
@@ -91,7 +91,7 @@ def test_unknown_key_gets_did_you_mean() -> None:
             MINIMAL.replace("port = 8001", "port = 8001\nserved_modle_name = 'x'"), "t.toml", ENV
         )
     problem = info.value.problems[0]
-    assert problem.path == "lanes.a.served_modle_name"
+    assert problem.where == "lanes.a.served_modle_name"
     assert "unknown key" in problem.message
     assert "served_model_name" in problem.hint
     rendered = str(info.value)
@@ -143,7 +143,7 @@ def test_a_secret_in_the_config_is_refused_with_the_file_to_move_it_to() -> None
     with pytest.raises(ConfigError) as info:
         parse_config(textwrap.dedent(text), "t.toml", ENV)
     (only,) = [p for p in info.value.problems if p.severity is Severity.ERROR]
-    assert only.path == "lanes.a.env.HF_TOKEN"
+    assert only.where == "lanes.a.env.HF_TOKEN"
     assert "HF_TOKEN=<the value>" in only.hint and "/home/op/.config/laned/a.env" in only.hint
     assert "hf_x" not in only.render(), "a refusal must not repeat the secret"
     # Without a secrets file, the hint names the one to create and the key to set.
@@ -260,7 +260,7 @@ def test_warnings_do_not_block() -> None:
     )
     text = text.replace('command = ["/opt/vllm/bin/vllm", "serve", "/models/a"]', "")
     config = parse_config(text, "t", ENV)
-    assert [w.path for w in config.warnings] == ["lanes.a.container.podman_args"]
+    assert [w.where for w in config.warnings] == ["lanes.a.container.podman_args"]
     assert config.warnings[0].severity is Severity.WARNING
 
 
@@ -293,7 +293,7 @@ def test_default_lane_did_you_mean() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(MINIMAL + '[daemon]\ndefault_lane = "b"\n', "t", ENV)
     problem = info.value.problems[0]
-    assert problem.path == "daemon.default_lane"
+    assert problem.where == "daemon.default_lane"
     with pytest.raises(ConfigError) as info:
         parse_config(
             MINIMAL.replace("lanes.a", "lanes.dsv41") + '[daemon]\ndefault_lane = "dsv4"\n',

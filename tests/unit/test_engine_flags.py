@@ -69,7 +69,7 @@ def test_flags_are_read_by_vllms_own_rules(word: str, flag: str | None) -> None:
 def test_an_unknown_flag_is_a_warning_that_names_the_nearest_known_one() -> None:
     cfg = config('["--max-modle-len", "4096", "--dtype", "float32", "--no-such-thing-at-all"]')
     found = unknown_flags(cfg, "a", KNOWN)
-    assert [p.path for p in found] == ["lanes.a.args[0]", "lanes.a.args[4]"]
+    assert [p.where for p in found] == ["lanes.a.args[0]", "lanes.a.args[4]"]
     assert all(p.severity is Severity.WARNING for p in found)
     assert "did you mean --max-model-len?" in found[0].hint
     assert "--max-modle-len is not a flag of vLLM 0.32.0 (/opt/vllm/bin/python)" in found[0].message
@@ -93,10 +93,10 @@ def test_lanes_own_flags_and_the_command_after_its_module_are_checked() -> None:
         '["--dtype", "float32"]', '["/opt/vllm/bin/python", "-m", "vllm.x", "--modle", "/m"]'
     )
     found = unknown_flags(cfg, "a", KNOWN)
-    assert [p.path for p in found] == ["lanes.a.exec.command[3]"]
+    assert [p.where for p in found] == ["lanes.a.exec.command[3]"]
     # laned's own flags (--port, --served-model-name) must exist in the target vLLM too.
     bare = KnownFlags("0.1", frozenset({"--dtype", "--modle"}), KNOWN.source, abbrev=False)
-    paths = [p.path for p in unknown_flags(cfg, "a", bare)]
+    paths = [p.where for p in unknown_flags(cfg, "a", bare)]
     assert paths == ["lanes.a.port", "lanes.a.served_model_name"]
 
 
@@ -119,5 +119,5 @@ def test_a_wrapper_before_the_engine_is_not_taken_for_its_flags() -> None:
     # The real_vllm tier's lane: `taskset -c 0 python -m vllm...` (-c is taskset's).
     wrapped = '["taskset", "-c", "0", "/opt/vllm/bin/python", "-m", "vllm.x", "--modle", "/m"]'
     cfg = config("[]", wrapped)
-    assert [p.path for p in unknown_flags(cfg, "a", KNOWN)] == ["lanes.a.exec.command[6]"]
+    assert [p.where for p in unknown_flags(cfg, "a", KNOWN)] == ["lanes.a.exec.command[6]"]
     assert source_of(cfg.lanes["a"], None) == Source(python="/opt/vllm/bin/python")

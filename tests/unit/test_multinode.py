@@ -64,7 +64,9 @@ def test_a_host_outside_the_nodes_leaves_the_lane_alone() -> None:
     assert set(config.lanes) == {"solo"} and config.elsewhere == ("two",)
     assert config.daemon.default_lane is None
     (note,) = [w for w in config.warnings if w.severity is Severity.NOTE]
-    assert note.path == "lanes.two.nodes" and "not on this host (daemon.host = 'c')" in note.message
+    assert (
+        note.where == "lanes.two.nodes" and "not on this host (daemon.host = 'c')" in note.message
+    )
 
 
 @pytest.mark.parametrize(
@@ -89,14 +91,14 @@ def test_what_a_rank_cannot_run_is_refused_at_its_key(
 ) -> None:
     with pytest.raises(ConfigError) as bad:
         on("a", LANE.replace(*change))
-    assert any(p.path == path and words in p.message for p in bad.value.problems), bad.value
+    assert any(p.where == path and words in p.message for p in bad.value.problems), bad.value
 
 
 def test_an_empty_value_and_a_missing_peer_token_are_warnings() -> None:
     text = LANE.replace('NODE_IP = "10.0.0.2"', 'NODE_IP = ""').replace(
         'peer_token_file = "/home/op/.config/laned/peer-token"\n', ""
     )
-    warnings = {(w.path, w.message.split(" (")[0]) for w in on("a", text).warnings}
+    warnings = {(w.where, w.message.split(" (")[0]) for w in on("a", text).warnings}
     assert ("lanes.two.rank.1", "${NODE_IP} is empty on rank 1") in warnings
     assert any(path == "daemon.peer_token_file" for path, _ in warnings)
 
@@ -105,7 +107,7 @@ def test_rank_tables_need_nodes() -> None:
     text = '[lanes.one]\nport = 8000\nserved_model_name = "m"\n[lanes.one.exec]\ncommand = ["x"]\n[lanes.one.rank.0]\nvalues = { A = "1" }\n'
     with pytest.raises(ConfigError) as bad:
         parse_config(text, env=ENV)
-    assert bad.value.problems[0].path == "lanes.one.rank"
+    assert bad.value.problems[0].where == "lanes.one.rank"
 
 
 def test_import_with_nodes_keeps_the_placeholders_for_each_rank() -> None:

@@ -211,7 +211,7 @@ def test_a_crash_loop_ends_in_failed_and_nothing_is_left_pending(tmp_path: Path)
                 await until(lambda: sup.statuses["a"].state is not LaneState.READY, "a exited")
             await until(lambda: sup.statuses["a"].state is LaneState.FAILED, "a failed")
             assert sup.statuses["a"].reason.startswith("crash-loop")
-            assert sup.runs["a"].restart is None and sup.ops.current == {}
+            assert sup.records.runs["a"].restart is None and sup.records.ops.current == {}
             assert len(manager.started) == 3
 
     run(scenario)
@@ -225,9 +225,9 @@ def test_a_deactivate_wins_over_a_restart_waiting_in_its_backoff(tmp_path: Path)
         async with owner(cfg) as (sup, manager):
             await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready")
             manager.exit(unit_name("a", cfg.lanes["a"]), 1)
-            await until(lambda: sup.runs["a"].restart is not None, "a restart waiting")
+            await until(lambda: sup.records.runs["a"].restart is not None, "a restart waiting")
             await sup.deactivate("a")
-            assert sup.runs["a"].restart is None
+            assert sup.records.runs["a"].restart is None
             assert sup.statuses["a"].state is LaneState.INACTIVE
             assert len(manager.started) == 1
 

@@ -58,7 +58,7 @@ GOOD = LaneFacts(
 
 
 def checks(findings: list[Finding], severity: Severity) -> set[str]:
-    return {f.check for f in findings if f.severity is severity}
+    return {f.where for f in findings if f.severity is severity}
 
 
 def test_a_good_lane_passes_with_nothing_to_say() -> None:
@@ -98,7 +98,7 @@ def test_model_dir_is_found_through_the_bind_mounts() -> None:
 def test_each_error_blocks_and_names_the_place(facts: LaneFacts, check: str, words: str) -> None:
     found = evaluate("c", lane(), facts)
     errors = blocking(found)
-    assert [f.check for f in errors] == [check]
+    assert [f.where for f in errors] == [check]
     assert words in errors[0].message + errors[0].hint
     assert "lanes.c" in errors[0].message or check in ("image",)
 
@@ -159,7 +159,7 @@ def test_without_nvml_gpu_needs_are_a_warning_not_a_block() -> None:
     # NVML may be missing where the GPUs are not (laned in a container): warn, do not refuse.
     spec = lane("needs = { gpus = 2 }\n")
     found = fit("c", spec, HostFacts(None, "no NVIDIA driver", 64.0, 60.0))
-    assert [(f.severity, f.check) for f in found] == [(Severity.WARNING, "needs")]
+    assert [(f.severity, f.where) for f in found] == [(Severity.WARNING, "needs")]
     assert "needs 2 GPU(s)" in found[0].message and "no NVIDIA driver" in found[0].message
 
 
@@ -268,9 +268,9 @@ gpus = [3]
 command = ["/opt/vllm", "serve", "org/model"]
 """
     )
-    warned = [p for p in parse_config(text, "t.toml", ENV).warnings if p.path == "lanes.c.gpus"]
+    warned = [p for p in parse_config(text, "t.toml", ENV).warnings if p.where == "lanes.c.gpus"]
     assert len(warned) == 1 and "other groups" in warned[0].message
-    assert not [p for p in parse_config(text, "t.toml", ENV).warnings if p.path == "lanes.d.gpus"]
+    assert not [p for p in parse_config(text, "t.toml", ENV).warnings if p.where == "lanes.d.gpus"]
 
 
 GLM_CONFIG = {"eos_token_id": [151329, 151336, 151338], "top_k": 40, "temperature": 1.0}
@@ -278,7 +278,7 @@ GLM_CONFIG = {"eos_token_id": [151329, 151336, 151338], "top_k": 40, "temperatur
 
 def test_the_models_own_sampling_keys_are_noted_under_the_lanes_sampling() -> None:
     found = evaluate("c", lane(), replace(GOOD, model_generation_config=GLM_CONFIG))
-    notes = [f for f in found if f.check == "sampling"]
+    notes = [f for f in found if f.where == "sampling"]
     assert [f.severity for f in notes] == [Severity.NOTE]
     assert "top_k=40" in notes[0].message and "temperature" not in notes[0].message
     assert "stop-ids" not in checks(found, Severity.WARNING)
@@ -292,7 +292,7 @@ def test_a_generation_config_dir_without_the_models_stop_ids_is_warned() -> None
         flag_generation_config={"temperature": 1.0, "top_p": 0.95},
     )
     found = evaluate("c", spec, facts)
-    warned = [f for f in found if f.check == "stop-ids"]
+    warned = [f for f in found if f.where == "stop-ids"]
     assert warned and warned[0].severity is Severity.WARNING
     assert "#45591" in warned[0].message and "eos_token_id" in warned[0].hint
     # The same directory with the model's stop ids is fine.

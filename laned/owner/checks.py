@@ -1,0 +1,91 @@
+"""Acceptance checks of a serving lane: kept, shown, exported; a lane that fails one is
+degraded and left serving (word salad, a broken tool parser: a restart would not fix them).
+A part of the owner (laned.owner.supervisor).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from laned.adapters import state
+from laned.adapters.probes import Probe
+from laned.config.model import GATES
+from laned.core.lanes import EventKind, LaneState
+from laned.errors import LanedError, LaneNotRunning
+from laned.gates.acceptance import GateResult, merge_run
+from laned.owner import steps
+from laned.owner.records import Records
+from laned.render import plan as render
+
+log = logging.getLogger("laned.supervisor")
+
+
+class Checks:
+    """The acceptance gates run against a serving lane, and what their results do to it."""
+
+    def __init__(self, records: Records, probe: Probe) -> None:
+        self.records, self.probe = records, probe
+
+    async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
+        """Run acceptance gates against the lane; keep, show and export the results.
+
+        LaneNotRunning at once when the lane is not serving, and when it stopped (a swap, a
+        restart) while the gates ran: a gate cut short by a stop says nothing of the engine."""
+        r = self.records
+        spec, status = r.spec(lane), r.statuses[lane]
+        if status.state not in (LaneState.READY, LaneState.DEGRADED):
+            raise LaneNotRunning(
+                f"lane {lane} is {status.state.value}, not serving: no gate can run",
+                f"activate it first: laned activate {lane} --wait",
+            )
+        run = r.runs[lane].number
+
+        def still_serving() -> bool:
+            return r.runs[lane].number == run and r.serving(lane)
+
+        def on_result(result: GateResult) -> None:
+            if still_serving():
+                verdict = "passed" if result.passed else f"failed: {result.reason}"
+                r.ledger.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
+
+        results = await steps.run_checks(self.probe, spec, gates, status.last_cold_start, on_result)
+        if not still_serving():
+            raise LaneNotRunning(
+                f"lane {lane} stopped serving while its gates ran ({status.state.value}): "
+                "the results are not kept",
+                f"run them again once it is ready: laned check {lane}",
+            )
+        return self._record(lane, results)
+
+    def _record(self, lane: str, results: Sequence[GateResult]) -> dict[str, Any]:
+        r = self.records
+        status = r.statuses[lane]
+        digest = render.lane_digest(r.config, lane, r.systemd_version)
+        run = merge_run(lane, status.checks, digest, results, r.clock())
+        status.checks = run
+        try:
+            state.save_checks(r.config.daemon.state_dir, lane, run)
+        except LanedError as exc:
+            log.error("cannot save the check results of %s: %s", lane, exc)
+        failed = [result for result in results if not result.passed]
+        if failed and status.state is LaneState.READY:
+            # It serves, but not as it should (word salad, a broken tool parser...): a
+            # restart would not fix that, so the lane is degraded and left running.
+            r.runs[lane].check_degraded = True
+            reason = f"check {failed[0].gate}: {failed[0].reason}"
+            r.ledger.transition(lane, LaneState.DEGRADED, reason)
+        elif not failed and r.runs[lane].check_degraded and status.state is LaneState.DEGRADED:
+            r.runs[lane].check_degraded = False
+            r.ledger.transition(lane, LaneState.READY, "the acceptance checks pass again")
+        return run
+
+    async def after_activate(self, lane: str) -> None:
+        """The lane's `checks.after_activate` gates, run once it is ready."""
+        try:
+            await self.check(lane, self.records.config.lanes[lane].checks.after_activate)
+        except LanedError as exc:
+            self.records.ledger.note(
+                lane, EventKind.CHECK, f"checks after activation did not run: {exc.message}"
+            )

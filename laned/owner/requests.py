@@ -1,0 +1,349 @@
+"""The owner's requests: activate, deactivate, restart, each an operation of the lane's
+group (laned.owner.operations) made of steps (laned.owner.steps) that answer with values.
+
+After every await an operation checks that it is still current, so a newer request for the
+group always wins: a deactivate that arrives while a restart waits at its start gate stops
+it. Every start is part of an operation, made by `_clear_and_start` alone. A part of the
+owner (laned.owner.supervisor); the reactions ask it for restarts (`Restarts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Coroutine
+
+from laned.adapters.host import Host
+from laned.adapters.systemd import Systemd
+from laned.config.names import unit_name
+from laned.core import policy
+from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus
+from laned.core.policy import Admit, OpKind, RestartKind
+from laned.errors import (
+    ActivationFailed,
+    Finding,
+    LanedError,
+    PreflightFailed,
+    Severity,
+    Superseded,
+)
+from laned.owner import steps
+from laned.owner.operations import Operation
+from laned.owner.reactions import Reactions
+from laned.owner.records import Records
+from laned.owner.traffic import Traffic
+from laned.preflight.facts import blocking
+from laned.preflight.rules import refusal
+
+log = logging.getLogger("laned.supervisor")
+
+
+class Requests:
+    """Activations, stops and restarts, as operations of their group."""
+
+    def __init__(
+        self,
+        records: Records,
+        systemd: Systemd,
+        host: Host | None,
+        traffic: Traffic,
+        reactions: Reactions,
+    ) -> None:
+        self.records, self.systemd, self.host = records, systemd, host
+        self.traffic, self.reactions = traffic, reactions
+        self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
+
+    # --- requests from outside ---------------------------------------------------------------
+
+    def activate(
+        self,
+        lane: str,
+        reason: str = "activate",
+        force: bool = False,
+        findings: list[Finding] | None = None,
+    ) -> asyncio.Future[LaneStatus]:
+        """Make `lane` the running lane of its group; the future resolves when it is ready.
+
+        Preflight runs first, before anything is stopped: an error refuses the activation
+        (unless `force`) and leaves the running lane and the desired lanes as they were.
+        `findings`: a preflight the caller ran just now (the API does), not run again."""
+        spec, status = self.records.spec(lane), self.ledger.statuses[lane]
+        current = self.ops.of(spec.group)
+        admit = policy.admit_activate(lane, self.ops.view(spec.group), status.state, status.desired)
+        if admit is Admit.JOIN and current is not None:
+            return current.future
+        if admit is Admit.WAIT_READY:
+            return self.ledger.wait_ready(lane)  # idempotent: nothing is restarted
+        if current is not None:
+            self.ops.supersede(current, spec.group, f"superseded by activate {lane}")
+        peers = policy.peers(self.records.config, lane)
+        before = {n: self.ledger.statuses[n].desired for n in (lane, *peers)}
+        self.records.desire_only(lane)
+        status.failures.clear()
+        op = self.ops.begin(lane, OpKind.ACTIVATE, spec.group)
+        op.force, op.desired_before, op.findings = force, before, findings
+        holding = [p for p in peers if self.ledger.statuses[p].state in policy.HOLDING_STATES]
+        op.from_lane = holding[0] if holding else "none"
+        self.ops.run(op, self._operation(op, self._activation(op, reason)))
+        return op.future
+
+    def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
+        """Stop `lane`; a stop laned asked for is never counted as a failure. Requests in
+        flight through laned's OpenAI endpoint end first (up to its drain_timeout) unless
+        `force`."""
+        group = self.records.spec(lane).group
+        current = self.ops.of(group)
+        self.ledger.desire(lane, Desired.INACTIVE)
+        self.records.cancel_restart(lane)
+        if policy.admit_deactivate(lane, self.ops.view(group)) is Admit.ALONGSIDE:
+            # Another lane's operation (an activation stops this one anyway): stop it
+            # alongside without displacing that operation.
+            op = self.ops.alongside(lane, OpKind.DEACTIVATE)
+        else:
+            if current is not None:
+                self.ops.supersede(current, group, f"superseded by deactivate {lane}")
+            op = self.ops.begin(lane, OpKind.DEACTIVATE, group)
+        op.force = force
+        stop = self._stop_and_confirm(op.lane, "deactivate", force)
+        self.ops.run(op, self._operation(op, stop))
+        return op.future
+
+    def restart(
+        self, lane: str, reason: str = "restart requested", force: bool = False
+    ) -> asyncio.Future[LaneStatus]:
+        """Stop and start `lane` again (it must be desired active); requests in flight
+        through laned's OpenAI endpoint end first unless `force`."""
+        self.records.spec(lane)
+        if self.ledger.statuses[lane].desired is not Desired.ACTIVE:
+            return self.activate(lane, force=force)
+        self.restart_lane(lane, reason, RestartKind.REQUESTED, force)
+        return self.ledger.wait_ready(lane)
+
+    async def preflight(self, lane: str) -> list[Finding]:
+        """The lane's preflight findings as of now ([] without a host adapter)."""
+        self.records.spec(lane)
+        image = self.ledger.statuses[lane].image_id
+        return await steps.preflight(
+            self.host, self.records.config, lane, self.ledger.states(), image
+        )
+
+    # --- operations -------------------------------------------------------------------------------
+
+    def _group_of(self, op: Operation) -> str:
+        return self.records.config.lanes[op.lane].group
+
+    def _ensure_current(self, op: Operation) -> None:
+        self.ops.ensure_current(op, self._group_of(op))
+
+    def _finish(self, op: Operation, error: LanedError | None = None) -> None:
+        passes = (ActivationFailed, Superseded, PreflightFailed)
+        if error is not None and op.kind is not OpKind.DEACTIVATE and not isinstance(error, passes):
+            error = ActivationFailed(error.message, error.hint)
+        self.ops.finish(op, self._group_of(op), self.ledger.statuses[op.lane], error)
+
+    async def _operation(self, op: Operation, body: Coroutine[object, object, None]) -> None:
+        """Run the operation's body; whatever ends it, its caller hears."""
+        try:
+            await body
+            self._finish(op)
+        except LanedError as exc:
+            self._finish(op, exc)
+        except Exception as exc:  # a bug: the caller still hears, and the log has it
+            log.exception("%s %s failed", op.kind.value, op.lane)
+            self._finish(op, ActivationFailed(f"lane {op.lane}: laned failed: {exc!r}"))
+
+    def spawn_activation(self, lane: str, reason: str) -> None:
+        """An activation laned makes itself (the desired or default lane at start)."""
+        future = self.activate(lane, reason)
+        op = self.ops.of(self.records.config.lanes[lane].group)
+        if op is not None and op.future is future:
+            op.unattended = True  # nobody waits for it: a refusal must show in the lane's state
+
+    async def _activation(self, op: Operation, reason: str) -> None:
+        lane = op.lane
+        await self._preflight(op)
+        for peer in policy.peers(self.records.config, lane):
+            await self._stop_and_confirm(peer, f"swap to {lane}", op.force)
+            self._ensure_current(op)
+        unit = unit_name(lane, self.records.config.lanes[lane])
+        if await steps.still_ending(self.systemd, unit, self.records.snapshots.get(lane)):
+            self._ensure_current(op)
+            # Its own earlier run is still ending (the stop of a deactivate this request
+            # superseded): that run's exit must reach laned before the new run is
+            # followed, or it would be taken for the new run's and end its watch.
+            await self._stop_and_confirm(lane, f"its earlier run ends before activate {lane}")
+        self._ensure_current(op)
+        ready = self.ledger.wait_ready(lane)
+        await self._clear_and_start(op, reason)
+        await ready
+
+    async def _preflight(self, op: Operation) -> None:
+        """Preflight; on errors (not forced) refuse the activation and undo its desire."""
+        lane = op.lane
+        findings = op.findings if op.findings is not None else await self.preflight(lane)
+        self._ensure_current(op)
+        errors = blocking(findings)
+        warnings = [f for f in findings if f.severity is Severity.WARNING]
+        if findings:
+            summary = "; ".join(f.message for f in [*errors, *warnings]) or "notes only"
+            self.ledger.note(
+                lane,
+                EventKind.PREFLIGHT,
+                f"preflight: {len(errors)} error(s), {len(warnings)} warning(s): {summary}",
+            )
+        if not errors:
+            return
+        self.records.recorder.preflight_refused(lane)
+        if op.force:
+            self.ledger.note(lane, EventKind.PREFLIGHT, "preflight errors overridden (force)")
+            return
+        for name, desired in op.desired_before.items():
+            self.ledger.desire(name, desired)
+        message, hint = refusal(lane, findings)
+        if op.unattended:
+            self.records.fail_start(lane, message.removeprefix(f"lane {lane}: "))
+        raise PreflightFailed(message, hint, findings)
+
+    def restart_lane(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
+        """Restart a desired lane as an operation of its group: `restarting` now (so waiters
+        made after this wait for the new run), then stop and start it. A requested restart
+        drains the endpoint's requests first (unless `force`); a failed engine has none to
+        finish."""
+        status, group = self.ledger.statuses[lane], self.records.config.lanes[lane].group
+        if status.desired is not Desired.ACTIVE:
+            return
+        if policy.admit_restart(lane, self.ops.view(group)) is Admit.JOIN:
+            return  # an activation or restart of it is under way: it ends in a fresh run
+        current = self.ops.of(group)
+        if current is not None:
+            self.ops.supersede(current, group, f"superseded by restart {lane}")
+        status.restarts += 1
+        self.records.recorder.restart(lane, kind.value)
+        self.records.cancel_restart(lane)
+        self.reactions.unfollow(lane)
+        op = self.ops.begin(lane, OpKind.RESTART, group)
+        op.force = force or kind is not RestartKind.REQUESTED
+        self.records.runs[lane].stopping = True
+        self.ledger.transition(lane, LaneState.RESTARTING, reason)
+        self.ops.run(op, self._operation(op, self._stop_then_start(op, reason)))
+
+    async def _stop_then_start(self, op: Operation, reason: str) -> None:
+        try:
+            await self._drain(op.lane, op.force)
+            self._ensure_current(op)
+            await self.systemd.stop_unit(unit_name(op.lane, self.records.config.lanes[op.lane]))
+        finally:
+            self.records.runs[op.lane].stopping = False
+        self._ensure_current(op)
+        ready = self.ledger.wait_ready(op.lane)
+        await self._clear_and_start(op, f"restart: {reason}")
+        await ready
+
+    def restart_after_failure(self, lane: str) -> None:
+        """The backoff after a failure is over (a timer): start the lane again, within the
+        operation that wants it ready, or as a restart operation of its own."""
+        self.records.runs[lane].restart = None
+        status = self.ledger.statuses.get(lane)
+        if status is None or status.desired is not Desired.ACTIVE:
+            return
+        group = self.records.config.lanes[lane].group
+        if status.state is not LaneState.RESTARTING or self.records.closing:
+            return
+        status.restarts += 1
+        self.records.recorder.restart(lane, RestartKind.FAILURE.value)
+        reason = f"restart #{status.restarts} after a failure"
+        current = self.ops.of(group)
+        if current is not None and current.lane == lane and current.kind is not OpKind.DEACTIVATE:
+            self.ops.run(current, self._start_within(current, reason))
+            return
+        op = self.ops.begin(lane, OpKind.RESTART, group)
+        ready = self.ledger.wait_ready(lane)
+
+        async def body() -> None:
+            await self._clear_and_start(op, reason)
+            await ready
+
+        self.ops.run(op, self._operation(op, body()))
+
+    async def _start_within(self, op: Operation, reason: str) -> None:
+        """A start inside an operation that already waits for the lane to be ready."""
+        try:
+            await self._clear_and_start(op, reason)
+        except (Superseded, ActivationFailed):
+            pass  # superseded, or refused at the gate: the lane's waiters have heard
+        except LanedError as exc:
+            log.error("%s: %s failed: %s", op.lane, reason, exc)
+
+    async def _clear_and_start(self, op: Operation, reason: str) -> None:
+        """The one way a lane starts: the start gate (prepare, GPU memory, port), a check that
+        the operation is still current, then the unit's start job."""
+        lane = op.lane
+        spec = self.records.config.lanes[lane]
+        refused = await steps.clear_for_start(
+            self.host,
+            lane,
+            spec,
+            self.ledger.statuses[lane].image_id,
+            functools.partial(self.ledger.note, lane),
+            self.records.recorder,
+        )
+        self._ensure_current(op)
+        if refused is not None:
+            self.records.fail_start(lane, refused.reason)
+            raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
+        self.records.begin_start(lane)
+        self.ledger.transition(lane, LaneState.STARTING, reason)
+        self.reactions.follow(lane)
+        await steps.start(self.systemd, unit_name(lane, spec))
+
+    async def _stop_and_confirm(self, lane: str, reason: str, force: bool = False) -> None:
+        """Stop the lane's unit and confirm it is gone (for containers, ExecStopPost removed it).
+        `stopping` first, so laned's OpenAI endpoint sends it no new request; the requests in
+        flight end before the stop (drain_timeout at most) unless `force`."""
+        status, spec = self.ledger.statuses[lane], self.records.config.lanes[lane]
+        self.records.cancel_restart(lane)
+        self.reactions.unfollow(lane)
+        self.ledger.fail_waiters(lane, reason, superseded=True)
+        unit = unit_name(lane, spec)
+        if not await steps.still_ending(self.systemd, unit, self.records.snapshots.get(lane)):
+            # Not running (a failed lane included: deactivating it acknowledges the failure).
+            if status.state is not LaneState.INACTIVE:
+                self.ledger.transition(lane, LaneState.INACTIVE, reason)
+            return
+        self.records.runs[lane].stopping = True
+        try:
+            self.ledger.transition(lane, LaneState.STOPPING, reason)
+            await self._drain(lane, force)
+            refused = await steps.stop(self.systemd, unit)
+            if refused is not None:
+                raise ActivationFailed(refused.reason, refused.hint)
+            note = functools.partial(self.ledger.note, lane)
+            refused = await steps.container_gone(self.host, lane, spec, note)
+            if refused is not None:
+                self.ledger.transition(lane, LaneState.FAILED, refused.reason)  # not `stopping`
+                raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
+        finally:
+            self.records.runs[lane].stopping = False
+        if status.state is LaneState.STOPPING:
+            self.ledger.transition(lane, LaneState.INACTIVE, reason)
+
+    async def _drain(self, lane: str, force: bool) -> None:
+        note = functools.partial(self.ledger.note, lane, EventKind.DRAIN)
+        await steps.drain(
+            self.traffic, lane, self.records.config.lanes[lane], force, note, self.records.clock
+        )
+
+    def _fail_start(self, lane: str, reason: str) -> None:
+        self.ledger.transition(lane, LaneState.FAILED, reason)
+        self.ledger.fail_waiters(lane, reason)
+
+    async def give_up(self, lane: str, run: int, reason: str) -> None:
+        """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
+        self.records.runs[lane].stopping = True
+        try:
+            await self.systemd.stop_unit(unit_name(lane, self.records.config.lanes[lane]))
+        finally:
+            self.records.runs[lane].stopping = False
+        if self.records.runs[lane].number == run:  # not if a newer start owns the lane by now
+            self.records.fail_start(lane, reason)

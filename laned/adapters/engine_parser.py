@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from laned.adapters import proc
+from laned.adapters import commands
 from laned.config.engine_flags import PARSER_PROBE, KnownFlags, Source, parse_probe
 from laned.errors import CommandFailed, LanedError
 
@@ -27,7 +27,7 @@ def read_flags(source: Source, podman: str = "podman") -> KnownFlags:
         argv = [podman, "run", "--rm", "--pull=never", "--network=none", *quiet,
                 "--entrypoint", "python3", source.image, "-c", PARSER_PROBE]  # fmt: skip
     try:
-        text = proc.run(argv, {**os.environ, **QUIET}, timeout=PROBE_TIMEOUT)
+        text = commands.run(argv, {**os.environ, **QUIET}, timeout=PROBE_TIMEOUT)
     except CommandFailed as exc:
         # Its message names the whole command, the probe script included: say what failed.
         what = (

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from laned.adapters import proc, secret_files
+from laned.adapters import commands, secret_files
 from laned.adapters.gpus import GateResult, Nvml, wait_released
 from laned.adapters.podman import Podman
 from laned.config.model import Config, LaneConfig, gpu_indices
@@ -203,7 +203,7 @@ async def run_prepare(
         where = f"lanes.{lane}.prepare[{i}]"
         on_line(f"{where}: running {' '.join(step.command)}")
         try:
-            process = await proc.start(step.command, cwd=cwd, stderr=asyncio.subprocess.STDOUT)
+            process = await commands.start(step.command, cwd=cwd, stderr=asyncio.subprocess.STDOUT)
         except CommandFailed as exc:
             raise LaneError(f"{where}: {exc.message}", exc.hint) from exc
         assert process.stdout is not None

@@ -14,7 +14,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from laned.adapters import proc
+from laned.adapters import commands
 from laned.errors import JournalUnavailable
 
 OPENED_AFTER = 1.0  # seconds journalctl must run to count as following
@@ -74,7 +74,7 @@ async def follow(
     matches: list[str] = []
     for unit in names:
         matches += [*(["+"] if matches else []), *_match(unit)]
-    process = await proc.start(
+    process = await commands.start(
         # --all: without it journalctl's JSON gives a field over 4096 bytes as null, and a
         # closed tqdm bar (DeepGEMM's warmup redraws thousands of times) is far longer.
         [journalctl(), "--follow", f"--since=@{time.time() if since is None else since:.6f}",
@@ -125,7 +125,7 @@ def _record(raw: bytes) -> tuple[str, str, float] | None:
 
 async def tail(unit: str, lines: int) -> list[str]:
     """The unit's last `lines` log lines (JournalUnavailable without journalctl)."""
-    out = await proc.output(
+    out = await commands.output(
         [journalctl(), f"--lines={lines}", "--output=short-iso", "--no-pager", *_match(unit)]
     )
     return out.splitlines()

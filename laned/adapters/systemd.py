@@ -23,7 +23,7 @@ from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusError
 
-from laned.adapters import proc
+from laned.adapters import commands
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import BusUnavailable, CommandFailed, SystemdError
 
@@ -62,7 +62,7 @@ def installed_version() -> int | None:
     if not systemctl:
         return None
     try:
-        out = proc.run([systemctl, "--version"], timeout=10)
+        out = commands.run([systemctl, "--version"], timeout=10)
     except CommandFailed:
         return None
     match = re.match(r"systemd (\d+)", out)

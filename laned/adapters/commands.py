@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from laned.errors import CommandFailed
 
-log = logging.getLogger("laned.proc")
+log = logging.getLogger("laned.commands")
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:

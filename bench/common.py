@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from laned.owner.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +42,23 @@ def sim_lane(
         f'[lanes.{name}]\nunit = "{unit}"\nport = {port}\nserved_model_name = "{name}"\n{extra}'
         f'[lanes.{name}.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "serve", "{model or f"/m/{name}"}"]\n'
         f'[lanes.{name}.env]\nLANED_SIM_STARTUP = "1"\n{env}'
+    )
+
+
+def supervisor_on(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
+    """A Supervisor (not started yet) over the config `text`, its units rendered into the
+    harness's user manager and daemon-reloaded."""
+    from laned.adapters.probes import Probe
+    from laned.adapters.systemd import Systemd
+    from laned.config.load import parse_config
+    from laned.owner.supervisor import Supervisor
+    from laned.render import plan as render
+
+    config = parse_config(text, "bench", {"HOME": tmp})
+    render.apply(config)
+    subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
+    return Supervisor(
+        config, Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe(), systemd_version=252
     )
 
 

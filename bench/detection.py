@@ -32,14 +32,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import free_port, harness_env, pct, sim_lane
-from laned.adapters.probes import Probe
-from laned.adapters.systemd import Systemd
+from bench.common import free_port, harness_env, pct, sim_lane, supervisor_on
 from laned.api.metrics import LanedMetrics
-from laned.config.load import parse_config
 from laned.core.lanes import LaneState
 from laned.owner.supervisor import Supervisor
-from laned.render import plan as render
 
 FAULTS = {
     "exit 0": {"kind": "exit", "code": 0},
@@ -94,12 +90,7 @@ async def bench(injections: int) -> dict[str, Any]:
                 env='LANED_SIM_DECODE_TPS = "50"\n',
             )
         )
-        config = parse_config(text, "bench", {"HOME": tmp})
-        render.apply(config)
-        subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
-        sup = Supervisor(
-            config, Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe(), systemd_version=252
-        )
+        sup = supervisor_on(text, tmp, env)
         metrics = LanedMetrics()
         sup.recorder = metrics
         await sup.start()

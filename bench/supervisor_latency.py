@@ -28,13 +28,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import free_port, harness_env, sim_lane
-from laned.adapters.probes import Probe
-from laned.adapters.systemd import Systemd
-from laned.config.load import parse_config
+from bench.common import free_port, harness_env, sim_lane, supervisor_on
 from laned.core.lanes import LaneState
 from laned.owner.supervisor import Supervisor
-from laned.render import plan as render
 
 
 def accepts(port: int) -> bool:
@@ -84,12 +80,7 @@ async def bench(rounds: int) -> None:
                 'restart_sec = "100ms"\nstart_limit_burst = 1000\n'
                 'probe = { failures = 1000, start_interval_min = "50ms", start_interval_max = "1s" }\n',
             )
-        config = parse_config(text, "bench", {"HOME": tmp})
-        render.apply(config)
-        subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
-        sup = Supervisor(
-            config, Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe(), systemd_version=252
-        )
+        sup = supervisor_on(text, tmp, env)
         await sup.start()
         exits, ready_lags, swaps, stops = [], [], [], []
         try:

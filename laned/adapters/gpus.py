@@ -17,22 +17,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from laned.preflight.facts import GIB, GpuReading
 
 
-def held(readings: Sequence[GpuReading], max_used_bytes: float) -> list[str]:
-    """The GPUs whose compute memory is over the limit, described; [] when the gate may open."""
+def held(
+    readings: Sequence[GpuReading], max_used_bytes: float, sleepers: Collection[int] = ()
+) -> list[str]:
+    """The GPUs whose compute memory is over the limit, described; [] when the gate may open.
+    `sleepers`: the processes of laned's own sleeping lanes, whose residual memory stays
+    (counted only where NVML cannot list processes)."""
     out = []
     for gpu in readings:
-        if gpu.compute_bytes > max_used_bytes:
-            who = ""
-            if gpu.processes:
-                who = " by pid " + ", ".join(str(pid) for pid, _ in gpu.processes)
-            out.append(f"GPU {gpu.index} has {gpu.compute_bytes / GIB:.2f} GiB in use{who}")
+        others = [(pid, used) for pid, used in gpu.processes or () if pid not in sleepers]
+        used = sum(u for _, u in others) if gpu.processes else gpu.compute_bytes
+        if used > max_used_bytes:
+            who = (" by pid " + ", ".join(str(pid) for pid, _ in others)) if others else ""
+            out.append(f"GPU {gpu.index} has {used / GIB:.2f} GiB in use{who}")
     return out
 
 
@@ -113,6 +117,7 @@ async def wait_released(
     timeout: float,
     interval: float,
     clock: Callable[[], float] = time.monotonic,
+    sleepers: Collection[int] = (),
 ) -> GateResult:
     """Poll `read` (in a thread) until `held()` is empty or `timeout` seconds have passed."""
     started = clock()
@@ -120,7 +125,7 @@ async def wait_released(
     while True:
         readings = await asyncio.to_thread(read)
         polls += 1
-        busy = held(readings, max_used_bytes)
+        busy = held(readings, max_used_bytes, sleepers)
         waited = clock() - started
         if not busy:
             return GateResult(True, waited, polls, [])

@@ -13,7 +13,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from laned.adapters import commands, secret_files
@@ -21,6 +21,7 @@ from laned.adapters.gpus import GateResult, Nvml, wait_released
 from laned.adapters.podman import Podman
 from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
+from laned.config.sleep import LOOPBACK
 from laned.errors import CommandFailed, Finding, LaneError, PodmanError
 from laned.preflight.facts import GIB, HostFacts, LaneFacts
 from laned.preflight.rules import evaluate, generation_config_path, model_path, paths_to_check
@@ -80,10 +81,40 @@ def read_generation_config(directory: str | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def cgroup_of(pid: int) -> str:
+    """The cgroup (v2) a process is in, as a path under /sys/fs/cgroup ("" if unknown)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cgroup_pids(path: str, root: str = "/sys/fs/cgroup") -> set[int]:
+    """The processes in a cgroup and every cgroup below it (empty for "" or one that is gone)."""
+    if not path:
+        return set()
+    pids: set[int] = set()
+    for where, _dirs, files in os.walk(root + path):
+        if "cgroup.procs" in files:
+            try:
+                with open(os.path.join(where, "cgroup.procs"), encoding="utf-8") as handle:
+                    pids.update(int(line) for line in handle if line.strip())
+            except (OSError, ValueError):
+                continue
+    return pids
+
+
 def engine_host(spec: LaneConfig) -> str:
-    """The address the engine binds (`--host`, vLLM's default 0.0.0.0)."""
+    """The address the engine binds: its `--host`; else loopback for a lane that sleeps
+    (laned renders it, laned.config.sleep), else vLLM's default 0.0.0.0."""
     host = spec.engine_arg("--host")
-    return "0.0.0.0" if host is None else host
+    if host is None:
+        return LOOPBACK if spec.sleep_level else "0.0.0.0"
+    return host
 
 
 class Host:
@@ -162,8 +193,11 @@ class Host:
         facts = await self.lane_facts(config, lane, port_peer, last_image_id)
         return evaluate(lane, config.lanes[lane], facts)
 
-    async def gpu_gate(self, spec: LaneConfig) -> tuple[GateResult | None, str]:
-        """Wait until the lane's GPUs are free enough; (None, why) where NVML is absent."""
+    async def gpu_gate(
+        self, spec: LaneConfig, sleepers: Collection[int] = ()
+    ) -> tuple[GateResult | None, str]:
+        """Wait until the lane's GPUs are free enough, but for the memory `sleepers` (the
+        processes of laned's sleeping lanes) keep; (None, why) where NVML is absent."""
         nvml, why = self.nvml()
         if nvml is None:
             return None, why
@@ -173,8 +207,35 @@ class Host:
             gate.max_used_gib * GIB,
             gate.timeout,
             gate.interval,
+            sleepers=sleepers,
         )
         return result, ""
+
+    async def gpu_memory_of(self, spec: LaneConfig, pids: Collection[int]) -> float | None:
+        """Bytes the processes `pids` hold on the lane's GPUs; None where NVML is absent or
+        cannot list processes."""
+        nvml, _why = self.nvml()
+        if nvml is None or not pids:
+            return None
+        readings = await asyncio.to_thread(nvml.read, gpu_indices(spec))
+        if any(gpu.processes is None for gpu in readings):
+            return None
+        return float(
+            sum(used for gpu in readings for pid, used in gpu.processes or () if pid in pids)
+        )
+
+    async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        """Every process of the lane's engine: its unit's cgroup, and a container's own
+        (podman puts a container in a cgroup of its own, outside the unit's)."""
+        pids = await asyncio.to_thread(cgroup_pids, control_group)
+        if spec.container is not None:
+            try:
+                found = await self.podman.container(container_name(lane, spec))
+            except PodmanError:
+                found = None
+            if found is not None and found.pid:
+                pids |= await asyncio.to_thread(cgroup_pids, cgroup_of(found.pid))
+        return pids
 
     async def wait_container_gone(self, lane: str, spec: LaneConfig, timeout: float) -> bool:
         """After a stop: poll until the lane's container is gone (removing an exited one)."""

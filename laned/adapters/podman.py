@@ -38,6 +38,7 @@ class ContainerState:
     oom_killed: bool
     started_at: str
     image_id: str
+    pid: int = 0  # its first process, as the host sees it (0: not running)
 
     def to_json(self) -> dict[str, Any]:
         """As served in a lane's view."""
@@ -74,6 +75,7 @@ def parse_container(name: str, attrs: dict[str, Any]) -> ContainerState:
         oom_killed=bool(oom),
         started_at=str(started),
         image_id=str(attrs.get("Image", "")),
+        pid=int(state.get("Pid") or 0),
     )
 
 

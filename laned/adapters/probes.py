@@ -1,18 +1,24 @@
-"""Probes of an engine's HTTP API: /health, /v1/models (with the lane's key), /metrics.
+"""Probes of an engine's HTTP API: /health, /v1/models (with the lane's key), /metrics; and
+vLLM's sleep mode (/sleep, /wake_up, /is_sleeping, reload_weights, /reset_prefix_cache).
 
 Each probe answers a plain value or None; transport errors are an answer ("no"), never an
-exception, because an engine that does not answer is exactly what probes are for.
+exception, because an engine that does not answer is exactly what probes are for. The
+sleep-mode calls raise EngineUnreachable or EngineRefused instead: each one is a step laned
+takes, and its caller says what failed. vLLM guards only /v1 (and a few other prefixes) with
+its API key (vllm/entrypoints/serve/middleware/authenticate.py): the dev routes take none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from laned.core.liveness import EngineSample
+from laned.errors import EngineRefused, EngineUnreachable
 
 ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long (uvicorn)
 # A pooled connection reused just as the engine closes it fails with ReadError although the
@@ -67,6 +73,61 @@ class Probe:
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
 
+    # --- sleep mode (vLLM's dev routes: vllm/entrypoints/serve/dev/) ----------------------------
+
+    async def sleep(self, port: int, level: int, timeout: float) -> None:
+        """POST /sleep?level=N&mode=wait: `wait` lets a request still in flight end (laned
+        drained them first; vLLM's default, `abort`, would cut it)."""
+        await self._dev("POST", port, "/sleep", timeout, params={"level": level, "mode": "wait"})
+
+    async def wake_up(self, port: int, timeout: float) -> bool:
+        """POST /wake_up (every tag); whether the engine says it is fully awake."""
+        answer = await self._dev("POST", port, "/wake_up", timeout)
+        return _field(answer, "status") == "awake"
+
+    async def is_sleeping(self, port: int, timeout: float = 10.0) -> bool:
+        """GET /is_sleeping."""
+        return _field(await self._dev("GET", port, "/is_sleeping", timeout), "is_sleeping") is True
+
+    async def reload_weights(self, port: int, timeout: float) -> None:
+        """After a level-2 wake: the weights read again (vLLM #29341: without it the engine
+        answers, wrongly)."""
+        await self._dev("POST", port, "/collective_rpc", timeout, json={"method": "reload_weights"})
+
+    async def reset_prefix_cache(self, port: int, timeout: float = 30.0) -> None:
+        """POST /reset_prefix_cache: no block computed with the old weights is reused."""
+        await self._dev("POST", port, "/reset_prefix_cache", timeout)
+
+    async def _dev(
+        self,
+        method: str,
+        port: int,
+        path: str,
+        timeout: float,
+        params: dict[str, Any] | None = None,
+        json: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        url = self.url(port, path)
+        try:
+            answer = await self.client.request(
+                method, url, params=params, json=json, timeout=timeout
+            )
+        except httpx.HTTPError as exc:
+            raise EngineUnreachable(
+                f"{method} {url}: {type(exc).__name__} {exc}".rstrip(),
+                "see the lane's log (laned logs LANE)",
+            ) from exc
+        if answer.status_code != 200:
+            hint = "see the lane's log (laned logs LANE)"
+            if answer.status_code == 404:
+                hint = (
+                    "the engine serves no sleep routes: is VLLM_SERVER_DEV_MODE=1 in its wrapper?"
+                )
+            raise EngineRefused(
+                f"{method} {url} answered {answer.status_code}: {answer.text[:200]}", hint
+            )
+        return answer
+
     async def sample(self, port: int) -> EngineSample | None:
         """The numbers stall detection and the engine summary need, from /metrics."""
         try:
@@ -76,6 +137,14 @@ class Probe:
             return parse_engine_metrics(response.text)
         except (httpx.HTTPError, ValueError):
             return None
+
+
+def _field(answer: httpx.Response, key: str) -> object:
+    try:
+        body = answer.json()
+    except ValueError:
+        return None
+    return body.get(key) if isinstance(body, dict) else None
 
 
 # The engine's samples laned reads (vllm/v1/metrics/loggers.py names them).

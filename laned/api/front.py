@@ -118,6 +118,7 @@ class Front:
             "engine": sup.engine_summary(lane),
             "proxy": sup.traffic.counts(lane),
             "startup": status.startup(sup.clock()),
+            "ready_in": _ready_in(status),
             "container": await self._container(lane),
             "rank": ranks,
         }
@@ -312,6 +313,18 @@ class Front:
         """Re-read the config file and apply it (ConfigError, ConfigRefused: nothing changes)."""
         new = await asyncio.to_thread(load_config, self.supervisor.config.source)
         return await self.supervisor.reload(new)
+
+
+def _ready_in(status: LaneStatus) -> float | None:
+    """Seconds to serve from where the lane is, as measured last time: 0 serving, its last
+    wake asleep, its last cold start stopped; None while it moves or before a measure."""
+    if status.state in (LaneState.READY, LaneState.DEGRADED):
+        return 0.0
+    if status.state is LaneState.SLEEPING:
+        return status.last_wake
+    if status.state in (LaneState.INACTIVE, LaneState.FAILED):
+        return status.last_cold_start
+    return None
 
 
 def _bracketed(host: str) -> str:

@@ -38,6 +38,20 @@ class LaneSource(Protocol):
 
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
+SLEEP_BUCKETS = (
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    float("inf"),
+)  # seconds, not minutes
 
 
 class LanedMetrics(Recorder):
@@ -92,6 +106,13 @@ class LanedMetrics(Recorder):
             "Time from unit start to ready.",
             ["lane"],
             buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.sleep_mode_seconds = Histogram(
+            "laned_sleep_mode_duration_seconds",
+            "Time to put a lane to sleep, and from a wake's start to ready (docs/sleep.md).",
+            ["lane", "operation"],
+            buckets=SLEEP_BUCKETS,
             registry=r,
         )
         self.reloads = Counter(
@@ -165,6 +186,9 @@ class LanedMetrics(Recorder):
 
     def cold_start(self, lane: str, seconds: float) -> None:
         self.cold_start_seconds.labels(lane).observe(seconds)
+
+    def sleep_mode(self, lane: str, operation: str, seconds: float) -> None:
+        self.sleep_mode_seconds.labels(lane, operation).observe(seconds)
 
     def reload(self, result: str) -> None:
         self.reloads.labels(result).inc()

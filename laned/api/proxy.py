@@ -23,6 +23,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 from starlette.background import BackgroundTask
@@ -65,14 +66,24 @@ def route(config: Config, statuses: Mapping[str, LaneStatus], model: str) -> str
     return next(iter(desired or running or named), None)
 
 
+def under_v1(path: str) -> bool:
+    """Whether /v1/`path` stays under /v1: no `..` or `.` segment and no backslash, however
+    often percent-encoded (the engine's client would decode "%2e%2e" and climb out)."""
+    while (decoded := unquote(path)) != path:
+        path = decoded
+    return "\\" not in path and not any(part in (".", "..") for part in path.split("/"))
+
+
 def worth_waiting(status: LaneStatus) -> bool:
-    """A request for a lane that is on its way to serving waits for it: starting, restarting,
-    or desired active while the swap towards it stops its peers."""
+    """A request for a lane that is on its way to serving waits for it: starting (a wake
+    from sleep included), restarting, or desired active while the swap towards it stops its
+    peers (it may still sleep meanwhile: never sent to a sleeping engine)."""
     return status.desired is Desired.ACTIVE and status.state in (
         LaneState.STARTING,
         LaneState.RESTARTING,
         LaneState.INACTIVE,
         LaneState.STOPPING,
+        LaneState.SLEEPING,
     )
 
 
@@ -158,7 +169,12 @@ class Proxy:
         return {"object": "list", "data": data}
 
     async def forward(self, request: Request, path: str) -> Response:
-        """Route a POST /v1/{path} by its model and stream the engine's answer back."""
+        """Route a POST /v1/{path} by its model and stream the engine's answer back. Only
+        under /v1: a path that climbs out ("/v1/../sleep", percent-encoded or not) would
+        reach the engine's other routes, vLLM's dev routes among them (docs/sleep.md)."""
+        if not under_v1(path):
+            message = f"/v1/{path} is not an endpoint laned forwards"
+            return self._answer("none", openai_error(404, "NotFoundError", message))
         body = await request.body()
         began = time.perf_counter()
         try:

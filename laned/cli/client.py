@@ -71,7 +71,7 @@ def _requests_cell(counts: dict[str, int] | None) -> str:
 
 COLOURS = {  # ANSI: the status page's colours, as a terminal has them
     "ready": "32", "degraded": "33", "failed": "31;1", "inactive": "2",
-    "starting": "34", "stopping": "34", "restarting": "34",
+    "starting": "34", "stopping": "34", "restarting": "34", "sleeping": "35",
 }  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -328,6 +328,10 @@ class LaneConfig(_Model):
     nodes: tuple[Node, ...] = ()
     values: dict[str, ArgText] = Field(default_factory=dict)
     rank: dict[str, RankConfig] = Field(default_factory=dict)
+    # How a swap takes the lane off its GPUs: 0 stops it; 1 and 2 are vLLM's sleep levels
+    # (docs/sleep.md; laned.config.sleep holds the rules).
+    sleep_level: Literal[0, 1, 2] = 0
+    dev_mode_exposed: str = ""  # why vLLM's dev routes may be reached from other hosts
 
     @field_validator("secrets_file", "api_key_file", "model_dir")
     @classmethod
@@ -360,10 +364,14 @@ class LaneConfig(_Model):
         return "--headless" in self.engine_args()
 
     def engine_arg(self, flag: str) -> str | None:
-        """The argv element after `flag` in the engine arguments; None when it is not there."""
+        """The value of `flag` in the engine arguments (`--flag VALUE` or `--flag=VALUE`);
+        None when it is not there."""
         args = self.engine_args()
-        if flag in args and args.index(flag) + 1 < len(args):
-            return args[args.index(flag) + 1]
+        for i, part in enumerate(args):
+            if part.startswith(flag + "="):
+                return part.removeprefix(flag + "=")
+            if part == flag and i + 1 < len(args):
+                return args[i + 1]
         return None
 
 

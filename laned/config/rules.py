@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from laned.config.engine_rules import CONTROL, check_argv, check_container, check_env
 from laned.config.model import GATES, Config, LaneConfig, gpu_indices
 from laned.config.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
+from laned.config.sleep import check_sleep
 from laned.errors import Finding, Severity
 
 LANE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -37,6 +38,7 @@ def check_config(config: Config) -> list[Finding]:
         problems += _check_lane(name, lane)
     problems += _check_uniqueness(config)
     problems += _check_gpu_sharing(config)
+    problems += check_sleep(config)
     return problems
 
 

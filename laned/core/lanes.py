@@ -13,7 +13,8 @@ from typing import Any
 
 
 class LaneState(str, Enum):
-    """Where a lane is. `degraded`: running but unhealthy or stalled; `failed`: given up."""
+    """Where a lane is. `degraded`: running but unhealthy or stalled; `failed`: given up;
+    `sleeping`: its engine runs, off the GPUs (vLLM's sleep mode), until a wake or a stop."""
 
     INACTIVE = "inactive"
     STARTING = "starting"
@@ -22,6 +23,7 @@ class LaneState(str, Enum):
     RESTARTING = "restarting"
     STOPPING = "stopping"
     FAILED = "failed"
+    SLEEPING = "sleeping"
 
 
 class Desired(str, Enum):
@@ -82,6 +84,7 @@ class EventKind(str, Enum):
     PEER = "peer"  # a lane over several hosts: what was asked of (or seen at) another rank
     MANAGER = "manager"  # the user manager re-executed, out of reach, back (or a new one)
     EXIT = "exit"  # how an engine's exit was judged where a transition does not say it
+    SLEEP = "sleep"  # vLLM's sleep mode: a sleep or a wake that could not be done, and why
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class LaneStatus:
     last_exit: LastExit | None = None
     failures: list[float] = field(default_factory=list)  # times of recent failures
     last_cold_start: float | None = None  # seconds, of the last start that became ready
+    last_wake: float | None = None  # seconds, of the last wake from sleep that became ready
     started_at: float | None = None  # when the current start began (clock time)
     phases: list[tuple[str, float]] = field(default_factory=list)  # this start: (phase, since)
     notes: list[str] = field(default_factory=list)  # this start: "compile cache hit (...)"
@@ -154,6 +158,7 @@ class LaneStatus:
             "restarts": self.restarts,
             "last_exit": self.last_exit.to_json() if self.last_exit else None,
             "last_cold_start": self.last_cold_start,
+            "last_wake": self.last_wake,
             "last_phases": self.last_phases,
             "image_id": self.image_id,
             "checks": self.checks,

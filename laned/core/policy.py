@@ -23,6 +23,7 @@ from laned.core.unit_state import AUTO_RESTART, ActiveState, UnitSnapshot
 RUNNING_STATES = frozenset({LaneState.STARTING, LaneState.READY, LaneState.DEGRADED})
 # The lane holds its GPUs and port, or is about to again (a restart is pending).
 HOLDING_STATES = RUNNING_STATES | {LaneState.RESTARTING}
+PORT_STATES = HOLDING_STATES | {LaneState.SLEEPING}  # its engine's process listens
 # Nothing of the lane runs and nothing is under way: a reload may change or remove it.
 SETTLED_STATES = frozenset({LaneState.INACTIVE, LaneState.FAILED})
 
@@ -69,7 +70,7 @@ def port_peer(config: Config, lane: str, states: Mapping[str, LaneState]) -> str
     preflight does not call a port busy that a swap is about to free."""
     port = config.lanes[lane].port
     for name in (lane, *peers(config, lane)):
-        if config.lanes[name].port == port and states[name] in HOLDING_STATES:
+        if config.lanes[name].port == port and states[name] in PORT_STATES:
             return name
     return None
 

@@ -45,7 +45,7 @@ def plan_catch_up(config: Config, lanes: Mapping[str, LaneNow]) -> dict[str, Cat
     a swap that stopped nothing or started nothing, a stop not done): a desired lane is
     followed again if its unit runs, started again if it does not (activated, stopping its
     peers, unless it held the GPUs itself); a lane not desired is stopped if its unit runs
-    (unless a peer's activation stops it anyway) and marked inactive if not. A failed lane
+    (unless a peer's activation stops it anyway, or it sleeps) and marked inactive if not. A failed lane
     stays failed until activated; a worker rank of a lane over several hosts is its head's."""
     plans: dict[str, CatchUp] = {}
     for lane, now in lanes.items():
@@ -53,7 +53,9 @@ def plan_catch_up(config: Config, lanes: Mapping[str, LaneNow]) -> dict[str, Cat
         if now.busy or config.lanes[lane].headless():
             pass
         elif now.desired is not Desired.ACTIVE:
-            if now.running:
+            if now.running and now.state is LaneState.SLEEPING:
+                pass  # asleep, as laned left it
+            elif now.running:
                 plan = CatchUp.STOP
             elif now.state not in SETTLED_STATES:
                 plan = CatchUp.SETTLE

@@ -55,6 +55,7 @@ _PROPERTIES = {
     "ExecMainStatus": "exec_main_status",
     "NRestarts": "n_restarts",
     "InvocationID": "invocation_id",
+    "ControlGroup": "control_group",
 }
 
 
@@ -70,6 +71,7 @@ class UnitSnapshot:
     exec_main_status: int = 0
     n_restarts: int = 0
     invocation_id: str = ""
+    control_group: str = ""  # the unit's cgroup, under /sys/fs/cgroup
 
     @property
     def running(self) -> bool:

@@ -240,10 +240,14 @@ class Reactions:
         spec, status = r.config.lanes[lane], r.statuses[lane]
         if status.state is not LaneState.STARTING:
             return False
-        now = r.clock()
-        started = r.runs[lane].started_at
-        status.last_cold_start = round(now - (now if started is None else started), 3)
-        r.recorder.cold_start(lane, status.last_cold_start)
+        now, run = r.clock(), r.runs[lane]
+        took = round(now - (now if run.started_at is None else run.started_at), 3)
+        if run.waking:  # a wake from sleep: its own figure, not the cold start's prediction
+            status.last_wake, run.waking = took, False
+            r.recorder.sleep_mode(lane, "wake", took)
+        else:
+            status.last_cold_start = took
+            r.recorder.cold_start(lane, took)
         if status.phases:
             status.last_phases = dict(phase_durations(status.phases, now))
         if image_id:

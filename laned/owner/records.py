@@ -44,6 +44,8 @@ class LaneRun:
     failed: tuple[int, str] | None = None
     stopping: bool = False  # a stop laned asked for is under way
     check_degraded: bool = False  # degraded by a failed check, still serving
+    waking: bool = False  # the current run is a wake from sleep, not a cold start
+    sleepers: frozenset[int] = frozenset()  # asleep: its engine's processes (the GPU gate)
 
 
 class Records:
@@ -118,7 +120,7 @@ class Records:
         now, run, status = self.clock(), self.runs[lane], self.statuses[lane]
         run.number += 1
         run.started_at = status.started_at = now
-        run.check_degraded = False
+        run.check_degraded = run.waking = False
         status.phases, status.notes = [], []
 
     def cancel_restart(self, lane: str) -> None:
@@ -139,6 +141,11 @@ class Records:
         self.recorder.failure(lane, seen_by)
         self.writer.mark()
         return counted
+
+    def sleepers(self) -> frozenset[int]:
+        """The processes of every sleeping lane: their residual GPU memory stays."""
+        asleep = [n for n, s in self.statuses.items() if s.state is LaneState.SLEEPING]
+        return frozenset().union(*(self.runs[n].sleepers for n in asleep))
 
     def fail_start(self, lane: str, reason: str) -> None:
         """The lane is failed; whoever waits for it to be ready hears why."""

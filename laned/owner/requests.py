@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Coroutine
 
 from laned.adapters.host import Host
+from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.config.names import unit_name
 from laned.core import policy
@@ -46,11 +48,12 @@ class Requests:
         self,
         records: Records,
         systemd: Systemd,
+        probe: Probe,
         host: Host | None,
         traffic: Traffic,
         reactions: Reactions,
     ) -> None:
-        self.records, self.systemd, self.host = records, systemd, host
+        self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
         self.traffic, self.reactions = traffic, reactions
         self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
 
@@ -164,8 +167,13 @@ class Requests:
         lane = op.lane
         await self._preflight(op)
         for peer in policy.peers(self.records.config, lane):
-            await self._stop_and_confirm(peer, f"swap to {lane}", op.force)
+            await self._take_off(peer, f"swap to {lane}", op.force)
             self._ensure_current(op)
+        if self.ledger.statuses[lane].state is LaneState.SLEEPING:
+            ready = self.ledger.wait_ready(lane)
+            await self._wake(op, reason)
+            await ready
+            return
         unit = unit_name(lane, self.records.config.lanes[lane])
         if await steps.still_ending(self.systemd, unit, self.records.snapshots.get(lane)):
             self._ensure_current(op)
@@ -177,6 +185,75 @@ class Requests:
         ready = self.ledger.wait_ready(lane)
         await self._clear_and_start(op, reason)
         await ready
+
+    # --- sleep mode (docs/sleep.md) ------------------------------------------------------------
+
+    async def _take_off(self, lane: str, reason: str, force: bool) -> None:
+        """Take a peer off the GPUs for a swap: to sleep where it can (a lane with a
+        sleep_level that serves), else stopped; a sleeper stays asleep."""
+        spec, state = self.records.config.lanes[lane], self.ledger.statuses[lane].state
+        if state is LaneState.SLEEPING:
+            return
+        if spec.sleep_level and self.records.serving(lane):
+            refused = await self._sleep(lane, reason, force)
+            if refused is None:
+                return
+            self.ledger.note(lane, EventKind.SLEEP, f"{refused.reason}: stopping it instead")
+        await self._stop_and_confirm(lane, reason, force)
+
+    async def _sleep(self, lane: str, reason: str, force: bool) -> steps.Refused | None:
+        """Drain the lane's requests, put its engine to sleep, confirm it sleeps."""
+        spec = self.records.config.lanes[lane]
+        self.records.cancel_restart(lane)
+        self.reactions.unfollow(lane)  # a sleeping engine is not probed for progress
+        self.ledger.fail_waiters(lane, reason, superseded=True)
+        level = spec.sleep_level
+        self.ledger.transition(lane, LaneState.STOPPING, f"{reason}: to sleep (level {level})")
+        await self._drain(lane, force)
+        note, seen = functools.partial(self.ledger.note, lane), self.records.snapshots.get(lane)
+        began = time.monotonic()
+        refused, pids = await steps.sleep(self.probe, self.host, lane, spec, seen, note)
+        if refused is None:
+            self.records.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
+            self.records.runs[lane].sleepers = pids
+            self.ledger.transition(lane, LaneState.SLEEPING, f"{reason}: asleep (level {level})")
+        return refused
+
+    async def _wake(self, op: Operation, reason: str) -> None:
+        """Wake the sleeping lane instead of a cold start: the GPU-memory gate, the wake
+        (level 2: the weights reloaded), then readiness as after a start. A wake that fails
+        stops the engine and starts it cold."""
+        lane, r = op.lane, self.records
+        spec = r.config.lanes[lane]
+        refused = await steps.clear_for_start(
+            self.host,
+            lane,
+            spec,
+            None,
+            functools.partial(self.ledger.note, lane),
+            r.recorder,
+            waking=True,
+            sleepers=r.sleepers(),  # its own residual included: it is its own
+        )
+        self._ensure_current(op)
+        if refused is not None:
+            r.fail_start(lane, refused.reason)
+            raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
+        r.begin_start(lane)
+        r.runs[lane].waking = True
+        self.ledger.transition(
+            lane, LaneState.STARTING, f"{reason}: waking (level {spec.sleep_level})"
+        )
+        refused = await steps.wake(self.probe, spec)
+        self._ensure_current(op)
+        if refused is None:
+            self.reactions.follow(lane)
+            return
+        self.ledger.note(lane, EventKind.SLEEP, f"{refused.reason}: stopping it for a cold start")
+        r.runs[lane].waking = False
+        await self._stop_and_confirm(lane, f"{reason}: the wake failed")
+        self._ensure_current(op)
+        await self._clear_and_start(op, reason)
 
     async def _preflight(self, op: Operation) -> None:
         """Preflight; on errors (not forced) refuse the activation and undo its desire."""
@@ -287,6 +364,7 @@ class Requests:
             self.ledger.statuses[lane].image_id,
             functools.partial(self.ledger.note, lane),
             self.records.recorder,
+            sleepers=self.records.sleepers(),
         )
         self._ensure_current(op)
         if refused is not None:

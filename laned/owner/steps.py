@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from laned.adapters.host import Host, port_busy, run_prepare
@@ -27,6 +27,7 @@ from laned.errors import Finding, LanedError, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
 from laned.gates.engine_api import EngineClient
 from laned.owner.traffic import Traffic
+from laned.preflight.facts import GIB
 
 log = logging.getLogger("laned.supervisor")
 
@@ -111,10 +112,13 @@ async def clear_for_start(
     last_image: str | None,
     note: Note,
     recorder: Recorder,
+    waking: bool = False,
+    sleepers: Collection[int] = (),
 ) -> Refused | None:
     """Before a start: `prepare` after an image change, the GPU memory released, the port
-    free. Why the lane cannot start, or None."""
-    if host is not None and spec.container is not None and spec.prepare:
+    free. Why the lane cannot start, or None. Before a wake from sleep only the GPU memory:
+    the engine keeps its image and holds its own port."""
+    if host is not None and spec.container is not None and spec.prepare and not waking:
         try:
             image = await host.image_id(spec)
         except PodmanError:
@@ -126,7 +130,7 @@ async def clear_for_start(
             except LanedError as exc:
                 return Refused(f"prepare: {exc.message}", exc.hint)
     if host is not None and spec.gpu_gate.enabled:
-        result, why = await host.gpu_gate(spec)
+        result, why = await host.gpu_gate(spec, sleepers)
         if result is None:
             note(EventKind.GATE, f"GPU-memory gate skipped: {why}")
         else:
@@ -143,7 +147,7 @@ async def clear_for_start(
                 f"GPU memory released after {result.waited:.3f}s ({result.polls} reading(s))",
             )
     deadline = time.monotonic() + 5
-    while await asyncio.to_thread(port_busy, spec.port):
+    while not waking and await asyncio.to_thread(port_busy, spec.port):
         # A stopped engine's listener is gone at once; give a slow exit a moment.
         if time.monotonic() > deadline:
             return Refused(
@@ -160,6 +164,66 @@ async def start(systemd: Systemd, unit: str) -> None:
     result = await systemd.start_unit(unit)
     if result not in ("done", "skipped"):
         log.warning("start job of %s ended %s", unit, result)
+
+
+async def sleep(
+    probe: Probe,
+    host: Host | None,
+    lane: str,
+    spec: LaneConfig,
+    seen: UnitSnapshot | None,
+    note: Note,
+) -> tuple[Refused | None, frozenset[int]]:
+    """Put the lane's engine to sleep at its level (its requests drained first) and confirm
+    it: /is_sleeping, and where NVML lists processes, less GPU memory held by the engine's
+    processes than before (what stays is its residual, said in a note). The engine's
+    processes, for the GPU-memory gate."""
+    level = spec.sleep_level
+    pids = set() if host is None or seen is None else await host.engine_pids(lane, spec, seen.control_group)  # fmt: skip
+    before = None if host is None else await host.gpu_memory_of(spec, pids)
+    try:
+        await probe.sleep(spec.port, level, timeout=spec.stop_timeout)
+        asleep = await probe.is_sleeping(spec.port)
+    except LanedError as exc:
+        return Refused(f"sleep (level {level}): {exc.message}", exc.hint), frozenset()
+    if not asleep:
+        return Refused(f"sleep (level {level}): /is_sleeping still says false after /sleep"), frozenset()  # fmt: skip
+    after = None if host is None else await host.gpu_memory_of(spec, pids)
+    if before is not None and after is not None:
+        if before > 0 and after >= before:
+            refused = Refused(
+                f"sleep (level {level}): its processes still hold {after / GIB:.2f} GiB of GPU "
+                "memory, no less than before",
+                "is --enable-sleep-mode in its wrapper? (laned render)",
+            )
+            return refused, frozenset()
+        note(EventKind.SLEEP, f"asleep: {(before - after) / GIB:.2f} GiB of GPU memory released, {after / GIB:.2f} GiB stay")  # fmt: skip
+    return None, frozenset(pids)
+
+
+async def found_asleep(probe: Probe, spec: LaneConfig) -> bool:
+    """Whether a running lane that can sleep sleeps now (False when it cannot say)."""
+    if not spec.sleep_level:
+        return False
+    try:
+        return await probe.is_sleeping(spec.port)
+    except LanedError:
+        return False
+
+
+async def wake(probe: Probe, spec: LaneConfig) -> Refused | None:
+    """Wake the sleeping engine: every tag; after level 2 the weights read again and the
+    prefix cache reset (a level-2 wake alone answers wrongly, vLLM #29341)."""
+    try:
+        awake = await probe.wake_up(spec.port, timeout=spec.start_timeout)
+        if spec.sleep_level == 2:
+            await probe.reload_weights(spec.port, timeout=spec.start_timeout)
+            await probe.reset_prefix_cache(spec.port)
+        if not awake or await probe.is_sleeping(spec.port):
+            return Refused("wake: the engine still says it sleeps after /wake_up")
+    except LanedError as exc:
+        return Refused(f"wake: {exc.message}", exc.hint)
+    return None
 
 
 async def running_image(host: Host | None, lane: str, spec: LaneConfig) -> str | None:

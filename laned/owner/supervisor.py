@@ -39,6 +39,7 @@ from laned.core.liveness import engine_summary
 from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
 from laned.errors import ConfigRefused, Finding
+from laned.owner import steps
 from laned.owner.bus import BusKeeper
 from laned.owner.checks import Checks
 from laned.owner.ledger import Listener
@@ -69,7 +70,7 @@ class Supervisor:
         self.traffic = Traffic()  # laned's OpenAI endpoint counts its requests here
         self.checks = Checks(records, probe)
         self.reactions = Reactions(records, systemd, probe, host, self.checks, restarts=self)
-        self.requests = Requests(records, systemd, host, self.traffic, self.reactions)
+        self.requests = Requests(records, systemd, probe, host, self.traffic, self.reactions)
         self.outages = Outages(records, self.reactions, self.requests)
         self.bus = BusKeeper(
             systemd,
@@ -112,7 +113,11 @@ class Supervisor:
         running = []
         for unit, lane in r.units.items():
             r.snapshots[lane] = snap = await self.bus.snapshot(unit)
-            if snap.running:
+            if snap.running and await steps.found_asleep(self.probe, r.config.lanes[lane]):
+                # Put to sleep by an earlier laned: it stays asleep, not desired, until woken.
+                r.ledger.desire(lane, Desired.INACTIVE)
+                r.ledger.transition(lane, LaneState.SLEEPING, "found asleep")
+            elif snap.running:
                 running.append(lane)
         desired = {n: s.desired for n, s in r.statuses.items()}
         plan = resume.plan_reconcile(r.config, running, desired, r.ledger.states(), first)

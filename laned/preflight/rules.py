@@ -244,7 +244,7 @@ def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
         return
     if facts.port_peer is not None:
         whose = (
-            "the lane itself: it is running"
+            "the lane itself: its engine runs"
             if facts.port_peer == lane
             else f"lane {facts.port_peer}, which this activation stops first"
         )

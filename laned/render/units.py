@@ -84,9 +84,12 @@ def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
         ("Description", escape_value(spec.description or f"laned lane {lane}")),
     ]
     after: list[str] = []
+    # Lanes of one group take turns on the same GPUs; a lane that sleeps keeps running
+    # beside the one that took its place, so no Conflicts= with it either way.
+    conflicting = [p for p in peers if not (spec.sleep_level or config.lanes[p].sleep_level)]
+    if conflicting:
+        unit.append(("Conflicts", " ".join(unit_name(p, config.lanes[p]) for p in conflicting)))
     if peers:
-        # Lanes of one group take turns on the same GPUs.
-        unit.append(("Conflicts", " ".join(unit_name(p, config.lanes[p]) for p in peers)))
         # Order in ONE direction only (by lane name): mutual After= makes systemd's
         # transaction cyclic. One direction suffices: when one unit stops while the
         # other starts, systemd orders the stop first whichever way the dependency points.

@@ -25,6 +25,7 @@ from laned.config.names import (
     unit_name,
     wrapper_name,
 )
+from laned.config.sleep import LOOPBACK
 from laned.core.exits import WRAPPER_EXIT_0
 from laned.render.units import generated_header
 
@@ -77,6 +78,8 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         lines += [(None, ["--security-opt", s]) for s in c.security_opt]
         lines += [(None, ["-v", v]) for v in c.volumes]
         lines += [(var.why, ["-e", f"{key}={var.value}"]) for key, var in spec.env.items()]
+        if spec.sleep_level and DEV_MODE[0] not in spec.env:
+            lines.append((DEV_MODE_WHY, ["-e", "=".join(DEV_MODE)]))
         lines += _cache_lines(config, lane)
         if spec.secrets_path:
             lines.append(
@@ -113,6 +116,35 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
             ["--served-model-name", spec.served_model_name],
         )
     )
+    return lines + _sleep_lines(spec, base)
+
+
+DEV_MODE = ("VLLM_SERVER_DEV_MODE", "1")
+DEV_MODE_WHY = (
+    "set by laned for sleep_level: vLLM serves /sleep, /wake_up and /is_sleeping only in "
+    "its dev mode"
+)
+
+
+def _sleep_lines(spec: LaneConfig, base: str) -> list[Line]:
+    """A lane that sleeps: vLLM's sleep mode, and loopback unless the lane says otherwise."""
+    if not spec.sleep_level:
+        return []
+    lines: list[Line] = [
+        (
+            f"set by laned from {base}.sleep_level = {spec.sleep_level}: a swap away puts the "
+            "engine to sleep (its process, compile caches and graphs stay) instead of stopping it",
+            ["--enable-sleep-mode"],
+        )
+    ]
+    if spec.engine_arg("--host") is None:
+        lines.append(
+            (
+                "set by laned: the sleep routes are vLLM's dev mode, which must not be "
+                "reachable from other hosts (laned's OpenAI endpoint serves them the model)",
+                ["--host", LOOPBACK],
+            )
+        )
     return lines
 
 
@@ -188,6 +220,9 @@ def render_wrapper(config: Config, lane: str) -> str:
             if var.why:
                 out += comment(var.why)
             out.append(f"export {key}={shlex.quote(var.value)}")
+        if spec.sleep_level and DEV_MODE[0] not in spec.env:
+            out += comment(DEV_MODE_WHY)
+            out.append("export " + "=".join(DEV_MODE))
     if spec.container is not None and spec.container.compile_cache:
         out += [
             "# The lane's compile cache outlives its containers (laned-owned, under state_dir).",

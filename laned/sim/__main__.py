@@ -13,8 +13,10 @@ LANED_SIM_HOLD_GPU_GIB (GiB of GPU 0 taken with torch at load and held until exi
 hosts, LANED_SIM_GPU_LINGER seconds longer than the engine with it; laned/sim/gpu.py),
 LANED_SIM_TIMELINE (a file of milestone stamps, for the benches),
 LANED_SIM_LEGACY_METRICS (also vllm:gpu_cache_usage_perc), LANED_SIM_OLD_API_LINE (the
-pre-0.11 "Starting vLLM API server 0 on" line) and vLLM's own
-VLLM_KEEP_ALIVE_ON_ENGINE_DEATH. docs/simulator.md maps each behaviour to vLLM's source.
+pre-0.11 "Starting vLLM API server 0 on" line), LANED_SIM_WEIGHTS_GIB (what a sleep moves
+or drops, default 1) and LANED_SIM_RELOAD_GIBPS (reload_weights' read rate, default 2;
+laned/sim/sleep.py), and vLLM's own VLLM_KEEP_ALIVE_ON_ENGINE_DEATH and
+VLLM_SERVER_DEV_MODE. docs/simulator.md maps each behaviour to vLLM's source.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ _SWITCHES = {
     "--trust-remote-code",
     "--disable-log-requests",
     "--headless",
+    "--enable-sleep-mode",
 }
 USAGE = "usage: laned sim serve MODEL [--host H] [--port P] [--served-model-name N] [--api-key K] [vLLM flags]"
 
@@ -141,6 +144,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         "--master-addr": lambda v: setattr(settings, "master_addr", v),
         "--master-port": lambda v: setattr(settings, "master_port", _int(v, "--master-port")),
         "--headless": lambda v: setattr(settings, "headless", True),
+        "--enable-sleep-mode": lambda v: setattr(settings, "enable_sleep_mode", True),
         "--speculative-config": lambda v: setattr(
             settings,
             "num_spec_tokens",
@@ -178,6 +182,10 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.legacy_metrics = _flag(env, "LANED_SIM_LEGACY_METRICS")
     settings.old_api_line = _flag(env, "LANED_SIM_OLD_API_LINE")
     settings.keep_alive_on_engine_death = _flag(env, "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")
+    # vllm/envs.py: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0"))), so "true" fails there too.
+    settings.dev_mode = bool(_int(env.get("VLLM_SERVER_DEV_MODE") or "0", "VLLM_SERVER_DEV_MODE"))
+    settings.weights_gib = _float(env, "LANED_SIM_WEIGHTS_GIB", 1.0)
+    settings.reload_gibps = _float(env, "LANED_SIM_RELOAD_GIBPS", 2.0)
     fail = env.get("LANED_SIM_FAIL_AT_START")
     if fail:
         settings.fail_at_start = _int(fail, "LANED_SIM_FAIL_AT_START")

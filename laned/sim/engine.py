@@ -10,16 +10,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
-import os
-import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from laned.sim import answers, responses
+from laned.sim import answers, faults, gpu, responses, sleep
 from laned.sim.http import Request, Response
 from laned.sim.metrics import Metrics
 from laned.sim.responses import EngineDead, Job, error
@@ -30,12 +26,6 @@ VERSION = "0.11.0+laned.sim"
 BLOCK = 16  # tokens per KV block, for prefix-cache accounting
 LONG_ANSWER_TOKENS = 200
 WATCHDOG_SECONDS = 5.0  # VLLM_WATCHDOG_TIME_S in vllm/entrypoints/launcher.py (a constant)  # length of a "write an essay" answer when the request sets no cap
-
-
-def _hog_memory() -> None:
-    held = []
-    while True:
-        held.append(b"\x01" * (64 << 20))  # written, so the pages are really taken
 
 
 class Engine:
@@ -58,6 +48,15 @@ class Engine:
         self.slot_free = asyncio.Condition()
         self.started = time.time()
         self.serving_since = time.monotonic()  # the watchdog's clock starts with the server
+        self.aborts = 0  # each sleep with mode=abort ends the requests in flight
+        self.sleep = sleep.Sleep(
+            settings.weights_gib if settings.enable_sleep_mode else 0.0,
+            settings.reload_gibps,
+            lambda: self.metrics.running,
+            self._abort_all,
+            self._slept,
+        )
+        self.metrics.extra = self.sleep.metric_lines
 
     # --- routing ---------------------------------------------------------------------
 
@@ -75,7 +74,9 @@ class Engine:
                 self.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8"
             )
         if route == ("POST", "/sim/fault"):
-            return self._fault(request)
+            return faults.inject(self, request)
+        if route in sleep.ROUTES and self.settings.dev_mode:
+            return await self.sleep.handle(request)
         if route == ("GET", "/sim/state"):
             return Response.json(self._state())
         if route == ("POST", "/tokenize"):
@@ -148,51 +149,15 @@ class Engine:
 
     # --- faults ----------------------------------------------------------------------
 
-    def _fault(self, request: Request) -> Response:
-        try:
-            body = request.json()
-            kind = body["kind"]
-        except (ValueError, KeyError, TypeError):
-            return error('expected {"kind": "exit"|"engine-dead"|"stall"|"crash"|"oom", ...}', 400)
-        log("WARNING", "sim.py:1", f"fault injected: {json.dumps(body)}")
-        if kind == "exit":
-            code, linger = int(body.get("code", 1)), float(body.get("linger", 0))
-            return Response(200, b'{"fault":"exit"}', after=lambda: self.on_exit(code, linger))
-        if kind == "crash":
-            sig = int(body.get("signal", signal.SIGKILL))
-
-            def crash() -> None:
-                if os.getpid() == 1:
-                    # PID 1 of a container cannot be killed by a signal it sends itself; exit
-                    # as podman reports a killed container: 128 + the signal.
-                    sys.stderr.flush()
-                    os._exit(128 + sig)
-                if sig not in (signal.SIGKILL, signal.SIGSTOP):
-                    signal.signal(sig, signal.SIG_DFL)  # die of it, even from SIGTERM
-                os.kill(os.getpid(), sig)
-
-            return Response(200, b'{"fault":"crash"}', after=crash)
-        if kind == "engine-dead":
-            self.dead = True
-            self._log_engine_death()
-            return Response.json({"fault": "engine-dead"})
-        if kind == "stall":
-            self.stalled = True
-            return Response.json({"fault": "stall"})
-        if kind == "oom":
-            # Take host memory until the kernel's OOM killer (or a container's limit) ends it.
-            return Response(200, b'{"fault":"oom"}', after=_hog_memory)
-        return error(f"unknown fault kind {kind!r}", 400)
-
     def die(self, why: str) -> None:
         """The engine core dies (a node rank went away): /health fails, then the server exits."""
         if self.dead:
             return
         log("ERROR", "multiproc_executor.py:1", f"{why}: the collective across the nodes failed")
         self.dead = True
-        self._log_engine_death()
+        self.log_engine_death()
 
-    def _log_engine_death(self) -> None:
+    def log_engine_death(self) -> None:
         log(
             "ERROR",
             "core_client.py:564",
@@ -311,7 +276,11 @@ class Engine:
             self.metrics.waiting += 1
             try:
                 await self.slot_free.wait_for(
-                    lambda: not self.stalled and self.metrics.running < self.settings.max_num_seqs
+                    lambda: (
+                        not self.stalled
+                        and not self.sleep.paused
+                        and self.metrics.running < self.settings.max_num_seqs
+                    )
                 )
             finally:
                 self.metrics.waiting -= 1
@@ -342,6 +311,23 @@ class Engine:
         # A wedged engine: nothing moves, /health still answers 200 (vLLM #39863).
         while self.stalled:
             await asyncio.sleep(3600)
+        await self.sleep.awake.wait()  # asleep with mode=keep: frozen until the wake
+
+    def _abort_all(self) -> None:
+        self.aborts += 1
+
+    def _slept(self, asleep: bool) -> None:
+        """Sleep mode: the GPU memory the engine holds goes and comes back (level 1 and 2,
+        with --enable-sleep-mode), and the requests waiting for the wake may be admitted."""
+        if self.settings.enable_sleep_mode and self.settings.hold_gpu_gib:
+            gpu.release() if asleep else gpu.hold(self.settings.hold_gpu_gib)
+
+        async def admit() -> None:
+            async with self.slot_free:
+                self.slot_free.notify_all()
+
+        if not asleep:
+            asyncio.get_running_loop().create_task(admit())
 
     async def _run(self, job: Job) -> AsyncGenerator[tuple[str, str], None]:
         """Admit, prefill in chunks, then yield the pieces at the decode rate, counting as
@@ -353,7 +339,7 @@ class Engine:
         prompt_tokens, pieces = job.prompt_tokens, job.pieces
         arrived = time.monotonic()
         queue_time = await self._admit()
-        emitted, reason, held = 0, "abort", 0
+        emitted, reason, held, aborts = 0, "abort", 0, self.aborts
         prefill_start = decode_start = arrived
         try:
             hits = min(self._cache_lookup(job.prompt_text), prompt_tokens)
@@ -378,6 +364,8 @@ class Engine:
                 await self._hold_if_stalled()
                 if self.dead:
                     raise EngineDead
+                if self.aborts != aborts:
+                    return  # put to sleep with mode=abort: finished as "abort"
                 delay = decode_start + index / s.decode_tps - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -393,7 +381,7 @@ class Engine:
                 last = now
                 emitted += 1
                 held += self._hold_kv(1)
-                yield piece
+                yield self.sleep.answer(piece)
             reason = "length" if job.truncated else "stop"
         finally:
             end = time.monotonic()

@@ -67,3 +67,10 @@ def hold(gib: float, linger: float = 0.0) -> None:
     block.fill_(1)
     torch.cuda.synchronize()
     _held.append(block)
+
+
+def release() -> None:
+    """Give back what `hold` took in this process (sleep mode, levels 1 and 2)."""
+    _held[:] = [h for h in _held if isinstance(h, subprocess.Popen)]
+    if "torch" in sys.modules:
+        sys.modules["torch"].cuda.empty_cache()

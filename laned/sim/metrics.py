@@ -9,7 +9,7 @@ ending in `_total` with a `_created` gauge beside them, histograms with `_bucket
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -94,6 +94,7 @@ class Metrics:
     accepted_per_pos: list[int] = field(default_factory=list)
     histograms: dict[str, Histogram] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    extra: Callable[[dict[str, str], Callable[..., None]], None] | None = None  # more families
 
     COUNTERS: ClassVar[dict[str, str]] = {
         "prompt_tokens": "Number of prefill tokens processed.",
@@ -249,6 +250,8 @@ class Metrics:
             samples += [(f"{name}_count", base, hist.count), (f"{name}_sum", base, hist.total)]
             family(name, "histogram", help_text, samples)
             family(f"{name}_created", "gauge", help_text, [(f"{name}_created", base, hist.created)])
+        if self.extra is not None:
+            self.extra(base, family)
         out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
         out.append("# TYPE vllm:cache_config_info gauge")
         out.append(f"vllm:cache_config_info{_labels({'engine': '0', 'block_size': '16'})} 1.0")

@@ -52,6 +52,10 @@ class Settings:
     master_addr: str = "127.0.0.1"  # --master-addr: the head's rendezvous address
     master_port: int = 29501  # --master-port
     headless: bool = False  # --headless: a worker rank, no API server
+    enable_sleep_mode: bool = False  # --enable-sleep-mode (laned/sim/sleep.py)
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: the dev routes (/sleep, /wake_up, ...)
+    weights_gib: float = 1.0  # LANED_SIM_WEIGHTS_GIB: what a sleep moves or drops
+    reload_gibps: float = 2.0  # LANED_SIM_RELOAD_GIBPS: reload_weights' read rate
     unknown: list[str] = field(default_factory=list)
 
     @property

@@ -79,3 +79,15 @@ def test_the_token_timing_bench_runs(harness: Harness, tmp_path: Path) -> None:
     assert set(figures["guard"]) == set(figures["control"]) and len(figures["guard"]) == 4
     for case in (*figures["guard"].values(), *figures["control"].values()):
         assert case["median_ns"] > 0  # that it ran: no timing is asserted on a noisy machine
+
+
+def test_the_sleep_bench_swaps_back_from_each_rung(harness: Harness, tmp_path: Path) -> None:
+    out = tmp_path / "sleep.json"
+    args = ("--rounds", "1", "--cold", "0.5", "--weights-gib", "0.2", "--json", str(out))
+    result = run_bench(harness, "bench/sleep.py", *args)
+    figures = json.loads(out.read_text())
+    for rung in ("stopped", "level2", "level1"):
+        assert figures[rung]["swap_back_s"]["median"] > 0, rung
+    # The sleepers were woken, not started: each has a wake figure, the stopped lane none.
+    assert figures["level1"]["last_wake_s"] is not None and figures["stopped"]["last_wake_s"] is None  # fmt: skip
+    assert "level1" in result.stdout

@@ -179,6 +179,16 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
         assert name in samples, f"{name} is not on real vLLM's /metrics"
         assert "model_name" in samples[name] and "engine" in samples[name], samples[name]
     assert set(KV_USAGE) - {"vllm:gpu_cache_usage_perc"} <= set(samples)
+    # Sleep mode's gauge is there from the start, awake; its routes are dev mode's alone.
+    awake = [
+        s.value
+        for f in text_string_to_metric_families(page)
+        for s in f.samples
+        if s.name == "vllm:engine_sleep_state" and s.labels.get("sleep_state") == "awake"
+    ]
+    assert awake == [1.0], awake
+    for path in ("/sleep", "/wake_up", "/collective_rpc"):
+        assert httpx.post(f"http://127.0.0.1:{port}{path}", timeout=10).status_code == 404, path
 
     # Chat and a stream through laned's OpenAI endpoint.
     with httpx.Client(base_url=f"{serve.url}/v1", timeout=120) as client:

@@ -1,0 +1,76 @@
+"""The rules of a lane that sleeps instead of stopping (`sleep_level` 1 or 2, docs/sleep.md).
+
+vLLM serves its sleep routes only with VLLM_SERVER_DEV_MODE=1, and dev mode also serves
+`/collective_rpc`, `/reset_prefix_cache` and the rest of `vllm/entrypoints/serve/dev/` to
+anyone who reaches the engine's port. So a sleeping lane listens on loopback (laned renders
+`--host 127.0.0.1` unless the lane sets a host), and a host others can reach is refused
+unless the lane says why (`dev_mode_exposed`). A sleeping engine keeps its process, so it
+keeps its port and its residual GPU memory: no peer of its group may share the port, and a
+lane over several hosts cannot sleep yet.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+
+from laned.config.model import Config
+from laned.errors import Finding, Severity
+
+LOOPBACK = "127.0.0.1"
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_sleep(config: Config) -> Iterator[Finding]:
+    """Every problem of the lanes that sleep."""
+    for name, spec in config.lanes.items():
+        if not spec.sleep_level:
+            if spec.dev_mode_exposed:
+                yield Finding(
+                    f"lanes.{name}.dev_mode_exposed",
+                    "is set but the lane does not sleep (sleep_level = 0): laned does not "
+                    "turn dev mode on for it",
+                    "remove it, or set sleep_level",
+                    severity=Severity.WARNING,
+                )
+            continue
+        base = f"lanes.{name}"
+        host = spec.engine_arg("--host")
+        if host is not None and not loopback(host) and not spec.dev_mode_exposed.strip():
+            yield Finding(
+                f"{base}.args",
+                f"--host {host} with sleep_level = {spec.sleep_level}: vLLM's dev mode, "
+                "which sleep needs, serves /collective_rpc, /reset_prefix_cache and /sleep to "
+                "anyone who reaches that address",
+                f"drop --host (laned listens on {LOOPBACK} for a lane that sleeps), or say "
+                f'why others may reach it: {base}.dev_mode_exposed = "..."',
+            )
+        if spec.container is not None and spec.container.network != "host":
+            yield Finding(
+                f"{base}.container.network",
+                "a container lane that sleeps listens on the host's loopback: it needs the "
+                "host's network",
+                f'set {base}.container.network = "host", or sleep_level = 0',
+            )
+        if spec.nodes:
+            yield Finding(
+                f"{base}.sleep_level",
+                "a lane over several hosts cannot sleep (its ranks would sleep one by one)",
+                "set sleep_level = 0",
+            )
+        for peer, other in config.lanes.items():
+            if peer != name and other.group == spec.group and other.port == spec.port:
+                yield Finding(
+                    f"{base}.port",
+                    f"lane {peer} of group {spec.group} has the same port {spec.port}, which "
+                    f"{name} keeps while it sleeps",
+                    "give each lane of the group its own port",
+                )

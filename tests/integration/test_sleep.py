@@ -1,0 +1,191 @@
+"""Lanes that sleep instead of stopping (sleep_level, docs/sleep.md), on the real user manager
+with simulator lanes whose sleep mode follows vLLM's source (laned/sim/sleep.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+
+from laned.core.lanes import Desired, EventKind, LaneState
+from tests.helpers import free_port
+from tests.integration.conftest import Harness, Units
+from tests.integration.lanes import FAST, lane_config
+from tests.integration.test_api import api_server
+from tests.integration.test_supervisor import run, supervise, supervising, until
+
+ASK = {"messages": [{"role": "user", "content": "Name three rivers."}], "max_tokens": 12}
+
+
+def engine(port: int, method: str, path: str) -> httpx.Response:
+    return httpx.request(method, f"http://127.0.0.1:{port}{path}", timeout=10)
+
+
+def answer(port: int, model: str) -> str:
+    reply = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions", json={**ASK, "model": model}, timeout=30
+    )
+    assert reply.status_code == 200, reply.text
+    return str(reply.json()["choices"][0]["message"]["content"])
+
+
+def main_pid(harness: Harness, units: Units, lane: str) -> int:
+    return int(harness.show(f"{units.name(lane)}.service", "MainPID")["MainPID"])
+
+
+def test_swaps_put_lanes_to_sleep_and_wake_them_instead_of_cold_starts(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports = {"a": free_port(), "b": free_port(), "c": free_port()}
+    lanes = {"a": FAST + "sleep_level = 1\n", "b": FAST + "sleep_level = 2\n", "c": FAST}
+    env = {name: {"LANED_SIM_STARTUP": "1", "LANED_SIM_WEIGHTS_GIB": "0.5"} for name in lanes}
+    config = lane_config(harness, units, tmp_path, lanes, 0, env=env, ports=ports)
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            pid_a = main_pid(harness, units, "a")
+            await sup.activate("b")
+            b_before = answer(ports["b"], "b")
+            # a sleeps: its unit and its process stay, off the GPUs, not desired.
+            a = sup.statuses["a"]
+            assert (a.state, a.desired) == (LaneState.SLEEPING, Desired.INACTIVE), a
+            assert engine(ports["a"], "GET", "/is_sleeping").json() == {"is_sleeping": True}
+            assert main_pid(harness, units, "a") == pid_a
+
+            # Back to a: woken, not started again (the same process), b asleep at level 2.
+            woke = await sup.activate("a")
+            assert woke.state is LaneState.READY and main_pid(harness, units, "a") == pid_a
+            assert woke.last_wake is not None and woke.last_cold_start is not None
+            assert sup.statuses["b"].state is LaneState.SLEEPING
+            reasons = [e.reason for e in sup.events if e.lane == "a"]
+            assert any("waking (level 1)" in r for r in reasons), reasons
+
+            # b wakes from level 2 with its weights reloaded: it answers as before.
+            pid_b = main_pid(harness, units, "b")
+            await sup.activate("b")
+            assert main_pid(harness, units, "b") == pid_b
+            assert answer(ports["b"], "b") == b_before
+
+            # A lane that stops (sleep_level 0) takes the GPUs: b sleeps, a sleeps on.
+            await sup.activate("c")
+            assert sup.statuses["b"].state is LaneState.SLEEPING
+            assert sup.statuses["a"].state is LaneState.SLEEPING
+
+            # deactivate stops a sleeping lane for real.
+            await sup.deactivate("a")
+            assert sup.statuses["a"].state is LaneState.INACTIVE
+            assert (
+                harness.show(f"{units.name('a')}.service", "ActiveState")["ActiveState"] != "active"
+            )
+
+            # A sleeping engine that dies is a failure, never taken for a stop.
+            os.kill(main_pid(harness, units, "b"), signal.SIGKILL)
+            await until(lambda: sup.statuses["b"].state is LaneState.FAILED, 20, "b failed")
+            assert sup.statuses["b"].last_exit is not None
+            assert sup.statuses["b"].last_exit.verdict.value == "failure"
+            assert sup.statuses["c"].state is LaneState.READY
+
+    run(scenario())
+
+
+def test_a_sleeping_lane_is_found_asleep_by_the_next_laned(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports = {"a": free_port(), "b": free_port()}
+    config = lane_config(
+        harness, units, tmp_path, {"a": FAST + "sleep_level = 1\n", "b": FAST}, 0, ports=ports
+    )
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            await sup.activate("b")
+            assert sup.statuses["a"].state is LaneState.SLEEPING
+        sup = await supervise(harness, config)
+        try:
+            a, b = sup.statuses["a"], sup.statuses["b"]
+            assert (a.state, a.desired, a.reason) == (
+                LaneState.SLEEPING,
+                Desired.INACTIVE,
+                "found asleep",
+            )
+            await until(lambda: b.state is LaneState.READY, 20, "b adopted")
+            assert b.desired is Desired.ACTIVE
+            assert (await sup.activate("a")).state is LaneState.READY
+            assert engine(ports["a"], "GET", "/is_sleeping").json() == {"is_sleeping": False}
+        finally:
+            await sup.close()
+            await sup.probe.close()
+
+    run(scenario())
+
+
+def test_a_lane_that_cannot_sleep_is_stopped_instead_and_says_why(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports = {"a": free_port(), "b": free_port()}
+    # Dev mode turned off by the lane's own env: the engine has no sleep routes (404).
+    env = {"a": {"LANED_SIM_STARTUP": "0.3", "VLLM_SERVER_DEV_MODE": "0"}}
+    lanes = {"a": FAST + "sleep_level = 1\n", "b": FAST}
+    config = lane_config(harness, units, tmp_path, lanes, 0, env=env, ports=ports)
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            await sup.activate("b")
+            assert sup.statuses["a"].state is LaneState.INACTIVE
+            notes = [e.reason for e in sup.events if e.lane == "a" and e.kind is EventKind.SLEEP]
+            assert len(notes) == 1 and "404" in notes[0] and "stopping it instead" in notes[0]
+            assert "VLLM_SERVER_DEV_MODE" in notes[0] or "sleep (level 1)" in notes[0]
+
+    run(scenario())
+
+
+def test_a_request_wakes_an_on_demand_sleeper_and_no_dev_route_is_reachable_through_laned(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports = {"a": free_port(), "b": free_port()}
+    api_port = free_port()
+    lanes = {"a": FAST + "sleep_level = 2\non_demand = true\n", "b": FAST}
+    config = lane_config(harness, units, tmp_path, lanes, 0, ports=ports)
+    base = f"http://127.0.0.1:{api_port}"
+
+    async def scenario() -> None:
+        async with (
+            api_server(harness, config, api_port) as sup,
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            await sup.activate("a")
+            before = answer(ports["a"], "a")
+            pid = main_pid(harness, units, "a")
+            await sup.activate("b")
+            assert sup.statuses["a"].state is LaneState.SLEEPING
+            # Every way of climbing out of /v1 to the engine's dev routes is refused by laned,
+            # for a sleeping lane's model and a serving one's.
+            for model in ("a", "b"):
+                for path in ("/v1/../sleep", "/v1/%2e%2e/sleep", "/v1/%252E%252E/wake_up", "/v1/./../collective_rpc"):  # fmt: skip
+                    url = httpx.URL(base + path)  # as written: httpx would resolve the dots
+                    request = client.build_request("POST", url, json={"model": model})
+                    request.url = request.url.copy_with(raw_path=path.encode())
+                    refused = await client.send(request)
+                    assert refused.status_code == 404, (path, refused.text)
+            assert engine(ports["a"], "GET", "/is_sleeping").json() == {"is_sleeping": True}
+            assert engine(ports["b"], "GET", "/health").status_code == 200
+            page = (await client.get("/metrics")).text
+            assert 'laned_lane_state{lane="a",state="sleeping"} 1.0' in page
+            assert 'laned_sleep_mode_duration_seconds_count{lane="a",operation="sleep"} 1.0' in page
+            # A request for the sleeper's model wakes it (on_demand), and is answered after
+            # the wake, by the same process, with its weights reloaded.
+            reply = await client.post("/v1/chat/completions", json={**ASK, "model": "a"})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["message"]["content"] == before
+            assert sup.statuses["a"].state is LaneState.READY
+            assert main_pid(harness, units, "a") == pid
+            assert sup.statuses["b"].state is LaneState.INACTIVE
+            page = (await client.get("/metrics")).text
+            assert 'laned_sleep_mode_duration_seconds_count{lane="a",operation="wake"} 1.0' in page
+
+    run(scenario())

@@ -81,6 +81,26 @@ def read_generation_config(directory: str | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def weights_gib(model: str | None) -> float | None:
+    """The model's weight files on disk, in GiB (what a level-1 sleep pins in host RAM);
+    None where there is no local model directory or no weight file in it."""
+    if not model or not os.path.isdir(model):
+        return None
+    total, found = 0, False
+    for where, _dirs, files in os.walk(model):
+        for name in files:
+            if name.endswith(WEIGHT_FILES):
+                found = True
+                try:
+                    total += os.stat(os.path.join(where, name)).st_size
+                except OSError:
+                    continue
+    return total / GIB if found else None
+
+
 def cgroup_of(pid: int) -> str:
     """The cgroup (v2) a process is in, as a path under /sys/fs/cgroup ("" if unknown)."""
     try:
@@ -184,6 +204,7 @@ class Host:
             last_image_id=last_image_id,
             model_generation_config=read_generation_config(model),
             flag_generation_config=read_generation_config(generation_config_path(spec)),
+            weights_gib=await asyncio.to_thread(weights_gib, model) if spec.sleep_level else None,
         )
 
     async def preflight(

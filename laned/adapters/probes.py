@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from laned.core import canary
 from laned.core.liveness import EngineSample
 from laned.errors import EngineRefused, EngineUnreachable
 
@@ -72,6 +73,30 @@ class Probe:
             return [str(m.get("id")) for m in response.json().get("data", [])]
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
+
+    async def canary(
+        self, port: int, model: str, api_key: str | None, timeout: float
+    ) -> canary.Answer:
+        """The canary's greedy completion (laned.core.canary): its token ids and text."""
+        body = {
+            "model": model,
+            "prompt": canary.PROMPT,
+            "max_tokens": canary.MAX_TOKENS,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        url = self.url(port, "/v1/completions")
+        try:
+            answer = await self.client.post(url, json=body, headers=headers, timeout=timeout)
+            choice = answer.json()["choices"][0] if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise EngineUnreachable(f"POST {url}: {type(exc).__name__} {exc}".rstrip()) from exc
+        if not isinstance(choice, dict):
+            raise EngineRefused(f"POST {url} answered {answer.status_code}: {answer.text[:200]}")
+        ids = choice.get("token_ids")
+        token_ids = tuple(int(i) for i in ids) if isinstance(ids, list) else None
+        return canary.Answer(token_ids, str(choice.get("text") or ""))
 
     # --- sleep mode (vLLM's dev routes: vllm/entrypoints/serve/dev/) ----------------------------
 

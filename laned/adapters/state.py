@@ -100,19 +100,34 @@ def checks_path(state_dir: str, lane: str) -> str:
     return f"{state_dir}/checks/{lane}.json"
 
 
-def load_checks(state_dir: str, lane: str) -> dict[str, Any] | None:
-    """The lane's last acceptance run; None when there is none (or it is unreadable)."""
+def canary_path(state_dir: str, lane: str) -> str:
+    """Where a lane's canary answer (laned.owner.steps.canary) is kept."""
+    return f"{state_dir}/canary/{lane}.json"
+
+
+def load_kept(path: str) -> dict[str, Any] | None:
+    """A lane's kept JSON object (checks, canary); None when there is none or it is unreadable."""
     try:
-        with open(checks_path(state_dir, lane), encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
+def save_kept(path: str, data: dict[str, Any]) -> None:
+    """Keep a lane's JSON object (atomically, 0600)."""
+    write_atomic(path, json.dumps(data, indent=1) + "\n", 0o600)
+
+
+def load_checks(state_dir: str, lane: str) -> dict[str, Any] | None:
+    """The lane's last acceptance run; None when there is none (or it is unreadable)."""
+    return load_kept(checks_path(state_dir, lane))
+
+
 def save_checks(state_dir: str, lane: str, run: dict[str, Any]) -> None:
     """Keep the lane's last acceptance run (atomically)."""
-    write_atomic(checks_path(state_dir, lane), json.dumps(run, indent=1) + "\n", 0o600)
+    save_kept(checks_path(state_dir, lane), run)
 
 
 class StateWriter:

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from laned.adapters import journal
-from laned.adapters.host import meminfo
+from laned.adapters.host import meminfo, weights_gib
 from laned.config.load import load_config
 from laned.config.model import GATES, Config
 from laned.config.names import container_name, unit_name
@@ -26,7 +26,7 @@ from laned.owner.supervisor import Supervisor
 from laned.owner.traffic import Traffic
 from laned.preflight.facts import HostFacts, blocking
 from laned.preflight.fit import fit_report
-from laned.preflight.rules import refusal, report
+from laned.preflight.rules import model_path, refusal, report
 
 if TYPE_CHECKING:
     from laned.owner.coordinator import Coordinator
@@ -209,7 +209,13 @@ class Front:
             )
         else:
             facts = await host.facts()
-        return fit_report(self.supervisor.config.lanes, facts)
+        lanes = self.supervisor.config.lanes
+        weights = {
+            name: await asyncio.to_thread(weights_gib, model_path(spec))
+            for name, spec in lanes.items()
+            if spec.sleep_level
+        }
+        return fit_report(lanes, facts, weights)
 
     async def preflight(self, lane: str) -> dict[str, Any]:
         """Would the lane start now? Every finding, errors first."""

@@ -115,6 +115,12 @@ class LanedMetrics(Recorder):
             buckets=SLEEP_BUCKETS,
             registry=r,
         )
+        self.canary_mismatches = Counter(
+            "laned_canary_mismatches",
+            "The canary answered differently than at the lane's first good start.",
+            ["lane", "after"],
+            registry=r,
+        )
         self.reloads = Counter(
             "laned_config_reloads", "Config reloads by result.", ["result"], registry=r
         )
@@ -186,6 +192,9 @@ class LanedMetrics(Recorder):
 
     def cold_start(self, lane: str, seconds: float) -> None:
         self.cold_start_seconds.labels(lane).observe(seconds)
+
+    def canary_mismatch(self, lane: str, after: str) -> None:
+        self.canary_mismatches.labels(lane, after).inc()
 
     def sleep_mode(self, lane: str, operation: str, seconds: float) -> None:
         self.sleep_mode_seconds.labels(lane, operation).observe(seconds)

@@ -85,6 +85,7 @@ class EventKind(str, Enum):
     MANAGER = "manager"  # the user manager re-executed, out of reach, back (or a new one)
     EXIT = "exit"  # how an engine's exit was judged where a transition does not say it
     SLEEP = "sleep"  # vLLM's sleep mode: a sleep or a wake that could not be done, and why
+    CANARY = "canary"  # the canary's answer kept, or found different (laned.core.canary)
 
 
 @dataclass(frozen=True)

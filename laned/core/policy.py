@@ -303,9 +303,10 @@ def reload_problems(
 
 
 def restart_needed(old: Config, new: Config, states: Mapping[str, LaneState]) -> list[str]:
-    """The running lanes whose config changed: a restart applies the change."""
+    """The running lanes (sleeping ones too) whose config changed: a restart applies the
+    change (a sleeping lane is started cold at its next activation instead of woken)."""
     return sorted(
         lane
         for lane, state in states.items()
-        if lane in new.lanes and state in HOLDING_STATES and new.lanes[lane] != old.lanes[lane]
+        if lane in new.lanes and state in PORT_STATES and new.lanes[lane] != old.lanes[lane]
     )

@@ -33,6 +33,9 @@ class Recorder:
         """A lane went to sleep (`sleep`: /sleep until it says it sleeps), or a wake became
         ready (`wake`: from the wake's start to ready), after `seconds`."""
 
+    def canary_mismatch(self, lane: str, after: str) -> None:
+        """The canary answered differently after a `wake` or a `start`."""
+
     def reload(self, result: str) -> None:
         """A config reload was applied or refused."""
 

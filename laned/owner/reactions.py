@@ -21,7 +21,7 @@ from laned.adapters.host import Host
 from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.config.names import exit_record_path
-from laned.core import exits, policy
+from laned.core import canary, exits, policy
 from laned.core.lanes import Desired, EventKind, LaneState, LastExit, Verdict, phase_durations
 from laned.core.phases import ALMOST_READY, Seen, add_mark
 from laned.core.policy import ExitAction, OpKind, RestartKind
@@ -30,6 +30,7 @@ from laned.errors import LanedError
 from laned.owner import steps, watchers
 from laned.owner.checks import Checks
 from laned.owner.records import Records
+from laned.render import plan as render
 from laned.render.units import RESTART_STEPS_SINCE
 
 log = logging.getLogger("laned.supervisor")
@@ -192,6 +193,10 @@ class Reactions:
         if not await watchers.await_ready(self.probe, spec, r.runs[lane].poke, report, expected):
             return
         image = await steps.running_image(self.host, lane, spec)
+        if spec.sleep_level and not r.runs[lane].waking:
+            # Before any traffic: kept at the first good start, compared at later ones (a
+            # difference after a cold start is said, and the lane serves on).
+            await self.canary(lane, "start", image)
         if report(watchers.Ready(image)):
             await watchers.watch_liveness(self.probe, spec, report)
 
@@ -273,6 +278,23 @@ class Reactions:
             r.spawn(self.restarts.give_up(lane, r.runs[lane].number, counted.reason))
             return
         self.restarts.restart_lane(lane, reason, kind)
+
+    async def canary(self, lane: str, after: str, image: str | None) -> steps.Refused | None:
+        """The canary after a `start` or a `wake` (laned.core.canary): an event when it is
+        kept or differs, a metric when it differs; Refused when it differs."""
+        r = self.records
+        digest = f"{render.lane_digest(r.config, lane, r.systemd_version)}:{image or ''}"
+        spec, note = r.config.lanes[lane], functools.partial(r.ledger.note, lane, EventKind.CANARY)
+        outcome, detail = await steps.canary_check(self.probe, r.config, lane, spec, digest)
+        if outcome is None:
+            note(f"the canary could not be asked after a {after}: {detail}")
+        elif outcome is canary.Outcome.RECORDED:
+            note(f"canary kept at this first good start: {detail}")
+        elif outcome is canary.Outcome.DIFFERENT:
+            r.recorder.canary_mismatch(lane, after)
+            note(f"the canary differs after a {after}: {detail}")
+            return steps.Refused(f"the canary differs after a {after}", "see docs/runbook.md")
+        return None
 
     # --- what the journal and the peers tell ----------------------------------------------------
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Coroutine
 
 from laned.adapters.host import Host
@@ -34,6 +33,7 @@ from laned.owner import steps
 from laned.owner.operations import Operation
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
+from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.preflight.facts import blocking
 from laned.preflight.rules import refusal
@@ -55,6 +55,7 @@ class Requests:
     ) -> None:
         self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
         self.traffic, self.reactions = traffic, reactions
+        self.sleeping = Sleeping(records, probe, host, traffic, reactions)
         self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
 
     # --- requests from outside ---------------------------------------------------------------
@@ -169,11 +170,19 @@ class Requests:
         for peer in policy.peers(self.records.config, lane):
             await self._take_off(peer, f"swap to {lane}", op.force)
             self._ensure_current(op)
-        if self.ledger.statuses[lane].state is LaneState.SLEEPING:
-            ready = self.ledger.wait_ready(lane)
-            await self._wake(op, reason)
-            await ready
-            return
+        asleep = self.ledger.statuses[lane].state is LaneState.SLEEPING
+        if asleep and self.sleeping.changed_since(lane):
+            why = "its config changed while it slept: stopping it for a cold start with the new one"
+            self.ledger.note(lane, EventKind.SLEEP, why)
+            await self._stop_and_confirm(lane, f"activate {lane}: its config changed")
+            self._ensure_current(op)
+            asleep = False
+        if asleep:
+            woken = await self._wake(op, reason)
+            if woken is not None:
+                await woken
+                return
+            # The wake failed and the engine was stopped: a cold start, as for any lane.
         unit = unit_name(lane, self.records.config.lanes[lane])
         if await steps.still_ending(self.systemd, unit, self.records.snapshots.get(lane)):
             self._ensure_current(op)
@@ -195,34 +204,16 @@ class Requests:
         if state is LaneState.SLEEPING:
             return
         if spec.sleep_level and self.records.serving(lane):
-            refused = await self._sleep(lane, reason, force)
+            refused = await self.sleeping.put_to_sleep(lane, reason, force)
             if refused is None:
                 return
             self.ledger.note(lane, EventKind.SLEEP, f"{refused.reason}: stopping it instead")
         await self._stop_and_confirm(lane, reason, force)
 
-    async def _sleep(self, lane: str, reason: str, force: bool) -> steps.Refused | None:
-        """Drain the lane's requests, put its engine to sleep, confirm it sleeps."""
-        spec = self.records.config.lanes[lane]
-        self.records.cancel_restart(lane)
-        self.reactions.unfollow(lane)  # a sleeping engine is not probed for progress
-        self.ledger.fail_waiters(lane, reason, superseded=True)
-        level = spec.sleep_level
-        self.ledger.transition(lane, LaneState.STOPPING, f"{reason}: to sleep (level {level})")
-        await self._drain(lane, force)
-        note, seen = functools.partial(self.ledger.note, lane), self.records.snapshots.get(lane)
-        began = time.monotonic()
-        refused, pids = await steps.sleep(self.probe, self.host, lane, spec, seen, note)
-        if refused is None:
-            self.records.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
-            self.records.runs[lane].sleepers = pids
-            self.ledger.transition(lane, LaneState.SLEEPING, f"{reason}: asleep (level {level})")
-        return refused
-
-    async def _wake(self, op: Operation, reason: str) -> None:
+    async def _wake(self, op: Operation, reason: str) -> asyncio.Future[LaneStatus] | None:
         """Wake the sleeping lane instead of a cold start: the GPU-memory gate, the wake
-        (level 2: the weights reloaded), then readiness as after a start. A wake that fails
-        stops the engine and starts it cold."""
+        (level 2: the weights reloaded), the canary, then readiness as after a start (the
+        future: ready). A wake that fails stops the engine (None: start it cold)."""
         lane, r = op.lane, self.records
         spec = r.config.lanes[lane]
         refused = await steps.clear_for_start(
@@ -239,21 +230,17 @@ class Requests:
         if refused is not None:
             r.fail_start(lane, refused.reason)
             raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
-        r.begin_start(lane)
-        r.runs[lane].waking = True
-        self.ledger.transition(
-            lane, LaneState.STARTING, f"{reason}: waking (level {spec.sleep_level})"
-        )
-        refused = await steps.wake(self.probe, spec)
+        refused = await self.sleeping.wake(lane, reason)
         self._ensure_current(op)
         if refused is None:
+            ready = self.ledger.wait_ready(lane)
             self.reactions.follow(lane)
-            return
+            return ready
         self.ledger.note(lane, EventKind.SLEEP, f"{refused.reason}: stopping it for a cold start")
         r.runs[lane].waking = False
         await self._stop_and_confirm(lane, f"{reason}: the wake failed")
         self._ensure_current(op)
-        await self._clear_and_start(op, reason)
+        return None
 
     async def _preflight(self, op: Operation) -> None:
         """Preflight; on errors (not forced) refuse the activation and undo its desire."""

@@ -12,13 +12,14 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from laned.adapters.host import Host, port_busy, run_prepare
+from laned.adapters import state
+from laned.adapters.host import Host, meminfo, port_busy, run_prepare, weights_gib
 from laned.adapters.probes import Probe
 from laned.adapters.secret_files import read_api_key
 from laned.adapters.systemd import Systemd
 from laned.config.model import Config, LaneConfig
 from laned.config.names import container_name
-from laned.core import policy
+from laned.core import canary, policy
 from laned.core.exits import ExitRecord, parse_exit_record
 from laned.core.lanes import EventKind, LaneState
 from laned.core.recorder import Recorder
@@ -28,6 +29,8 @@ from laned.gates.acceptance import GateResult, run_gates
 from laned.gates.engine_api import EngineClient
 from laned.owner.traffic import Traffic
 from laned.preflight.facts import GIB
+from laned.preflight.fit import sleep_level_for
+from laned.preflight.rules import model_path
 
 log = logging.getLogger("laned.supervisor")
 
@@ -173,12 +176,12 @@ async def sleep(
     spec: LaneConfig,
     seen: UnitSnapshot | None,
     note: Note,
+    level: int,
 ) -> tuple[Refused | None, frozenset[int]]:
-    """Put the lane's engine to sleep at its level (its requests drained first) and confirm
+    """Put the lane's engine to sleep at `level` (its requests drained first) and confirm
     it: /is_sleeping, and where NVML lists processes, less GPU memory held by the engine's
     processes than before (what stays is its residual, said in a note). The engine's
     processes, for the GPU-memory gate."""
-    level = spec.sleep_level
     pids = set() if host is None or seen is None else await host.engine_pids(lane, spec, seen.control_group)  # fmt: skip
     before = None if host is None else await host.gpu_memory_of(spec, pids)
     try:
@@ -201,6 +204,35 @@ async def sleep(
     return None, frozenset(pids)
 
 
+async def canary_check(
+    probe: Probe, config: Config, lane: str, spec: LaneConfig, digest: str
+) -> tuple[canary.Outcome | None, str]:
+    """Ask the canary and judge the answer against what is kept for `digest` (a first
+    answer is kept). (None, why) when it could not be asked."""
+    try:
+        answer = await probe.canary(
+            spec.port, spec.served_model_name, read_api_key(spec.secrets_path), timeout=120
+        )
+    except LanedError as exc:
+        return None, exc.message
+    path = state.canary_path(config.daemon.state_dir, lane)
+    outcome, detail = canary.judge(await asyncio.to_thread(state.load_kept, path), digest, answer)
+    if outcome is canary.Outcome.RECORDED:
+        try:
+            await asyncio.to_thread(state.save_kept, path, answer.to_json(digest))
+        except LanedError as exc:
+            return outcome, f"{detail} (not kept: {exc.message})"
+    return outcome, detail
+
+
+def sleep_level_now(spec: LaneConfig) -> tuple[int, str]:
+    """The level the lane sleeps at now (laned.preflight.fit.sleep_level_for): its own, or
+    2 where host RAM cannot hold its weights at level 1; and why, when it is not its own.
+    Blocking (it reads the model directory): call it off the loop."""
+    weights = weights_gib(model_path(spec))
+    return sleep_level_for(spec.sleep_level, weights, meminfo().get("MemAvailable"))
+
+
 async def found_asleep(probe: Probe, spec: LaneConfig) -> bool:
     """Whether a running lane that can sleep sleeps now (False when it cannot say)."""
     if not spec.sleep_level:
@@ -211,12 +243,12 @@ async def found_asleep(probe: Probe, spec: LaneConfig) -> bool:
         return False
 
 
-async def wake(probe: Probe, spec: LaneConfig) -> Refused | None:
-    """Wake the sleeping engine: every tag; after level 2 the weights read again and the
-    prefix cache reset (a level-2 wake alone answers wrongly, vLLM #29341)."""
+async def wake(probe: Probe, spec: LaneConfig, level: int) -> Refused | None:
+    """Wake the engine asleep at `level`: every tag; after level 2 the weights read again and
+    the prefix cache reset (a level-2 wake alone answers wrongly, vLLM #29341)."""
     try:
         awake = await probe.wake_up(spec.port, timeout=spec.start_timeout)
-        if spec.sleep_level == 2:
+        if level == 2:
             await probe.reload_weights(spec.port, timeout=spec.start_timeout)
             await probe.reset_prefix_cache(spec.port)
         if not awake or await probe.is_sleeping(spec.port):

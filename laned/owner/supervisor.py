@@ -117,6 +117,12 @@ class Supervisor:
                 # Put to sleep by an earlier laned: it stays asleep, not desired, until woken.
                 r.ledger.desire(lane, Desired.INACTIVE)
                 r.ledger.transition(lane, LaneState.SLEEPING, "found asleep")
+                # Taken to be asleep with the config laned starts with (which it cannot tell).
+                r.runs[lane].slept_as = render.lane_digest(r.config, lane, r.systemd_version)
+                if self.host is not None:  # its processes, for the GPU-memory gate
+                    spec = r.config.lanes[lane]
+                    pids = await self.host.engine_pids(lane, spec, snap.control_group)
+                    r.runs[lane].sleepers = frozenset(pids)
             elif snap.running:
                 running.append(lane)
         desired = {n: s.desired for n, s in r.statuses.items()}

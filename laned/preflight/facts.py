@@ -87,6 +87,7 @@ class LaneFacts:
     last_image_id: str | None = None  # at the lane's last good start
     model_generation_config: dict[str, Any] | None = None  # the model's generation_config.json
     flag_generation_config: dict[str, Any] | None = None  # that of a --generation-config DIR
+    weights_gib: float | None = None  # a lane that sleeps: its model's weight files, on disk
 
 
 def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:

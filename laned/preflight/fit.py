@@ -3,6 +3,7 @@ disks (pure: facts in, findings out), for `laned status --fit`, GET /fit and pre
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from laned.config.model import LaneConfig, gpu_indices
@@ -112,10 +113,55 @@ def fit(
     return out
 
 
-def fit_report(lanes: dict[str, LaneConfig], host: HostFacts) -> dict[str, Any]:
-    """Which lanes this host can run at all, as served by /fit and printed by status --fit."""
+SLEEP_MARGIN_GIB = 8.0  # host RAM a level-1 sleep leaves free, beyond the weights it pins
+
+
+def sleep_level_for(
+    level: int, weights_gib: float | None, mem_available_gib: float | None
+) -> tuple[int, str]:
+    """The level a lane sleeps at now, and why when it is not its own: level 1 pins the
+    weights in host RAM (vllm/device_allocator/cumem.py), so it needs MemAvailable, less
+    SLEEP_MARGIN_GIB, to hold them; else level 2 (the weights dropped, read again at the
+    wake). Unknown sizes leave the lane's level as it is."""
+    if level != 1 or weights_gib is None or mem_available_gib is None:
+        return level, ""
+    room = mem_available_gib - SLEEP_MARGIN_GIB
+    if weights_gib <= room:
+        return 1, ""
+    return 2, (
+        f"level 1 would pin {weights_gib:.1f} GiB of weights in host RAM; "
+        f"{mem_available_gib:.1f} GiB is available, less a {SLEEP_MARGIN_GIB:g} GiB margin"
+    )
+
+
+def sleep_fit(
+    lane: str, spec: LaneConfig, host: HostFacts, weights_gib: float | None
+) -> list[Finding]:
+    """Preflight's word on a lane that sleeps: the level it would sleep at on this host now."""
+    if not spec.sleep_level:
+        return []
+    level, why = sleep_level_for(spec.sleep_level, weights_gib, host.mem_available_gib)
+    where = f"lanes.{lane}.sleep_level"
+    if host.gpus is None:
+        return [Finding(
+            "sleep",
+            f"{where} = {spec.sleep_level}: vLLM's sleep mode runs on CUDA, ROCm and XPU only "
+            f"(vllm/platforms/interface.py) and laned sees no GPU here ({host.gpu_note or 'no NVML'})",
+            "vLLM refuses --enable-sleep-mode at start on a host without them; set sleep_level = 0",
+            severity=Severity.WARNING,
+        )]  # fmt: skip
+    if level != spec.sleep_level:
+        return [Finding("sleep", f"{where} = 1: it would sleep at level 2 now: {why}", "free host RAM, or set sleep_level = 2", severity=Severity.NOTE)]  # fmt: skip
+    return []
+
+
+def fit_report(
+    lanes: dict[str, LaneConfig], host: HostFacts, weights: Mapping[str, float | None] = {}
+) -> dict[str, Any]:
+    """Which lanes this host can run at all, as served by /fit and printed by status --fit;
+    for a lane that sleeps, the level it would sleep at (`weights`: its weight files, GiB)."""
     rows = []
     for name in sorted(lanes):
-        found = fit(name, lanes[name], host)
+        found = fit(name, lanes[name], host) + sleep_fit(name, lanes[name], host, weights.get(name))
         rows.append({"name": name, "fits": not blocking(found), "findings": findings_json(found)})
     return {"host": host.to_json(), "lanes": rows}

@@ -21,7 +21,7 @@ from typing import Any
 from laned.config.model import LaneConfig
 from laned.errors import Finding, Severity
 from laned.preflight.facts import KeyFile, LaneFacts, blocking, findings_json
-from laned.preflight.fit import fit
+from laned.preflight.fit import fit, sleep_fit
 
 VLLM_READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 GRACEFUL_STOP_MIN = 30.0  # seconds an engine's core and workers need to exit and free memory
@@ -90,6 +90,7 @@ def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
         *_key(lane, spec, facts),
         *_port(lane, spec, facts),
         *fit(lane, spec, facts.host, facts.disk_total_gib),
+        *sleep_fit(lane, spec, facts.host, facts.weights_gib),
         *_engine(lane, spec),
         *_sampling(lane, spec, facts),
     ]

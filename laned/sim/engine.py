@@ -258,6 +258,7 @@ class Engine:
         job = Job(
             prompt_text, prompt_tokens, pieces[:limit], answer.tool_calls, len(pieces) > limit
         )
+        job.token_ids = bool(body.get("return_token_ids"))
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return Response(

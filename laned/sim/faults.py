@@ -11,6 +11,7 @@ from typing import Protocol
 
 from laned.sim.http import Request, Response
 from laned.sim.responses import error
+from laned.sim.sleep import Sleep
 from laned.sim.startup import log
 
 
@@ -19,6 +20,7 @@ class Engine(Protocol):
 
     dead: bool
     stalled: bool
+    sleep: Sleep
     on_exit: Callable[[int, float], None]
 
     def log_engine_death(self) -> None: ...
@@ -36,7 +38,9 @@ def inject(engine: Engine, request: Request) -> Response:
         body = request.json()
         kind = body["kind"]
     except (ValueError, KeyError, TypeError):
-        return error('expected {"kind": "exit"|"engine-dead"|"stall"|"crash"|"oom", ...}', 400)
+        return error(
+            'expected {"kind": "exit"|"engine-dead"|"stall"|"crash"|"oom"|"bad-reload", ...}', 400
+        )
     log("WARNING", "sim.py:1", f"fault injected: {json.dumps(body)}")
     if kind == "exit":
         code, linger = int(body.get("code", 1)), float(body.get("linger", 0))
@@ -62,6 +66,11 @@ def inject(engine: Engine, request: Request) -> Response:
     if kind == "stall":
         engine.stalled = True
         return Response.json({"fault": "stall"})
+    if kind == "bad-reload":
+        # reload_weights leaves the weights wrong (a model whose loader cannot reload in
+        # place): after a level-2 wake the engine answers wrongly for good, /health 200.
+        engine.sleep.reload_fixes = False
+        return Response.json({"fault": "bad-reload"})
     if kind == "oom":
         # Take host memory until the kernel's OOM killer (or a container's limit) ends it.
         return Response(200, b'{"fault":"oom"}', after=_hog_memory)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -24,6 +25,7 @@ class Job:
     pieces: list[tuple[str, str]]
     tool_calls: list[dict[str, Any]]
     truncated: bool  # cut short by max_tokens: finish_reason "length"
+    token_ids: bool = False  # return_token_ids: the ids beside the text (completions)
 
     @property
     def finish_reason(self) -> str:
@@ -35,6 +37,12 @@ class Job:
 
 class EngineDead(Exception):
     """The engine core died: every request fails from now on."""
+
+
+def token_id(piece: str) -> int:
+    """A generated piece's token id: the same piece, the same id (a 151,936-token vocabulary,
+    Qwen's and DeepSeek's size)."""
+    return int.from_bytes(hashlib.sha256(piece.encode()).digest()[:4], "big") % 151936
 
 
 def error(message: str, status: int, kind: str = "BadRequestError") -> Response:
@@ -75,6 +83,8 @@ async def collect(run: Run, job: Job, chat: bool, model: str) -> Response:
             "finish_reason": finish,
             "stop_reason": None,
         }
+        if job.token_ids:  # vllm/entrypoints/openai/completion/serving.py: beside the text
+            choice["token_ids"] = [token_id(piece) for piece in parts["content"]]
         return Response.json(
             {
                 "id": f"cmpl-{rid}",

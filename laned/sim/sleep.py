@@ -68,6 +68,7 @@ class Sleep:
         self.level: int | None = None  # None: awake
         self.asleep: set[str] = set()  # the executor's sleeping tags
         self.stale = False  # woken from level 2, the weights not reloaded: wrong answers
+        self.reload_fixes = True  # the "bad-reload" fault: reload_weights leaves them wrong
         self.awake = asyncio.Event()
         self.awake.set()
         self.durations = {op: Histogram(OPERATION_BUCKETS) for op in ("sleep", "wake")}
@@ -152,7 +153,7 @@ class Sleep:
         if body["method"] == "reload_weights":
             # Read off disk again at the reload rate, then right answers again.
             await asyncio.sleep(self.weights_gib / self.reload_gibps)
-            self.stale = False
+            self.stale = self.stale and not self.reload_fixes
             return Response(200, b"", "application/json")
         return Response.json({"results": [None]})
 

@@ -128,3 +128,14 @@ def test_the_default_mode_aborts_the_requests_in_flight(start_sim: Any) -> None:
         running.join(timeout=10)
         assert done["answer"]["usage"]["completion_tokens"] < 200
         assert metric(client, "vllm:request_success_total", finished_reason="abort") == 1
+
+
+def test_return_token_ids_gives_the_ids_beside_the_text(start_sim: Any) -> None:
+    sim = start_sim("--enable-sleep-mode", **DEV)
+    with sim.client(timeout=30) as client:
+        body = {"prompt": "one, two,", "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+        first = client.post("/v1/completions", json=body).json()["choices"][0]
+        again = client.post("/v1/completions", json=body).json()["choices"][0]
+        assert len(first["token_ids"]) == 6 and first["token_ids"] == again["token_ids"]
+        plain = client.post("/v1/completions", json={**body, "return_token_ids": None})
+        assert "token_ids" not in plain.json()["choices"][0]

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from laned.api.metrics import LanedMetrics
 from laned.core.lanes import Desired, EventKind, LaneState
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
@@ -29,6 +31,19 @@ def answer(port: int, model: str) -> str:
     )
     assert reply.status_code == 200, reply.text
     return str(reply.json()["choices"][0]["message"]["content"])
+
+
+def sleeper_and_peer(
+    harness: Harness,
+    units: Units,
+    tmp_path: Path,
+    a: str,
+    env: dict[str, dict[str, str]] | None = None,
+) -> tuple[dict[str, int], dict[str, str], Any]:
+    """Lane `a` (that sleeps: `a` is its extra TOML) and lane `b` of one group, own ports."""
+    ports = {"a": free_port(), "b": free_port()}
+    lanes = {"a": FAST + a, "b": FAST}
+    return ports, lanes, lane_config(harness, units, tmp_path, lanes, 0, env=env, ports=ports)
 
 
 def main_pid(harness: Harness, units: Units, lane: str) -> int:
@@ -94,10 +109,7 @@ def test_swaps_put_lanes_to_sleep_and_wake_them_instead_of_cold_starts(
 def test_a_sleeping_lane_is_found_asleep_by_the_next_laned(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
-    ports = {"a": free_port(), "b": free_port()}
-    config = lane_config(
-        harness, units, tmp_path, {"a": FAST + "sleep_level = 1\n", "b": FAST}, 0, ports=ports
-    )
+    ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
@@ -126,11 +138,9 @@ def test_a_sleeping_lane_is_found_asleep_by_the_next_laned(
 def test_a_lane_that_cannot_sleep_is_stopped_instead_and_says_why(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
-    ports = {"a": free_port(), "b": free_port()}
     # Dev mode turned off by the lane's own env: the engine has no sleep routes (404).
     env = {"a": {"LANED_SIM_STARTUP": "0.3", "VLLM_SERVER_DEV_MODE": "0"}}
-    lanes = {"a": FAST + "sleep_level = 1\n", "b": FAST}
-    config = lane_config(harness, units, tmp_path, lanes, 0, env=env, ports=ports)
+    _ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n", env)
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
@@ -147,10 +157,9 @@ def test_a_lane_that_cannot_sleep_is_stopped_instead_and_says_why(
 def test_a_request_wakes_an_on_demand_sleeper_and_no_dev_route_is_reachable_through_laned(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
-    ports = {"a": free_port(), "b": free_port()}
+    a = "sleep_level = 2\non_demand = true\n"
+    ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, a)
     api_port = free_port()
-    lanes = {"a": FAST + "sleep_level = 2\non_demand = true\n", "b": FAST}
-    config = lane_config(harness, units, tmp_path, lanes, 0, ports=ports)
     base = f"http://127.0.0.1:{api_port}"
 
     async def scenario() -> None:
@@ -187,5 +196,85 @@ def test_a_request_wakes_an_on_demand_sleeper_and_no_dev_route_is_reachable_thro
             assert sup.statuses["b"].state is LaneState.INACTIVE
             page = (await client.get("/metrics")).text
             assert 'laned_sleep_mode_duration_seconds_count{lane="a",operation="wake"} 1.0' in page
+
+    run(scenario())
+
+
+def test_a_wake_whose_canary_differs_is_restarted_cold_before_any_traffic(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 2\n")
+    metrics = LanedMetrics()
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            sup.recorder = metrics
+            await sup.activate("a")
+            before = answer(ports["a"], "a")
+            kept = [e.reason for e in sup.events if e.kind is EventKind.CANARY]
+            assert len(kept) == 1 and kept[0].startswith("canary kept at this first good start")
+            await sup.activate("b")
+            # The engine's reload will leave its weights wrong (vLLM #29341's failure).
+            httpx.post(f"http://127.0.0.1:{ports['a']}/sim/fault", json={"kind": "bad-reload"})
+            pid = main_pid(harness, units, "a")
+            woke = await sup.activate("a")
+            # Caught by the canary before any request: stopped and started cold.
+            assert woke.state is LaneState.READY and main_pid(harness, units, "a") != pid
+            assert answer(ports["a"], "a") == before
+            notes = [e.reason for e in sup.events if e.lane == "a" and e.kind is not EventKind.TRANSITION]  # fmt: skip
+            assert any(n.startswith("the canary differs after a wake") for n in notes), notes
+            assert any("stopping it for a cold start" in n for n in notes), notes
+            assert metrics.canary_mismatches.labels("a", "wake")._value.get() == 1
+            # The cold start that followed answered as the first good start did.
+            assert not any("differs after a start" in n for n in notes), notes
+
+    run(scenario())
+
+
+def test_a_lane_whose_config_changed_while_it_slept_is_started_cold_not_woken(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports, lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            await sup.activate("b")
+            pid = main_pid(harness, units, "a")
+            changed = {**lanes, "a": lanes["a"] + 'description = "now with a new flag"\n'}
+            new = lane_config(harness, units, tmp_path, changed, 0, ports=ports)
+            applied = await sup.reload(new)
+            assert applied["restart_needed"] == ["a"], applied
+            await sup.activate("a")
+            assert main_pid(harness, units, "a") != pid
+            notes = [e.reason for e in sup.events if e.lane == "a" and e.kind is EventKind.SLEEP]
+            assert any("its config changed while it slept" in n for n in notes), notes
+
+    run(scenario())
+
+
+def test_a_level_1_lane_whose_weights_host_ram_cannot_hold_sleeps_at_level_2(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
+    # Weights larger than any host's RAM (a sparse file: its size, not its blocks).
+    with (tmp_path / "models" / "a" / "model.safetensors").open("wb") as handle:
+        handle.truncate(1 << 42)  # 4 TiB
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            before = answer(ports["a"], "a")
+            await sup.activate("b")
+            notes = [e.reason for e in sup.events if e.lane == "a" and e.kind is EventKind.SLEEP]
+            assert any(n.startswith("sleeping at level 2, not 1: level 1 would pin") for n in notes), notes  # fmt: skip
+            reasons = [e.reason for e in sup.events if e.lane == "a"]
+            assert "swap to b: asleep (level 2)" in reasons, reasons
+            page = httpx.get(f"http://127.0.0.1:{ports['a']}/metrics", timeout=10).text
+            assert 'sleep_state="discard_all"} 1.0' in page
+            # Woken as level 2: the weights read again, the same answer.
+            await sup.activate("a")
+            assert answer(ports["a"], "a") == before
+            assert any("waking (level 2)" in r for r in (e.reason for e in sup.events if e.lane == "a"))  # fmt: skip
 
     run(scenario())

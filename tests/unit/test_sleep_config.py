@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from laned.adapters.gpus import held
-from laned.adapters.host import cgroup_of, cgroup_pids
+from laned.adapters.host import cgroup_of, cgroup_pids, weights_gib
 from laned.config.load import parse_config
-from laned.core import resume
+from laned.core import canary, resume
 from laned.core.lanes import Desired, LaneState
 from laned.errors import ConfigError, Finding, Severity
-from laned.preflight.facts import GIB, GpuReading
+from laned.preflight.facts import GIB, GpuReading, HostFacts
+from laned.preflight.fit import sleep_fit, sleep_level_for
 from laned.render.units import lane_unit
 from laned.render.wrapper import engine_argv, render_wrapper
 
@@ -130,3 +131,57 @@ def test_an_engines_processes_are_its_cgroup_and_every_cgroup_below(tmp_path: Pa
     assert cgroup_pids("", str(tmp_path)) == set()
     assert cgroup_pids("/gone.service", str(tmp_path)) == set()
     assert cgroup_of(os.getpid()).startswith("/")
+
+
+def test_the_canary_is_kept_per_digest_and_compared_on_token_ids_else_text() -> None:
+    first = canary.Answer((11, 12, 13), " three, four")
+    outcome, _ = canary.judge(None, "d1", first)
+    assert outcome is canary.Outcome.RECORDED
+    kept = first.to_json("d1")
+    assert canary.judge(kept, "d1", first)[0] is canary.Outcome.SAME
+    # The same text from other token ids is a different answer (ids are compared first).
+    assert canary.judge(kept, "d1", canary.Answer((11, 12, 14), " three, four"))[0] is canary.Outcome.DIFFERENT  # fmt: skip
+    wrong = canary.Answer((7, 7, 7), "▀▄▀")
+    outcome, detail = canary.judge(kept, "d1", wrong)
+    assert (
+        outcome is canary.Outcome.DIFFERENT and "first good start answered ' three, four'" in detail
+    )
+    # Other flags, model or image (another digest): a new first answer, kept anew.
+    assert canary.judge(kept, "d2", wrong)[0] is canary.Outcome.RECORDED
+    # An engine without token ids: the text decides.
+    texts = canary.Answer(None, " three, four")
+    assert canary.judge(texts.to_json("d1"), "d1", canary.Answer(None, " three, four"))[0] is canary.Outcome.SAME  # fmt: skip
+    assert canary.judge(texts.to_json("d1"), "d1", canary.Answer(None, "x"))[0] is canary.Outcome.DIFFERENT  # fmt: skip
+
+
+def test_level_1_only_while_host_ram_holds_the_weights_else_level_2() -> None:
+    assert sleep_level_for(1, 40.0, 100.0) == (1, "")
+    level, why = sleep_level_for(1, 95.0, 100.0)  # 95 GiB of weights, 100 available less 8
+    assert level == 2 and "95.0 GiB" in why and "8 GiB margin" in why
+    assert sleep_level_for(2, 500.0, 10.0) == (2, "")  # level 2 pins nothing
+    assert sleep_level_for(1, None, 10.0) == (1, "")  # unknown: the lane's own level
+
+
+def test_preflight_says_which_level_a_lane_would_sleep_at_here() -> None:
+    spec = parse_config(lanes(), "t.toml", ENV).lanes["a"]
+    h200 = GpuReading(0, "H200", 141 * GIB, 0, ())
+    roomy = HostFacts((h200,), "", mem_total_gib=256.0, mem_available_gib=200.0)
+    assert sleep_fit("a", spec, roomy, 60.0) == []
+    tight = HostFacts((h200,), "", mem_total_gib=128.0, mem_available_gib=100.0)
+    [note] = sleep_fit("a", spec, tight, 123.0)
+    assert note.severity is Severity.NOTE and "would sleep at level 2" in note.message
+    cpu_only = HostFacts(None, "NVML is not installed", 64.0, 50.0)
+    [warning] = sleep_fit("a", spec, cpu_only, 1.0)
+    assert warning.severity is Severity.WARNING and "CUDA, ROCm and XPU only" in warning.message
+
+
+def test_the_weights_are_the_models_weight_files(tmp_path: Path) -> None:
+    assert weights_gib(str(tmp_path)) is None  # no weight file: unknown, not zero
+    with (tmp_path / "model-00001-of-00002.safetensors").open("wb") as handle:
+        handle.truncate(3 * GIB)  # sparse: its size, not its blocks
+    (tmp_path / "shard").mkdir()
+    with (tmp_path / "shard" / "model-00002-of-00002.safetensors").open("wb") as handle:
+        handle.truncate(GIB)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert weights_gib(str(tmp_path)) == 4.0
+    assert weights_gib(str(tmp_path / "absent")) is None

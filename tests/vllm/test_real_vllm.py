@@ -12,6 +12,7 @@ at every step.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -27,7 +28,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from laned.adapters.probes import KV_USAGE, SUMMED, parse_engine_metrics
+from laned.adapters.probes import KV_USAGE, SUMMED, Probe, parse_engine_metrics
 from laned.core.phases import Phase
 from tests.helpers import free_port, journal, wait_until
 from tests.integration.lanes import FAST
@@ -189,6 +190,22 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
     assert awake == [1.0], awake
     for path in ("/sleep", "/wake_up", "/collective_rpc"):
         assert httpx.post(f"http://127.0.0.1:{port}{path}", timeout=10).status_code == 404, path
+
+    # The canary's request (laned.core.canary) as real vLLM answers it: token ids beside the
+    # text (return_token_ids), the same ones twice (greedy).
+    async def canary_twice() -> tuple[Any, Any]:
+        probe = Probe()
+        try:
+            return (
+                await probe.canary(port, "v", None, 120),
+                await probe.canary(port, "v", None, 120),
+            )
+        finally:
+            await probe.close()
+
+    first, again = asyncio.run(canary_twice())
+    assert first.token_ids is not None and 0 < len(first.token_ids) <= 16, first
+    assert first == again, (first, again)
 
     # Chat and a stream through laned's OpenAI endpoint.
     with httpx.Client(base_url=f"{serve.url}/v1", timeout=120) as client:

@@ -1,0 +1,82 @@
+"""Lanes that sleep instead of stopping (docs/sleep.md): putting one to sleep for a swap, and
+waking it for an activation. A part of the owner (laned.owner.supervisor), used by its
+requests' side (laned.owner.requests), which keeps the operation around each: its gate, its
+check that it is still current, and the stop and cold start when a sleep or a wake fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+from laned.adapters.host import Host
+from laned.adapters.probes import Probe
+from laned.core.lanes import EventKind, LaneState
+from laned.owner import steps
+from laned.owner.reactions import Reactions
+from laned.owner.records import Records
+from laned.owner.traffic import Traffic
+from laned.render import plan as render
+
+
+class Sleeping:
+    """Sleep and wake, each confirmed; the transitions they make."""
+
+    def __init__(
+        self,
+        records: Records,
+        probe: Probe,
+        host: Host | None,
+        traffic: Traffic,
+        reactions: Reactions,
+    ) -> None:
+        self.records, self.probe, self.host = records, probe, host
+        self.traffic, self.reactions = traffic, reactions
+
+    async def put_to_sleep(self, lane: str, reason: str, force: bool) -> steps.Refused | None:
+        """Drain the lane's requests, put its engine to sleep, confirm it sleeps (then the
+        lane is `sleeping`); Refused (the lane left `stopping`) when it cannot."""
+        r = self.records
+        spec, ledger = r.config.lanes[lane], r.ledger
+        r.cancel_restart(lane)
+        self.reactions.unfollow(lane)  # a sleeping engine is not probed for progress
+        ledger.fail_waiters(lane, reason, superseded=True)
+        level, why = await asyncio.to_thread(steps.sleep_level_now, spec)
+        if why:
+            ledger.note(lane, EventKind.SLEEP, f"sleeping at level 2, not 1: {why}")
+        ledger.transition(lane, LaneState.STOPPING, f"{reason}: to sleep (level {level})")
+        drained = functools.partial(ledger.note, lane, EventKind.DRAIN)
+        await steps.drain(self.traffic, lane, spec, force, drained, r.clock)
+        note, seen = functools.partial(ledger.note, lane), r.snapshots.get(lane)
+        began = time.monotonic()
+        refused, pids = await steps.sleep(self.probe, self.host, lane, spec, seen, note, level)
+        if refused is None:
+            r.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
+            run = r.runs[lane]
+            run.sleepers, run.slept_as, run.slept_level = pids, self._digest(lane), level
+            ledger.transition(lane, LaneState.SLEEPING, f"{reason}: asleep (level {level})")
+        return refused
+
+    def changed_since(self, lane: str) -> bool:
+        """Whether the lane's rendered unit or wrapper changed (a reload) since it went to
+        sleep: a wake would serve the old flags, so it is started cold instead."""
+        return self.records.runs[lane].slept_as != self._digest(lane)
+
+    def _digest(self, lane: str) -> str:
+        return render.lane_digest(self.records.config, lane, self.records.systemd_version)
+
+    async def wake(self, lane: str, reason: str) -> steps.Refused | None:
+        """A new run of the lane, `starting` as a wake: the wake itself (level 2: the weights
+        reloaded, the prefix cache reset), then the canary before any traffic. Refused when
+        either fails; the caller stops the engine and starts it cold."""
+        r = self.records
+        spec = r.config.lanes[lane]
+        level = r.runs[lane].slept_level or spec.sleep_level
+        r.begin_start(lane)
+        r.runs[lane].waking = True
+        r.ledger.transition(lane, LaneState.STARTING, f"{reason}: waking (level {level})")
+        refused = await steps.wake(self.probe, spec, level)
+        if refused is None:  # the weights came back as they were?
+            refused = await self.reactions.canary(lane, "wake", r.statuses[lane].image_id)
+        return refused

@@ -23,7 +23,7 @@ from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
 from laned.config.sleep import LOOPBACK
 from laned.errors import CommandFailed, Finding, LaneError, PodmanError
-from laned.preflight.facts import GIB, HostFacts, LaneFacts
+from laned.preflight.facts import GIB, GpuReading, HostFacts, LaneFacts
 from laned.preflight.rules import evaluate, generation_config_path, model_path, paths_to_check
 
 
@@ -113,10 +113,25 @@ def cgroup_of(pid: int) -> str:
     return ""
 
 
-def cgroup_pids(path: str, root: str = "/sys/fs/cgroup") -> set[int]:
+def cgroup2_root(mounts: str = "/proc/self/mounts") -> str:
+    """Where the unified (v2) cgroup hierarchy is mounted: /sys/fs/cgroup on a pure-v2 host,
+    /sys/fs/cgroup/unified on a hybrid one."""
+    try:
+        with open(mounts, encoding="utf-8") as handle:
+            for line in handle:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == "cgroup2":
+                    return fields[1]
+    except OSError:
+        pass
+    return "/sys/fs/cgroup"
+
+
+def cgroup_pids(path: str, root: str | None = None) -> set[int]:
     """The processes in a cgroup and every cgroup below it (empty for "" or one that is gone)."""
     if not path:
         return set()
+    root = cgroup2_root() if root is None else root
     pids: set[int] = set()
     for where, _dirs, files in os.walk(root + path):
         if "cgroup.procs" in files:
@@ -173,9 +188,15 @@ class Host:
         return None if image is None else image.id
 
     async def lane_facts(
-        self, config: Config, lane: str, port_peer: str | None, last_image_id: str | None
+        self,
+        config: Config,
+        lane: str,
+        port_peer: str | None,
+        last_image_id: str | None,
+        sleepers: frozenset[int] = frozenset(),
     ) -> LaneFacts:
-        """Everything preflight looks at for one lane."""
+        """Everything preflight looks at for one lane (`sleepers`: the processes of laned's
+        sleeping lanes, whose GPU memory stays)."""
         spec = config.lanes[lane]
         host = await self.facts()
         paths = {path: os.path.exists(path) for _, path in paths_to_check(spec)}
@@ -205,13 +226,19 @@ class Host:
             model_generation_config=read_generation_config(model),
             flag_generation_config=read_generation_config(generation_config_path(spec)),
             weights_gib=await asyncio.to_thread(weights_gib, model) if spec.sleep_level else None,
+            sleepers=sleepers,
         )
 
     async def preflight(
-        self, config: Config, lane: str, port_peer: str | None, last_image_id: str | None
+        self,
+        config: Config,
+        lane: str,
+        port_peer: str | None,
+        last_image_id: str | None,
+        sleepers: frozenset[int] = frozenset(),
     ) -> list[Finding]:
         """Gather the lane's facts and check them."""
-        facts = await self.lane_facts(config, lane, port_peer, last_image_id)
+        facts = await self.lane_facts(config, lane, port_peer, last_image_id, sleepers)
         return evaluate(lane, config.lanes[lane], facts)
 
     async def gpu_gate(
@@ -231,6 +258,13 @@ class Host:
             sleepers=sleepers,
         )
         return result, ""
+
+    async def gpu_readings(self, spec: LaneConfig) -> list[GpuReading] | None:
+        """The lane's GPUs as NVML reads them now; None where NVML is absent."""
+        nvml, _why = self.nvml()
+        if nvml is None:
+            return None
+        return await asyncio.to_thread(nvml.read, gpu_indices(spec))
 
     async def gpu_memory_of(self, spec: LaneConfig, pids: Collection[int]) -> float | None:
         """Bytes the processes `pids` hold on the lane's GPUs; None where NVML is absent or

@@ -75,9 +75,19 @@ COLOURS = {  # ANSI: the status page's colours, as a terminal has them
 }  # fmt: skip
 
 
+def ready_in_cell(lane: dict[str, Any]) -> str:
+    """How long an activation would take from where the lane is, as measured last time: a
+    wake for a sleeping lane, a cold start for a stopped one; "-" serving or not measured."""
+    seconds = lane.get("ready_in")
+    if not seconds:
+        return "-"
+    shown = f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+    return f"~{shown} ({'wake' if lane['state'] == 'sleeping' else 'cold start'})"
+
+
 def table(lanes: list[dict[str, Any]], colour: bool = False) -> str:
     """The `laned status` table (its state column coloured, for a terminal)."""
-    rows = [("LANE", "STATE", "DESIRED", "PORT", "MODEL", "REQUESTS", "RESTARTS", "CHECKS", "REASON")]  # fmt: skip
+    rows = [("LANE", "STATE", "DESIRED", "PORT", "MODEL", "REQUESTS", "RESTARTS", "CHECKS", "READY IN", "REASON")]  # fmt: skip
     for lane in lanes:
         state = lane["state"]
         if lane.get("phase"):
@@ -89,7 +99,8 @@ def table(lanes: list[dict[str, Any]], colour: bool = False) -> str:
                 + ")"
             )
         rows.append((lane["name"], state, lane["desired"], str(lane["port"]), lane["served_model_name"],
-                     _requests_cell(lane.get("proxy")), str(lane["restarts"]), _checks_cell(lane.get("checks")), lane.get("reason") or ""))  # fmt: skip
+                     _requests_cell(lane.get("proxy")), str(lane["restarts"]), _checks_cell(lane.get("checks")),
+                     ready_in_cell(lane), lane.get("reason") or ""))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
 
     def paint(row: int, column: int, text: str) -> str:

@@ -55,7 +55,7 @@ class Requests:
     ) -> None:
         self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
         self.traffic, self.reactions = traffic, reactions
-        self.sleeping = Sleeping(records, probe, host, traffic, reactions)
+        self.sleeping = Sleeping(records, systemd, probe, host, traffic, reactions)
         self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
 
     # --- requests from outside ---------------------------------------------------------------
@@ -127,9 +127,12 @@ class Requests:
     async def preflight(self, lane: str) -> list[Finding]:
         """The lane's preflight findings as of now ([] without a host adapter)."""
         self.records.spec(lane)
-        image = self.ledger.statuses[lane].image_id
+        status = self.ledger.statuses[lane]
+        # A sleeping lane wakes: no new engine, no free-memory check beside the sleepers.
+        asleep = status.state is LaneState.SLEEPING
+        sleepers = frozenset() if asleep else self.records.sleepers()
         return await steps.preflight(
-            self.host, self.records.config, lane, self.ledger.states(), image
+            self.host, self.records.config, lane, self.ledger.states(), status.image_id, sleepers
         )
 
     # --- operations -------------------------------------------------------------------------------

@@ -12,7 +12,11 @@ import time
 
 from laned.adapters.host import Host
 from laned.adapters.probes import Probe
+from laned.adapters.systemd import Systemd
+from laned.config.names import unit_name
 from laned.core.lanes import EventKind, LaneState
+from laned.core.unit_state import UnitSnapshot
+from laned.errors import LanedError
 from laned.owner import steps
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
@@ -26,12 +30,13 @@ class Sleeping:
     def __init__(
         self,
         records: Records,
+        systemd: Systemd,
         probe: Probe,
         host: Host | None,
         traffic: Traffic,
         reactions: Reactions,
     ) -> None:
-        self.records, self.probe, self.host = records, probe, host
+        self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
         self.traffic, self.reactions = traffic, reactions
 
     async def put_to_sleep(self, lane: str, reason: str, force: bool) -> steps.Refused | None:
@@ -48,7 +53,12 @@ class Sleeping:
         ledger.transition(lane, LaneState.STOPPING, f"{reason}: to sleep (level {level})")
         drained = functools.partial(ledger.note, lane, EventKind.DRAIN)
         await steps.drain(self.traffic, lane, spec, force, drained, r.clock)
-        note, seen = functools.partial(ledger.note, lane), r.snapshots.get(lane)
+        note = functools.partial(ledger.note, lane)
+        # Its cgroup as systemd has it now (a unit's ControlGroup comes with no signal).
+        try:
+            seen: UnitSnapshot | None = await self.systemd.snapshot(unit_name(lane, spec))
+        except LanedError:
+            seen = None  # then no per-process confirmation: /is_sleeping still decides
         began = time.monotonic()
         refused, pids = await steps.sleep(self.probe, self.host, lane, spec, seen, note, level)
         if refused is None:

@@ -29,7 +29,7 @@ from laned.gates.acceptance import GateResult, run_gates
 from laned.gates.engine_api import EngineClient
 from laned.owner.traffic import Traffic
 from laned.preflight.facts import GIB
-from laned.preflight.fit import sleep_level_for
+from laned.preflight.fit import beside_sleepers, sleep_level_for
 from laned.preflight.rules import model_path
 
 log = logging.getLogger("laned.supervisor")
@@ -60,12 +60,13 @@ async def preflight(
     lane: str,
     states: Mapping[str, LaneState],
     image_id: str | None,
+    sleepers: frozenset[int] = frozenset(),
 ) -> list[Finding]:
     """The lane's preflight findings as of now ([] without a host adapter)."""
     if host is None:
         return []
     peer = policy.port_peer(config, lane, states)
-    return await host.preflight(config, lane, peer, image_id)
+    return await host.preflight(config, lane, peer, image_id, sleepers)
 
 
 async def still_ending(systemd: Systemd, unit: str, seen: UnitSnapshot | None) -> bool:
@@ -149,6 +150,10 @@ async def clear_for_start(
                 EventKind.GATE,
                 f"GPU memory released after {result.waited:.3f}s ({result.polls} reading(s))",
             )
+            readings = None if waking or not sleepers else await host.gpu_readings(spec)
+            beside = beside_sleepers(lane, spec, readings or [], sleepers)
+            if beside:  # vLLM would refuse to start: say so now, with the flag to lower
+                return Refused(f"gpu-gate: {beside[0].message}", beside[0].hint)
     deadline = time.monotonic() + 5
     while not waking and await asyncio.to_thread(port_busy, spec.port):
         # A stopped engine's listener is gone at once; give a slow exit a moment.

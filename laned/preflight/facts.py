@@ -88,6 +88,7 @@ class LaneFacts:
     model_generation_config: dict[str, Any] | None = None  # the model's generation_config.json
     flag_generation_config: dict[str, Any] | None = None  # that of a --generation-config DIR
     weights_gib: float | None = None  # a lane that sleeps: its model's weight files, on disk
+    sleepers: frozenset[int] = frozenset()  # the processes of laned's sleeping lanes
 
 
 def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:

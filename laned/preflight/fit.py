@@ -3,7 +3,7 @@ disks (pure: facts in, findings out), for `laned status --fit`, GET /fit and pre
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from laned.config.model import LaneConfig, gpu_indices
@@ -153,6 +153,40 @@ def sleep_fit(
     if level != spec.sleep_level:
         return [Finding("sleep", f"{where} = 1: it would sleep at level 2 now: {why}", "free host RAM, or set sleep_level = 2", severity=Severity.NOTE)]  # fmt: skip
     return []
+
+
+VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py (0.32): gpu_memory_utilization's default
+
+
+def beside_sleepers(
+    lane: str, spec: LaneConfig, readings: Sequence[GpuReading], sleepers: Collection[int]
+) -> list[Finding]:
+    """Whether the lane's engine would start beside the memory laned's sleeping lanes keep
+    on its GPUs: vLLM refuses to start unless free memory covers total × its
+    --gpu-memory-utilization ("Free memory on device ... is less than desired GPU memory
+    utilization", vllm/v1/worker/utils.py `request_memory`). An error that says by how much
+    to lower that flag; nothing where no sleeper holds memory on its GPUs."""
+    text = spec.engine_arg("--gpu-memory-utilization")
+    try:
+        wanted = float(text) if text is not None else VLLM_GPU_MEMORY_UTILIZATION
+    except ValueError:
+        return []  # the engine's own parser says so at start
+    out = []
+    for gpu in readings:
+        kept = sum(used for pid, used in gpu.processes or () if pid in sleepers)
+        free = gpu.total_bytes - kept
+        if not kept or free >= gpu.total_bytes * wanted:
+            continue
+        fits = int((free / gpu.total_bytes) * 100) / 100 - 0.01
+        out.append(Finding(
+            "sleepers",
+            f"GPU {gpu.index}: laned's sleeping lanes keep {kept / GIB:.1f} GiB of it; vLLM starts "
+            f"only with {wanted:g} × {gpu.total_bytes / GIB:.0f} GiB free (--gpu-memory-utilization) "
+            f"and would find {free / GIB:.1f} GiB",
+            f"lower lanes.{lane}'s --gpu-memory-utilization to {fits:.2f} or less, or stop a "
+            "sleeping lane (laned deactivate LANE)",
+        ))  # fmt: skip
+    return out
 
 
 def fit_report(

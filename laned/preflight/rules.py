@@ -18,10 +18,10 @@ import posixpath
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from laned.config.model import LaneConfig
+from laned.config.model import LaneConfig, gpu_indices
 from laned.errors import Finding, Severity
 from laned.preflight.facts import KeyFile, LaneFacts, blocking, findings_json
-from laned.preflight.fit import fit, sleep_fit
+from laned.preflight.fit import beside_sleepers, fit, sleep_fit
 
 VLLM_READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 GRACEFUL_STOP_MIN = 30.0  # seconds an engine's core and workers need to exit and free memory
@@ -91,6 +91,7 @@ def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
         *_port(lane, spec, facts),
         *fit(lane, spec, facts.host, facts.disk_total_gib),
         *sleep_fit(lane, spec, facts.host, facts.weights_gib),
+        *_beside_sleepers(lane, spec, facts),
         *_engine(lane, spec),
         *_sampling(lane, spec, facts),
     ]
@@ -238,6 +239,16 @@ def _secrets_beside_env(lane: str, spec: LaneConfig, key: KeyFile) -> Iterator[F
                 f"keep one: the secrets file for a secret (then remove lanes.{lane}.env.{name})",
                 severity=Severity.WARNING,
             )
+
+
+def _beside_sleepers(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
+    """The lane's GPUs as NVML reads them, against what laned's sleepers keep there (the
+    lanes that go to sleep in this swap are not counted: they are not asleep yet)."""
+    if facts.host.gpus is None or not facts.sleepers:
+        return []
+    wanted = gpu_indices(spec)
+    gpus = [g for g in facts.host.gpus if wanted is None or g.index in wanted]
+    return beside_sleepers(lane, spec, gpus, facts.sleepers)
 
 
 def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from laned.api.metrics import LanedMetrics
 from laned.core.lanes import Desired, EventKind, LaneState
+from laned.errors import ActivationFailed
+from laned.preflight.facts import GIB, GpuReading
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
@@ -276,5 +279,61 @@ def test_a_level_1_lane_whose_weights_host_ram_cannot_hold_sleeps_at_level_2(
             await sup.activate("a")
             assert answer(ports["a"], "a") == before
             assert any("waking (level 2)" in r for r in (e.reason for e in sup.events if e.lane == "a"))  # fmt: skip
+
+    run(scenario())
+
+
+class SleepAwareGpu:
+    """GPU 0 (80 GiB) as NVML would list it: each running engine's main process holds 70 GiB
+    awake and `residual` GiB asleep (the engine is asked)."""
+
+    def __init__(self, harness: Harness, units: Units, ports: dict[str, int], residual: float):
+        self.harness, self.units, self.ports, self.residual = harness, units, ports, residual
+
+    def read(self, indices: Any = None) -> list[GpuReading]:
+        processes = []
+        for lane, port in self.ports.items():
+            pid = main_pid(self.harness, self.units, lane)
+            if not pid:
+                continue
+            try:
+                asleep = engine(port, "GET", "/is_sleeping").json()["is_sleeping"] is True
+            except (httpx.HTTPError, ValueError, KeyError):
+                asleep = False  # loading, or no dev routes: awake
+            processes.append((pid, int((self.residual if asleep else 70) * GIB)))
+        used = sum(b for _, b in processes)
+        return [GpuReading(0, "test GPU", 80 * GIB, used, tuple(processes))]
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_next_lane_starts_beside_a_sleepers_residual_or_is_told_which_flag_to_lower(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports = {"a": free_port(), "b": free_port(), "c": free_port()}
+    lanes = {
+        "a": FAST + "sleep_level = 1\n",
+        "b": FAST,  # vLLM's default --gpu-memory-utilization, 0.92: 73.6 of 80 GiB
+        "c": FAST + 'args = ["--gpu-memory-utilization", "0.85"]\n',
+    }
+    config = lane_config(harness, units, tmp_path, lanes, 0, ports=ports)
+    gpu = SleepAwareGpu(harness, units, ports, residual=8.0)
+
+    async def scenario() -> None:
+        async with supervising(harness, config, host=True, gpus=gpu) as sup:
+            await sup.activate("a")
+            with pytest.raises(ActivationFailed) as refused:
+                await sup.activate("b")
+            # The gate opened (the sleeper's 8 GiB are left out), then vLLM's own rule: 72
+            # GiB free where b wants 73.6. Said before b's engine would have failed on it.
+            assert "sleeping lanes keep 8.0 GiB" in refused.value.message, refused.value
+            assert "--gpu-memory-utilization to 0.89 or less" in refused.value.hint
+            assert sup.statuses["a"].state is LaneState.SLEEPING
+            released = [e.reason for e in sup.events if e.lane == "a" and e.kind is EventKind.SLEEP]
+            assert "asleep: 62.00 GiB of GPU memory released, 8.00 GiB stay" in released, released
+            # c asks for less: it starts beside the sleeper, and a wakes again after it.
+            assert (await sup.activate("c")).state is LaneState.READY
+            assert (await sup.activate("a")).state is LaneState.READY
 
     run(scenario())

@@ -14,7 +14,7 @@ from laned.core import canary, resume
 from laned.core.lanes import Desired, LaneState
 from laned.errors import ConfigError, Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts
-from laned.preflight.fit import sleep_fit, sleep_level_for
+from laned.preflight.fit import beside_sleepers, sleep_fit, sleep_level_for
 from laned.render.units import lane_unit
 from laned.render.wrapper import engine_argv, render_wrapper
 
@@ -185,3 +185,26 @@ def test_the_weights_are_the_models_weight_files(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{}")
     assert weights_gib(str(tmp_path)) == 4.0
     assert weights_gib(str(tmp_path / "absent")) is None
+
+
+def test_laned_status_says_how_long_an_activation_would_take_from_each_rung() -> None:
+    from laned.cli.client import ready_in_cell
+
+    lane = {"state": "sleeping", "ready_in": 0.409}
+    assert ready_in_cell(lane) == "~0.4 s (wake)"
+    assert ready_in_cell({"state": "inactive", "ready_in": 1320.0}) == "~22 min (cold start)"
+    assert ready_in_cell({"state": "ready", "ready_in": 0.0}) == "-"
+    assert ready_in_cell({"state": "sleeping", "ready_in": None}) == "-"
+
+
+def test_the_next_lane_must_start_beside_what_sleepers_keep_under_vllms_own_rule() -> None:
+    spec = parse_config(lanes(), "t.toml", ENV).lanes["b"]  # vLLM's default: 0.92
+    gpu = GpuReading(0, "H200", 80 * GIB, 10 * GIB, ((1000, 8 * GIB), (5000, 2 * GIB)))
+    [error] = beside_sleepers("b", spec, [gpu], {1000})
+    # 80 × 0.92 = 73.6 GiB wanted free; the sleeper keeps 8: 72 GiB free.
+    assert error.severity is Severity.ERROR and "keep 8.0 GiB" in error.message
+    assert "would find 72.0 GiB" in error.message and "to 0.89 or less" in error.hint
+    assert beside_sleepers("b", spec, [gpu], {5000}) == []  # 2 GiB kept: 78 free, enough
+    assert beside_sleepers("b", spec, [gpu], set()) == []
+    lower = parse_config(lanes(b='args = ["--gpu-memory-utilization", "0.85"]'), "t.toml", ENV)
+    assert beside_sleepers("b", lower.lanes["b"], [gpu], {1000}) == []

@@ -114,6 +114,21 @@ class Probe:
         """GET /is_sleeping."""
         return _field(await self._dev("GET", port, "/is_sleeping", timeout), "is_sleeping") is True
 
+    async def sleep_level(self, port: int) -> int | None:
+        """The level the engine sleeps at, from its /metrics (`vllm:engine_sleep_state`:
+        `weights_offloaded` 1 is level 1, `discard_all` 1 level 2); None when it cannot say."""
+        try:
+            response = await self.client.get(self.url(port, "/metrics"))
+            lines = response.text.splitlines() if response.status_code == 200 else []
+        except httpx.HTTPError:
+            return None
+        for line in lines:
+            if line.startswith("vllm:engine_sleep_state{") and line.rstrip().endswith(" 1.0"):
+                for state, level in (('"weights_offloaded"', 1), ('"discard_all"', 2)):
+                    if f"sleep_state={state}" in line:
+                        return level
+        return None
+
     async def reload_weights(self, port: int, timeout: float) -> None:
         """After a level-2 wake: the weights read again (vLLM #29341: without it the engine
         answers, wrongly)."""

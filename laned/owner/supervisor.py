@@ -117,8 +117,11 @@ class Supervisor:
                 # Put to sleep by an earlier laned: it stays asleep, not desired, until woken.
                 r.ledger.desire(lane, Desired.INACTIVE)
                 r.ledger.transition(lane, LaneState.SLEEPING, "found asleep")
-                # Taken to be asleep with the config laned starts with (which it cannot tell).
+                # Taken to be asleep with the config laned starts with (which it cannot tell),
+                # at the level the engine says (a level 2 woken as 1 would skip its reload).
                 r.runs[lane].slept_as = render.lane_digest(r.config, lane, r.systemd_version)
+                level = await self.probe.sleep_level(r.config.lanes[lane].port)
+                r.runs[lane].slept_level = level or 0
                 if self.host is not None:  # its processes, for the GPU-memory gate
                     spec = r.config.lanes[lane]
                     pids = await self.host.engine_pids(lane, spec, snap.control_group)

@@ -113,12 +113,17 @@ def test_a_sleeping_lane_is_found_asleep_by_the_next_laned(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
     ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
+    # Weights no host RAM holds: a sleeps at level 2, though its config says 1.
+    with (tmp_path / "models" / "a" / "model.safetensors").open("wb") as handle:
+        handle.truncate(1 << 42)
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
             await sup.activate("a")
+            before = answer(ports["a"], "a")
             await sup.activate("b")
             assert sup.statuses["a"].state is LaneState.SLEEPING
+        pid = main_pid(harness, units, "a")
         sup = await supervise(harness, config)
         try:
             a, b = sup.statuses["a"], sup.statuses["b"]
@@ -129,8 +134,12 @@ def test_a_sleeping_lane_is_found_asleep_by_the_next_laned(
             )
             await until(lambda: b.state is LaneState.READY, 20, "b adopted")
             assert b.desired is Desired.ACTIVE
+            # Woken at the level the engine says it sleeps at (2: the weights reloaded), not
+            # its config's: the same process answers as before, no canary difference.
             assert (await sup.activate("a")).state is LaneState.READY
             assert engine(ports["a"], "GET", "/is_sleeping").json() == {"is_sleeping": False}
+            assert main_pid(harness, units, "a") == pid and answer(ports["a"], "a") == before
+            assert any("waking (level 2)" in e.reason for e in sup.events if e.lane == "a")
         finally:
             await sup.close()
             await sup.probe.close()

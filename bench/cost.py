@@ -117,13 +117,16 @@ def config_text(tmp: Path, lanes: int, running: int, api: int, unit_dir: Path, t
         f'listen = "127.0.0.1:{api}"\n' + ('default_lane = "l0"\n' if running else "")
     )
     (tmp / "models").mkdir(exist_ok=True)
+    first = free_port()
+    while 41000 < first < 41000 + lanes:  # the kernel's pick may be one of the fixed ports
+        first = free_port()
     for i in range(lanes):
         # One group each: all may run at once, but only `running` of them are started.
         # Only l0 ever runs: the others get distinct ports that nothing binds.
         text += sim_lane(
             f"l{i}",
             f"{tag}-l{i}.service",
-            free_port() if i == 0 else 41000 + i,
+            first if i == 0 else 41000 + i,
             f'group = "g{i}"\ngpus = [0]\n',
             model=str(tmp / "models"),
         )

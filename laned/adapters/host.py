@@ -23,7 +23,14 @@ from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
 from laned.config.sleep import LOOPBACK
 from laned.errors import CommandFailed, Finding, LaneError, PodmanError
-from laned.preflight.facts import GIB, GpuReading, HostFacts, LaneFacts
+from laned.preflight.facts import (
+    GIB,
+    NO_SLEEPERS,
+    GpuReading,
+    HostFacts,
+    LaneFacts,
+    Sleepers,
+)
 from laned.preflight.rules import evaluate, generation_config_path, model_path, paths_to_check
 
 
@@ -193,10 +200,10 @@ class Host:
         lane: str,
         port_peer: str | None,
         last_image_id: str | None,
-        sleepers: frozenset[int] = frozenset(),
+        sleepers: Sleepers = NO_SLEEPERS,
     ) -> LaneFacts:
-        """Everything preflight looks at for one lane (`sleepers`: the processes of laned's
-        sleeping lanes, whose GPU memory stays)."""
+        """Everything preflight looks at for one lane (`sleepers`: laned's sleeping lanes,
+        whose GPU memory stays, and those the activation puts to sleep)."""
         spec = config.lanes[lane]
         host = await self.facts()
         paths = {path: os.path.exists(path) for _, path in paths_to_check(spec)}
@@ -235,7 +242,7 @@ class Host:
         lane: str,
         port_peer: str | None,
         last_image_id: str | None,
-        sleepers: frozenset[int] = frozenset(),
+        sleepers: Sleepers = NO_SLEEPERS,
     ) -> list[Finding]:
         """Gather the lane's facts and check them."""
         facts = await self.lane_facts(config, lane, port_peer, last_image_id, sleepers)
@@ -266,18 +273,19 @@ class Host:
             return None
         return await asyncio.to_thread(nvml.read, gpu_indices(spec))
 
-    async def gpu_memory_of(self, spec: LaneConfig, pids: Collection[int]) -> float | None:
-        """Bytes the processes `pids` hold on the lane's GPUs; None where NVML is absent or
-        cannot list processes."""
+    async def gpu_memory_of(self, spec: LaneConfig, pids: Collection[int]) -> dict[int, int] | None:
+        """Bytes the processes `pids` hold on each of the lane's GPUs (by index); None where
+        NVML is absent or cannot list processes."""
         nvml, _why = self.nvml()
         if nvml is None or not pids:
             return None
         readings = await asyncio.to_thread(nvml.read, gpu_indices(spec))
         if any(gpu.processes is None for gpu in readings):
             return None
-        return float(
-            sum(used for gpu in readings for pid, used in gpu.processes or () if pid in pids)
-        )
+        return {
+            gpu.index: sum(used for pid, used in gpu.processes or () if pid in pids)
+            for gpu in readings
+        }
 
     async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         """Every process of the lane's engine: its unit's cgroup, and a container's own

@@ -48,6 +48,7 @@ class LaneRun:
     sleepers: frozenset[int] = frozenset()  # asleep: its engine's processes (the GPU gate)
     slept_as: str = ""  # asleep: the digest of its unit and wrapper when it went to sleep
     slept_level: int = 0  # asleep: the level it sleeps at (0: its own, not known better)
+    residual: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes, its last sleep
 
 
 class Records:
@@ -148,6 +149,15 @@ class Records:
         """The processes of every sleeping lane: their residual GPU memory stays."""
         asleep = [n for n, s in self.statuses.items() if s.state is LaneState.SLEEPING]
         return frozenset().union(*(self.runs[n].sleepers for n in asleep))
+
+    def to_sleep(self, lane: str) -> dict[str, dict[int, int]]:
+        """The peers an activation of `lane` would put to sleep (they sleep and serve now),
+        with what each kept on its GPUs at its last sleep ({}: not measured yet)."""
+        return {
+            peer: dict(self.runs[peer].residual)
+            for peer in policy.peers(self.config, lane)
+            if self.config.lanes[peer].sleep_level and self.serving(peer)
+        }
 
     def fail_start(self, lane: str, reason: str) -> None:
         """The lane is failed; whoever waits for it to be ready hears why."""

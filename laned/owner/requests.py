@@ -35,7 +35,7 @@ from laned.owner.reactions import Reactions
 from laned.owner.records import Records
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
-from laned.preflight.facts import blocking
+from laned.preflight.facts import Sleepers, blocking
 from laned.preflight.rules import refusal
 
 log = logging.getLogger("laned.supervisor")
@@ -130,7 +130,8 @@ class Requests:
         status = self.ledger.statuses[lane]
         # A sleeping lane wakes: no new engine, no free-memory check beside the sleepers.
         asleep = status.state is LaneState.SLEEPING
-        sleepers = frozenset() if asleep else self.records.sleepers()
+        r = self.records
+        sleepers = Sleepers() if asleep else Sleepers(r.sleepers(), r.to_sleep(lane))
         return await steps.preflight(
             self.host, self.records.config, lane, self.ledger.states(), status.image_id, sleepers
         )

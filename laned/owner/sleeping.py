@@ -60,13 +60,16 @@ class Sleeping:
         except LanedError:
             seen = None  # then no per-process confirmation: /is_sleeping still decides
         began = time.monotonic()
-        refused, pids = await steps.sleep(self.probe, self.host, lane, spec, seen, note, level)
-        if refused is None:
-            r.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
-            run = r.runs[lane]
-            run.sleepers, run.slept_as, run.slept_level = pids, self._digest(lane), level
-            ledger.transition(lane, LaneState.SLEEPING, f"{reason}: asleep (level {level})")
-        return refused
+        slept = await steps.sleep(self.probe, self.host, lane, spec, seen, note, level)
+        if isinstance(slept, steps.Refused):
+            return slept
+        r.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
+        run = r.runs[lane]
+        run.sleepers, run.slept_as, run.slept_level = slept.pids, self._digest(lane), level
+        if slept.residual:  # what the next swap's preflight counts before it puts it to sleep
+            run.residual = slept.residual
+        ledger.transition(lane, LaneState.SLEEPING, f"{reason}: asleep (level {level})")
+        return None
 
     def changed_since(self, lane: str) -> bool:
         """Whether the lane's rendered unit or wrapper changed (a reload) since it went to

@@ -28,7 +28,7 @@ from laned.errors import Finding, LanedError, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
 from laned.gates.engine_api import EngineClient
 from laned.owner.traffic import Traffic
-from laned.preflight.facts import GIB
+from laned.preflight.facts import GIB, NO_SLEEPERS, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
 from laned.preflight.rules import model_path
 
@@ -60,7 +60,7 @@ async def preflight(
     lane: str,
     states: Mapping[str, LaneState],
     image_id: str | None,
-    sleepers: frozenset[int] = frozenset(),
+    sleepers: Sleepers = NO_SLEEPERS,
 ) -> list[Finding]:
     """The lane's preflight findings as of now ([] without a host adapter)."""
     if host is None:
@@ -174,6 +174,15 @@ async def start(systemd: Systemd, unit: str) -> None:
         log.warning("start job of %s ended %s", unit, result)
 
 
+@dataclass(frozen=True)
+class Asleep:
+    """A sleep confirmed: the engine's processes (for the GPU-memory gate) and what they keep
+    on each GPU by index (empty where NVML cannot list processes)."""
+
+    pids: frozenset[int]
+    residual: dict[int, int]
+
+
 async def sleep(
     probe: Probe,
     host: Host | None,
@@ -182,31 +191,31 @@ async def sleep(
     seen: UnitSnapshot | None,
     note: Note,
     level: int,
-) -> tuple[Refused | None, frozenset[int]]:
+) -> Refused | Asleep:
     """Put the lane's engine to sleep at `level` (its requests drained first) and confirm
     it: /is_sleeping, and where NVML lists processes, less GPU memory held by the engine's
-    processes than before (what stays is its residual, said in a note). The engine's
-    processes, for the GPU-memory gate."""
+    processes than before (what stays is its residual, said in a note)."""
     pids = set() if host is None or seen is None else await host.engine_pids(lane, spec, seen.control_group)  # fmt: skip
     before = None if host is None else await host.gpu_memory_of(spec, pids)
     try:
         await probe.sleep(spec.port, level, timeout=spec.stop_timeout)
         asleep = await probe.is_sleeping(spec.port)
     except LanedError as exc:
-        return Refused(f"sleep (level {level}): {exc.message}", exc.hint), frozenset()
+        return Refused(f"sleep (level {level}): {exc.message}", exc.hint)
     if not asleep:
-        return Refused(f"sleep (level {level}): /is_sleeping still says false after /sleep"), frozenset()  # fmt: skip
+        return Refused(f"sleep (level {level}): /is_sleeping still says false after /sleep")
     after = None if host is None else await host.gpu_memory_of(spec, pids)
-    if before is not None and after is not None:
-        if before > 0 and after >= before:
-            refused = Refused(
-                f"sleep (level {level}): its processes still hold {after / GIB:.2f} GiB of GPU "
-                "memory, no less than before",
-                "is --enable-sleep-mode in its wrapper? (laned render)",
-            )
-            return refused, frozenset()
-        note(EventKind.SLEEP, f"asleep: {(before - after) / GIB:.2f} GiB of GPU memory released, {after / GIB:.2f} GiB stay")  # fmt: skip
-    return None, frozenset(pids)
+    if before is None or after is None:
+        return Asleep(frozenset(pids), {})
+    held, kept = sum(before.values()), sum(after.values())
+    if held > 0 and kept >= held:
+        return Refused(
+            f"sleep (level {level}): its processes still hold {kept / GIB:.2f} GiB of GPU "
+            "memory, no less than before",
+            "is --enable-sleep-mode in its wrapper? (laned render)",
+        )
+    note(EventKind.SLEEP, f"asleep: {(held - kept) / GIB:.2f} GiB of GPU memory released, {kept / GIB:.2f} GiB stay")  # fmt: skip
+    return Asleep(frozenset(pids), after)
 
 
 async def canary_check(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,19 @@ class KeyFile:
 
 
 @dataclass(frozen=True)
+class Sleepers:
+    """laned's own sleepers as the next lane's preflight counts them: the processes of the
+    lanes asleep now, and the peers its activation would put to sleep, with what each kept
+    on its GPUs (index -> bytes) at its last sleep ({}: not measured yet)."""
+
+    pids: frozenset[int] = frozenset()
+    coming: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+
+
+NO_SLEEPERS = Sleepers()
+
+
+@dataclass(frozen=True)
 class LaneFacts:
     """Everything the checks of one lane look at, gathered beforehand (see laned.adapters.host)."""
 
@@ -88,7 +101,7 @@ class LaneFacts:
     model_generation_config: dict[str, Any] | None = None  # the model's generation_config.json
     flag_generation_config: dict[str, Any] | None = None  # that of a --generation-config DIR
     weights_gib: float | None = None  # a lane that sleeps: its model's weight files, on disk
-    sleepers: frozenset[int] = frozenset()  # the processes of laned's sleeping lanes
+    sleepers: Sleepers = NO_SLEEPERS
 
 
 def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:

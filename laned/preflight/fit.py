@@ -159,13 +159,18 @@ VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py (0.32): gpu_memory_ut
 
 
 def beside_sleepers(
-    lane: str, spec: LaneConfig, readings: Sequence[GpuReading], sleepers: Collection[int]
+    lane: str,
+    spec: LaneConfig,
+    readings: Sequence[GpuReading],
+    sleepers: Collection[int],
+    coming: Mapping[str, Mapping[int, int]] = {},
 ) -> list[Finding]:
     """Whether the lane's engine would start beside the memory laned's sleeping lanes keep
     on its GPUs: vLLM refuses to start unless free memory covers total × its
     --gpu-memory-utilization ("Free memory on device ... is less than desired GPU memory
-    utilization", vllm/v1/worker/utils.py `request_memory`). An error that says by how much
-    to lower that flag; nothing where no sleeper holds memory on its GPUs."""
+    utilization", vllm/v1/worker/utils.py `request_memory`). `coming`: the peers this swap
+    puts to sleep, with what each kept per GPU at its last sleep. An error that says by how
+    much to lower that flag; nothing where no sleeper holds memory on its GPUs."""
     text = spec.engine_arg("--gpu-memory-utilization")
     try:
         wanted = float(text) if text is not None else VLLM_GPU_MEMORY_UTILIZATION
@@ -173,18 +178,23 @@ def beside_sleepers(
         return []  # the engine's own parser says so at start
     out = []
     for gpu in readings:
+        soon = {peer: kept[gpu.index] for peer, kept in coming.items() if kept.get(gpu.index)}
         kept = sum(used for pid, used in gpu.processes or () if pid in sleepers)
+        kept += sum(soon.values())
         free = gpu.total_bytes - kept
         if not kept or free >= gpu.total_bytes * wanted:
             continue
         fits = int((free / gpu.total_bytes) * 100) / 100 - 0.01
+        also = ", ".join(f"{peer}: {used / GIB:.1f} GiB at its last sleep" for peer, used in soon.items())  # fmt: skip
         out.append(Finding(
             "sleepers",
-            f"GPU {gpu.index}: laned's sleeping lanes keep {kept / GIB:.1f} GiB of it; vLLM starts "
-            f"only with {wanted:g} × {gpu.total_bytes / GIB:.0f} GiB free (--gpu-memory-utilization) "
-            f"and would find {free / GIB:.1f} GiB",
+            f"GPU {gpu.index}: laned's sleeping lanes keep {kept / GIB:.1f} GiB of it"
+            + (f" (with the lanes this swap puts to sleep: {also})" if soon else "")
+            + f"; vLLM starts only with {wanted:g} × {gpu.total_bytes / GIB:.0f} GiB free "
+            f"(--gpu-memory-utilization) and would find {free / GIB:.1f} GiB",
             f"lower lanes.{lane}'s --gpu-memory-utilization to {fits:.2f} or less, or stop a "
-            "sleeping lane (laned deactivate LANE)",
+            "sleeping lane (laned deactivate LANE)"
+            + (f", or set lanes.{next(iter(soon))}.sleep_level = 0" if soon else ""),
         ))  # fmt: skip
     return out
 

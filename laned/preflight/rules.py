@@ -242,13 +242,25 @@ def _secrets_beside_env(lane: str, spec: LaneConfig, key: KeyFile) -> Iterator[F
 
 
 def _beside_sleepers(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
-    """The lane's GPUs as NVML reads them, against what laned's sleepers keep there (the
-    lanes that go to sleep in this swap are not counted: they are not asleep yet)."""
-    if facts.host.gpus is None or not facts.sleepers:
+    """The lane's GPUs as NVML reads them, against what laned's sleepers keep there: those
+    asleep now, and those this swap puts to sleep as they were at their last sleep (one not
+    measured yet is checked at the start gate, once it sleeps)."""
+    sleepers = facts.sleepers
+    if facts.host.gpus is None or not (sleepers.pids or sleepers.coming):
         return []
     wanted = gpu_indices(spec)
     gpus = [g for g in facts.host.gpus if wanted is None or g.index in wanted]
-    return beside_sleepers(lane, spec, gpus, facts.sleepers)
+    found = beside_sleepers(lane, spec, gpus, sleepers.pids, sleepers.coming)
+    unmeasured = sorted(peer for peer, kept in sleepers.coming.items() if not kept)
+    if unmeasured:
+        found.append(Finding(
+            "sleepers",
+            f"{', '.join(unmeasured)} goes to sleep in this swap and has not slept since laned "
+            "started: what it keeps on the GPUs is not known yet",
+            "the start gate checks the lane beside it once it sleeps",
+            severity=Severity.NOTE,
+        ))  # fmt: skip
+    return found
 
 
 def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:

@@ -13,7 +13,7 @@ import pytest
 
 from laned.api.metrics import LanedMetrics
 from laned.core.lanes import Desired, EventKind, LaneState
-from laned.errors import ActivationFailed
+from laned.errors import ActivationFailed, PreflightFailed
 from laned.preflight.facts import GIB, GpuReading
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
@@ -344,5 +344,12 @@ def test_the_next_lane_starts_beside_a_sleepers_residual_or_is_told_which_flag_t
             # c asks for less: it starts beside the sleeper, and a wakes again after it.
             assert (await sup.activate("c")).state is LaneState.READY
             assert (await sup.activate("a")).state is LaneState.READY
+            # a has slept once: its 8 GiB are known. b is now refused before anything moves.
+            pid = main_pid(harness, units, "a")
+            with pytest.raises(PreflightFailed) as refused:
+                await sup.activate("b")
+            assert "a: 8.0 GiB at its last sleep" in refused.value.message, refused.value
+            assert "nothing was stopped" in refused.value.hint
+            assert sup.statuses["a"].state is LaneState.READY and main_pid(harness, units, "a") == pid  # fmt: skip
 
     run(scenario())

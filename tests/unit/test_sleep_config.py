@@ -208,3 +208,8 @@ def test_the_next_lane_must_start_beside_what_sleepers_keep_under_vllms_own_rule
     assert beside_sleepers("b", spec, [gpu], set()) == []
     lower = parse_config(lanes(b='args = ["--gpu-memory-utilization", "0.85"]'), "t.toml", ENV)
     assert beside_sleepers("b", lower.lanes["b"], [gpu], {1000}) == []
+    # A peer this swap puts to sleep counts with what it kept at its last sleep, before it moves.
+    [coming] = beside_sleepers("b", spec, [gpu], {5000}, {"a": {0: 6 * GIB}, "c": {1: GIB}})
+    assert "keep 8.0 GiB" in coming.message and "a: 6.0 GiB at its last sleep" in coming.message
+    assert "c:" not in coming.message and "lanes.a.sleep_level = 0" in coming.hint
+    assert beside_sleepers("b", spec, [gpu], set(), {"a": {0: 5 * GIB}}) == []  # 75 free

@@ -21,6 +21,7 @@ from laned.config.names import container_name, unit_name
 from laned.config.ranks import rank_here
 from laned.core import policy
 from laned.core.lanes import Event, LaneState, LaneStatus
+from laned.core.schedule import Admission
 from laned.errors import BusUnavailable, LanedError, NotAContainer, PreflightFailed
 from laned.owner.supervisor import Supervisor
 from laned.owner.traffic import Traffic
@@ -78,13 +79,21 @@ class Front:
         """Requests at laned's OpenAI endpoint: in flight and waiting, per lane."""
         return self.supervisor.traffic
 
-    def proxy_counts(self, lane: str) -> dict[str, int]:
+    def proxy_counts(self, lane: str) -> dict[str, float]:
         """The lane's requests at laned's OpenAI endpoint: in flight, waiting for it."""
         return self.supervisor.traffic.counts(lane)
 
     def under_way(self, lane: str) -> str | None:
         """The operation under way in the lane's group ("activate b"), or None."""
         return self.supervisor.under_way(lane)
+
+    def admission(self, lane: str, arrived: float) -> Admission:
+        """Whether a request for the lane goes to its engine now, waits, or is refused."""
+        return self.supervisor.admission(lane, arrived)
+
+    async def turn(self, lane: str, arrived: float, timeout: float) -> Admission:
+        """A waiting request's turn: GO or REFUSE (with why); TimeoutError."""
+        return await self.supervisor.turn(lane, arrived, timeout)
 
     def wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
         """A future that resolves when the lane is ready, or fails with why it will not be."""

@@ -30,7 +30,7 @@ class LaneSource(Protocol):
     def engine_summary(self, lane: str) -> dict[str, float] | None:
         """The engine's load, for running lanes."""
 
-    def proxy_counts(self, lane: str) -> dict[str, int]:
+    def proxy_counts(self, lane: str) -> dict[str, float]:
         """The lane's requests at laned's OpenAI endpoint: in flight, queued."""
 
     def rank_view(self, lane: str) -> dict[str, Any] | None:
@@ -144,6 +144,13 @@ class LanedMetrics(Recorder):
             ["lane", "code"],
             registry=r,
         )
+        self.schedule_swaps = Counter(
+            "laned_schedule_swaps",
+            "Swaps the requests waiting at laned's OpenAI endpoint asked for, by lane and cause "
+            "(empty, idle, residency, fifo, idle_return: laned.core.schedule).",
+            ["lane", "cause"],
+            registry=r,
+        )
         self.proxy_wait_seconds = Histogram(
             "laned_proxy_queue_wait_seconds",
             "Time a request at laned's OpenAI endpoint waited for its lane to be ready.",
@@ -207,6 +214,9 @@ class LanedMetrics(Recorder):
 
     def proxy_answer(self, lane: str, code: int) -> None:
         self.proxy_answers.labels(lane, str(code)).inc()
+
+    def schedule_swap(self, lane: str, cause: str) -> None:
+        self.schedule_swaps.labels(lane, cause).inc()
 
     def proxy_queue_wait(self, lane: str, seconds: float) -> None:
         self.proxy_wait_seconds.labels(lane).observe(seconds)
@@ -272,6 +282,11 @@ class _StateCollector(Collector):
             "Requests at laned's OpenAI endpoint waiting for the lane to be ready.",
             labels=["lane"],
         )
+        oldest = GaugeMetricFamily(
+            "laned_proxy_oldest_wait_seconds",
+            "How long the oldest request waiting for the lane has waited (0: none waits).",
+            labels=["lane"],
+        )
         rank = GaugeMetricFamily(
             "laned_lane_rank", "This host's rank in a lane over several hosts (0: the head).",
             labels=["lane"],
@@ -292,6 +307,7 @@ class _StateCollector(Collector):
             counts = self.source.proxy_counts(name)
             in_flight.add_metric([name], counts["in_flight"])
             queued.add_metric([name], counts["queued"])
+            oldest.add_metric([name], counts["oldest_wait"])
             for each in LaneState:
                 state.add_metric([name, each.value], 1.0 if status.state is each else 0.0)
             desired.add_metric([name], 1.0 if status.desired is Desired.ACTIVE else 0.0)
@@ -321,6 +337,7 @@ class _StateCollector(Collector):
             check_time,
             in_flight,
             queued,
+            oldest,
             rank,
             peer_up,
         )

@@ -7,9 +7,10 @@ serve answers 503 with Retry-After, in OpenAI's error shape, saying its state an
 activate it. One pooled connection set to the engines, no new connection per request.
 
 A request for a lane that is on its way to serving (starting, restarting, a swap towards
-it) waits in a bounded queue (`proxy.queue_limit`, `proxy.queue_timeout`) and goes through
-once it is ready; a lane that fails meanwhile answers its waiters at once. A lane with
-`on_demand = true` is activated by a request for its model (a swap), which then waits.
+it), or for an `on_demand` lane of a group that another lane holds, waits in the lane's
+bounded queue (`proxy.queue_limit`, `proxy.queue_timeout`) for its turn: the owner's
+scheduler (laned.owner.scheduler, laned.core.schedule) decides when a group swaps for its
+waiting requests. A lane that fails meanwhile answers its waiters at once.
 
 Every request sent to an engine is counted in flight (`laned.owner.traffic`) until its answer
 ends, so that the owner can drain a lane before it stops it: a stopping lane gets no new
@@ -32,11 +33,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from laned.adapters.probes import ENGINE_KEEP_ALIVE
 from laned.api.front import Front
+from laned.api.loading import EVERY, Progress, error_event, progress_line
 from laned.config.model import Config
 from laned.core import policy
-from laned.core.lanes import Desired, LaneState, LaneStatus
+from laned.core.lanes import Desired, LaneStatus
 from laned.core.recorder import Recorder
-from laned.errors import LanedError
+from laned.core.schedule import Admission, Verdict
 from laned.owner.traffic import Flight
 
 # Request headers that travel to the engine; hop-by-hop ones and Host do not. The answer's
@@ -46,7 +48,6 @@ FORWARDED = (
     "openai-organization", "openai-project",
 )  # fmt: skip
 RETURNED = ("content-type", "content-encoding")
-SERVING = (LaneState.READY, LaneState.DEGRADED)
 RETRY_AFTER = 30  # seconds, for a lane not on its way to serving or a full queue
 
 
@@ -74,33 +75,6 @@ def under_v1(path: str) -> bool:
     return "\\" not in path and not any(part in (".", "..") for part in path.split("/"))
 
 
-def worth_waiting(status: LaneStatus) -> bool:
-    """A request for a lane that is on its way to serving waits for it: starting (a wake
-    from sleep included), restarting, or desired active while the swap towards it stops its
-    peers (it may still sleep meanwhile: never sent to a sleeping engine)."""
-    return status.desired is Desired.ACTIVE and status.state in (
-        LaneState.STARTING,
-        LaneState.RESTARTING,
-        LaneState.INACTIVE,
-        LaneState.STOPPING,
-        LaneState.SLEEPING,
-    )
-
-
-def on_demand_refusal(on_demand: bool, status: LaneStatus, under_way: str | None) -> str | None:
-    """Why a request may not activate its lane (None: it may). Only a lane that says
-    `on_demand = true`; never one that failed (a crash loop must not be restarted by every
-    retry of a client: an operator activates it); never against an operation under way in
-    its group (two on-demand lanes would take the GPUs from each other's waiting requests)."""
-    if not on_demand:
-        return "on_demand is off for it"
-    if status.state is LaneState.FAILED:
-        return "it failed, and on_demand does not start a failed lane again"
-    if under_way is not None:
-        return f"{under_way} is under way in its group"
-    return None
-
-
 def openai_error(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
     """OpenAI's error shape, as vLLM answers it, with laned's detail under `laned`."""
     body: dict[str, Any] = {
@@ -119,7 +93,6 @@ class Proxy:
         self.front = front
         self.traffic = front.traffic
         self.recorder = recorder or Recorder()
-        self._demand: dict[str, asyncio.Task[Any]] = {}  # on-demand activations under way
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -190,34 +163,25 @@ class Proxy:
         if lane is None:
             message = f"The model `{model}` does not exist. laned serves: {', '.join(known)}."
             return self._answer("none", openai_error(404, "NotFoundError", message))
-        refused, waited = await self._admit(lane, model)
-        if refused is not None:
-            return self._answer(lane, refused)
-        # No await from admission to here: a drain that begins later counts this request.
-        flight = self.traffic.enter(lane)
         spec = config.lanes[lane]
         if model != spec.served_model_name and isinstance(parsed, dict):
             # An alias is laned's name: the engine knows the lane's served model name.
             body = json.dumps({**parsed, "model": spec.served_model_name}).encode()
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED}
+        params = list(request.query_params.multi_items())
+        admission = self.front.admission(lane, self.traffic.clock())
+        if admission.verdict is Verdict.WAIT and spec.loading_state and path == "chat/completions" and isinstance(parsed, dict) and parsed.get("stream") is True:  # fmt: skip
+            stream = self._loading(lane, model, f"/v1/{path}", body, headers, params)
+            return StreamingResponse(stream, media_type="text/event-stream")
+        outcome, waited = await self._admit(lane, admission)
+        if isinstance(outcome, JSONResponse):
+            return self._answer(lane, outcome)
+        flight = outcome  # counted in flight: a drain that begins now waits for it
         self.recorder.proxy_overhead(lane, time.perf_counter() - began - waited)
-        try:
-            answer = await self.session.post(
-                f"http://127.0.0.1:{spec.port}/v1/{path}",
-                data=body,
-                headers=headers,
-                params=list(request.query_params.multi_items()),
-            )
-        except (aiohttp.ClientError, OSError) as exc:
+        answer = await self._post(lane, f"/v1/{path}", body, headers, params)
+        if isinstance(answer, JSONResponse):
             flight.done()
-            return self._answer(lane, openai_error(
-                502,
-                "BadGatewayError",
-                f"lane {lane} did not answer on port {spec.port}: {type(exc).__name__}",
-                lane=lane,
-                hint=f"laned status; laned logs {lane}",
-            ))  # fmt: skip
-        self.recorder.proxy_answer(lane, answer.status)
+            return self._answer(lane, answer)
         passed = {k: v for k, v in answer.headers.items() if k.lower() in RETURNED}
         return StreamingResponse(
             _chunks(answer, flight),
@@ -227,55 +191,99 @@ class Proxy:
             background=BackgroundTask(_end, answer, flight),
         )
 
+    async def _post(
+        self, lane: str, path: str, body: bytes, headers: dict[str, str], params: Any
+    ) -> aiohttp.ClientResponse | JSONResponse:
+        """Send the request to the lane's engine: its answer (counted), or a 502."""
+        port = self.front.config.lanes[lane].port
+        try:
+            answer = await self.session.post(
+                f"http://127.0.0.1:{port}{path}", data=body, headers=headers, params=params
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            return openai_error(
+                502,
+                "BadGatewayError",
+                f"lane {lane} did not answer on port {port}: {type(exc).__name__}",
+                lane=lane,
+                hint=f"laned status; laned logs {lane}",
+            )
+        self.recorder.proxy_answer(lane, answer.status)
+        return answer
+
+    async def _loading(
+        self, lane: str, model: str, path: str, body: bytes, headers: dict[str, str], params: Any
+    ) -> AsyncIterator[bytes]:
+        """A streaming chat request that waits, with the wait told in-band (laned.api.loading):
+        a line each time it changes, then the engine's stream; an error as the last event."""
+        progress = Progress(model)
+        began = time.perf_counter()
+        turn = asyncio.ensure_future(self._take_turn(lane))
+        flight: Flight | None = None
+        answer: aiohttp.ClientResponse | JSONResponse | None = None
+        try:
+            shown = ""
+            while not turn.done():
+                line = progress_line(lane, self.front.status(lane), self.traffic.clock())
+                if line != shown:
+                    yield progress.chunk(line)
+                    shown = line
+                await asyncio.wait({turn}, timeout=EVERY)
+            self.recorder.proxy_queue_wait(lane, time.perf_counter() - began)
+            outcome = turn.result()
+            if isinstance(outcome, JSONResponse):
+                self.recorder.proxy_answer(lane, outcome.status_code)
+                yield error_event(bytes(outcome.body))
+                return
+            flight = outcome
+            answer = await self._post(lane, path, body, headers, params)
+            if isinstance(answer, JSONResponse):
+                self.recorder.proxy_answer(lane, answer.status_code)
+                yield error_event(bytes(answer.body))
+            elif answer.status != 200:
+                yield error_event(await answer.read())
+            else:
+                async for chunk in answer.content.iter_any():
+                    yield chunk
+        finally:
+            if not turn.done():
+                turn.cancel()  # the client went away while it waited
+            elif flight is None and not turn.cancelled() and turn.exception() is None:
+                came = turn.result()
+                if isinstance(came, Flight):
+                    came.done()  # its turn came as the client went away
+            if isinstance(answer, aiohttp.ClientResponse) and flight is not None:
+                await _end(answer, flight)
+            elif flight is not None:
+                flight.done()
+
     def _answer(self, lane: str, response: JSONResponse) -> JSONResponse:
         self.recorder.proxy_answer(lane, response.status_code)
         return response
 
-    async def _admit(self, lane: str, model: str) -> tuple[JSONResponse | None, float]:
-        """None when the lane serves now (after a wait in its queue, or an activation on
-        demand), else the answer that says why not; and the seconds it waited."""
-        status = self.front.status(lane)
-        if status.state in SERVING:
-            return None, 0.0
-        if not worth_waiting(status):
-            spec = self.front.config.lanes[lane]
-            why = on_demand_refusal(spec.on_demand, status, self.front.under_way(lane))
-            if why is not None:
-                return self._not_serving(lane, status, why), 0.0
-            refused = await self._activate_on_demand(lane, model)
-            if refused is not None:
-                return refused, 0.0
+    async def _admit(self, lane: str, admission: Admission) -> tuple[JSONResponse | Flight, float]:
+        """The request counted in flight when it may go to the lane's engine (at once, or
+        after its turn in the lane's queue: laned.owner.scheduler), else the answer that
+        says why not; and the seconds it waited."""
+        if admission.verdict is Verdict.GO:
+            return self.traffic.enter(lane), 0.0
+        if admission.verdict is Verdict.REFUSE:
+            status = self.front.status(lane)
+            return self._not_serving(lane, status, admission.why, admission.hint), 0.0
         began = time.perf_counter()
-        refused = await self._wait(lane, self.front.status(lane))
+        outcome = await self._take_turn(lane)
         waited = time.perf_counter() - began
         self.recorder.proxy_queue_wait(lane, waited)
-        if refused is None and (now := self.front.status(lane)).state not in SERVING:
-            # Ready, then stopped again (a swap away) before this request's turn came.
-            refused = self._not_serving(lane, now)
-        return refused, waited
+        return outcome, waited
 
-    async def _activate_on_demand(self, lane: str, model: str) -> JSONResponse | None:
-        """Activate the lane for a request (one activation for all that ask meanwhile)."""
-        task = self._demand.get(lane)
-        if task is None:
-            task = asyncio.ensure_future(
-                self.front.activate(lane, reason=f"on demand: a request for {model}")
-            )
-            self._demand[lane] = task
-            task.add_done_callback(lambda _: self._demand.pop(lane, None))
-        try:
-            activation = await asyncio.shield(task)
-        except LanedError as exc:  # preflight refused it: nothing was stopped
-            return self._refused_by(lane, "cannot be activated on demand", exc)
-        # Its waiters hear how it ends; the future's own error needs no reader.
-        activation.add_done_callback(_quiet)
-        return None
-
-    async def _wait(self, lane: str, status: LaneStatus) -> JSONResponse | None:
-        """Wait in the lane's queue until it is ready; an answer that says why not, or None."""
+    async def _take_turn(self, lane: str) -> JSONResponse | Flight:
+        """Wait in the lane's queue for its turn: the request counted in flight the moment
+        it comes (no await between: a drain that begins later waits for it), or an answer
+        that says why not."""
         config = self.front.config
         settings = config.lanes[lane].proxy or config.daemon.proxy
         waiting = self.traffic.queued(lane)
+        status = self.front.status(lane)
         if waiting >= settings.queue_limit:
             return openai_error(
                 503,
@@ -287,10 +295,9 @@ class Proxy:
                 retry_after=RETRY_AFTER,
                 hint="try again later, or raise proxy.queue_limit",
             )
-        self.traffic.wait_begins(lane)
+        arrived = self.traffic.wait_begins(lane)
         try:
-            ready = self.front.wait_ready(lane)
-            await asyncio.wait_for(asyncio.shield(ready), settings.queue_timeout)
+            turn = await self.front.turn(lane, arrived, settings.queue_timeout)
         except asyncio.TimeoutError:
             now = self.front.status(lane)
             return openai_error(
@@ -303,24 +310,23 @@ class Proxy:
                 phase=now.phase,
                 hint=f"laned status; laned events --lane {lane}",
             )
-        except LanedError as exc:  # it failed, or a newer request stopped it
-            return self._refused_by(lane, "will not serve", exc)
         finally:
-            self.traffic.wait_ends(lane)
-        return None
-
-    def _refused_by(self, lane: str, what: str, exc: LanedError) -> JSONResponse:
-        """503 for a lane that laned's error says will not serve this request."""
+            self.traffic.wait_ends(lane, arrived)
+        if turn.verdict is Verdict.GO:
+            return self.traffic.enter(lane)
         return openai_error(
             503,
             "ServiceUnavailableError",
-            f"lane {lane} {what}: {exc.message}",
+            f"lane {lane} will not serve this request: {turn.why}",
             lane=lane,
             state=self.front.status(lane).state.value,
-            hint=exc.hint,
+            retry_after=RETRY_AFTER,
+            hint=turn.hint or f"laned status; laned events --lane {lane}",
         )
 
-    def _not_serving(self, lane: str, status: LaneStatus, why_not: str = "") -> JSONResponse:
+    def _not_serving(
+        self, lane: str, status: LaneStatus, why_not: str = "", hint: str = ""
+    ) -> JSONResponse:
         why = status.phase or status.reason
         return openai_error(
             503,
@@ -334,7 +340,7 @@ class Proxy:
             phase=status.phase,
             progress=status.progress,
             retry_after=RETRY_AFTER,
-            hint=f"activate it: curl -s localhost:9000/lanes/{lane}/activate",
+            hint=hint or f"activate it: curl -s localhost:9000/lanes/{lane}/activate",
         )
 
 
@@ -356,8 +362,3 @@ async def _end(answer: aiohttp.ClientResponse, flight: Flight) -> None:
         answer.release()
     else:
         answer.close()
-
-
-def _quiet(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()

@@ -62,11 +62,13 @@ def _checks_cell(checks: dict[str, Any] | None) -> str:
     return cell + (f" ({failed[0]} failed)" if failed else "")
 
 
-def _requests_cell(counts: dict[str, int] | None) -> str:
-    """`2 in flight, 3 queued`: the lane's requests at laned's OpenAI endpoint."""
+def _requests_cell(counts: dict[str, float] | None) -> str:
+    """`2 in flight, 3 queued (oldest 41 s)`: the lane's requests at laned's OpenAI endpoint."""
     if not counts or not (counts.get("in_flight") or counts.get("queued")):
         return "-"
-    return f"{counts['in_flight']} in flight, {counts['queued']} queued"
+    cell = f"{counts['in_flight']:.0f} in flight, {counts['queued']:.0f} queued"
+    oldest = counts.get("oldest_wait")
+    return cell + (f" (oldest {oldest:.0f} s)" if counts["queued"] and oldest else "")
 
 
 COLOURS = {  # ANSI: the status page's colours, as a terminal has them

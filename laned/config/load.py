@@ -17,15 +17,14 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ValidationError
 
+from laned.config.base import ArgText, Duration
 from laned.config.model import (
     GATES,
     Arg,
-    ArgText,
     ChecksConfig,
     Config,
     ContainerSpec,
     DaemonConfig,
-    Duration,
     EnvVar,
     ExecSpec,
     GpuGate,

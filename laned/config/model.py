@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -21,48 +19,15 @@ from pydantic import (
 )
 
 from laned.config import paths
-from laned.config.durations import parse_duration
+from laned.config.base import ArgText, Duration, scalar_to_str
+from laned.config.base import StrictModel as _Model
+from laned.config.scheduling import GroupConfig, ProxyConfig
 from laned.errors import Finding, UnknownLane
-
-
-def _scalar_to_str(value: object) -> object:
-    """TOML numbers become the string the engine will see (2 -> "2"); booleans stay invalid."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return str(value)
-    return value
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-ArgText = Annotated[str, BeforeValidator(_scalar_to_str)]
-
-
-class _Model(BaseModel):
-    # Strict: no silent coercion of "8004" into a port or 1 into true. TOML arrays
-    # arrive as lists; the models hold tuples so that they stay immutable.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _lists_to_tuples(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        return data
 
 
 def _expand_path(value: str | None, info: ValidationInfo) -> str | None:
     env = (info.context or {}).get("env", os.environ)
     return None if value is None else paths.expand(value, env)
-
-
-class ProxyConfig(_Model):
-    """`[daemon.proxy]` (or `[lanes.X.proxy]`): requests for a lane that is starting wait."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
-
-    queue_limit: int = Field(default=64, ge=0)  # requests waiting for one lane, at most
-    queue_timeout: Duration = 1800.0  # how long one waits for its lane to be ready
 
 
 class DaemonConfig(_Model):
@@ -80,6 +45,8 @@ class DaemonConfig(_Model):
     host: str = ""  # this host's name in lanes' `nodes` (default: the hostname)
     peer_token_file: str | None = None  # the token laned's peers present (0600)
     default_lane: str | None = None
+    idle_return: Duration | None = None  # every group with a default lane (docs/proxy.md)
+    schedule: Literal["laned", "fifo"] = "laned"  # how requests share a group's GPUs
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
 
     @field_validator(
@@ -136,7 +103,7 @@ class EnvVar(_Model):
     @classmethod
     def _from_scalar(cls, data: Any) -> Any:
         if isinstance(data, (str, int, float)) and not isinstance(data, bool):
-            return {"value": _scalar_to_str(data)}
+            return {"value": scalar_to_str(data)}
         return data
 
 
@@ -300,6 +267,10 @@ class LaneConfig(_Model):
     aliases: tuple[str, ...] = ()  # more model names laned's OpenAI endpoint routes here
     proxy: ProxyConfig | None = None  # this lane's queue, instead of daemon.proxy
     on_demand: bool = False  # a request for its model at laned's OpenAI endpoint activates it
+    pinned: bool = False  # requests never swap it out: only an operator does
+    priority: int = 0  # among the lanes requests wait for: one point weighs a minute of waiting
+    min_residency: Duration | None = None  # kept this long while others wait (default: measured)
+    loading_state: bool = False  # a streaming chat request that waits hears the progress
     drain_timeout: Duration = 120.0  # a stop waits this long for the endpoint's requests to end
     # NAME=VALUE lines, mode 0600: each reaches the engine by name only (laned.config.secrecy).
     secrets_file: str | None = None
@@ -376,10 +347,11 @@ class LaneConfig(_Model):
 
 
 class Config(_Model):
-    """The whole file: `[daemon]` and `[lanes.*]`."""
+    """The whole file: `[daemon]`, `[lanes.*]` and `[groups.*]`."""
 
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     lanes: dict[str, LaneConfig] = Field(default_factory=dict)
+    groups: dict[str, GroupConfig] = Field(default_factory=dict)
     source: str = Field(default="", exclude=True)
     warnings: tuple[Finding, ...] = Field(default=(), exclude=True)
     elsewhere: tuple[str, ...] = Field(default=(), exclude=True)  # lanes of other hosts

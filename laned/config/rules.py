@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 
 from laned.config.engine_rules import CONTROL, check_argv, check_container, check_env
+from laned.config.groups import check_groups
 from laned.config.model import GATES, Config, LaneConfig, gpu_indices
 from laned.config.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
 from laned.config.sleep import check_sleep
@@ -39,6 +40,7 @@ def check_config(config: Config) -> list[Finding]:
     problems += _check_uniqueness(config)
     problems += _check_gpu_sharing(config)
     problems += check_sleep(config)
+    problems += check_groups(config)
     return problems
 
 

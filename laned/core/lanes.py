@@ -86,6 +86,7 @@ class EventKind(str, Enum):
     EXIT = "exit"  # how an engine's exit was judged where a transition does not say it
     SLEEP = "sleep"  # vLLM's sleep mode: a sleep or a wake that could not be done, and why
     CANARY = "canary"  # the canary's answer kept, or found different (laned.core.canary)
+    SCHEDULE = "schedule"  # a swap the requests waiting asked for, and why (laned.core.schedule)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ class Recorder:
     def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
         """The GPU-memory gate opened (or timed out) after `seconds`."""
 
+    def schedule_swap(self, lane: str, cause: str) -> None:
+        """The requests waiting asked for a swap to the lane (laned.core.schedule's cause)."""
+
     def proxy_answer(self, lane: str, code: int) -> None:
         """laned's OpenAI endpoint answered a request for the lane (`none`: no lane) with `code`."""
 

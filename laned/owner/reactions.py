@@ -247,6 +247,7 @@ class Reactions:
             return False
         now, run = r.clock(), r.runs[lane]
         took = round(now - (now if run.started_at is None else run.started_at), 3)
+        run.woke = run.waking  # what this run's swap in cost: a wake or a cold start
         if run.waking:  # a wake from sleep: its own figure, not the cold start's prediction
             status.last_wake, run.waking = took, False
             r.recorder.sleep_mode(lane, "wake", took)

@@ -11,7 +11,9 @@ operations under way) and only they change it:
   journal's startup phases, a peer rank out of reach;
 - `Checks` (owner.checks): acceptance gates against a serving lane;
 - `Outages` (owner.outages): the user manager, journald, the state file away and back;
-- `BusKeeper` (owner.bus): the D-Bus connection and its resyncs.
+- `BusKeeper` (owner.bus): the D-Bus connection and its resyncs;
+- `Scheduler` (owner.scheduler): the swaps that requests waiting at the OpenAI endpoint ask
+  for, and each request's turn.
 
 Everyone else (the front, the proxy, the coordinator, the metrics) uses the methods below
 and reads what they return; nobody reaches into the parts.
@@ -38,6 +40,7 @@ from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
 from laned.core.liveness import engine_summary
 from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
+from laned.core.schedule import Admission
 from laned.errors import ConfigRefused, Finding
 from laned.owner import steps
 from laned.owner.bus import BusKeeper
@@ -47,6 +50,7 @@ from laned.owner.outages import Outages
 from laned.owner.reactions import Reactions
 from laned.owner.records import LaneRun, Records
 from laned.owner.requests import Requests
+from laned.owner.scheduler import Scheduler
 from laned.owner.traffic import Traffic
 from laned.render import plan as render
 
@@ -67,11 +71,12 @@ class Supervisor:
     ) -> None:
         self.systemd, self.probe, self.host, self.clock = systemd, probe, host, clock
         self.records = records = Records(config, clock, systemd_version)
-        self.traffic = Traffic()  # laned's OpenAI endpoint counts its requests here
+        self.traffic = Traffic(clock)  # laned's OpenAI endpoint counts its requests here
         self.checks = Checks(records, probe)
         self.reactions = Reactions(records, systemd, probe, host, self.checks, restarts=self)
         self.requests = Requests(records, systemd, probe, host, self.traffic, self.reactions)
         self.outages = Outages(records, self.reactions, self.requests)
+        self.scheduler = Scheduler(records, self.traffic, self.requests.activate)
         self.bus = BusKeeper(
             systemd,
             lambda: records.units,
@@ -96,6 +101,7 @@ class Supervisor:
         self._log_task = r.spawn(self.outages.follow_logs())
         await self.reconcile(first=not saved.desired)
         r.spawn(self.bus.keep())
+        r.spawn(self.scheduler.run())
 
     async def close(self) -> None:
         """Stop watching (the lanes keep running: they are systemd's units)."""
@@ -188,7 +194,10 @@ class Supervisor:
         return self.requests.activate(lane, reason, force, findings)
 
     def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
-        """Stop `lane`, never counted as a failure (Requests.deactivate)."""
+        """Stop `lane`, never counted as a failure (Requests.deactivate); the requests that
+        wait for it are answered: an operator's stop wins over them."""
+        self.spec(lane)
+        self.scheduler.dismiss(lane, "deactivated by an operator")
         return self.requests.deactivate(lane, force)
 
     def restart(
@@ -218,6 +227,14 @@ class Supervisor:
         """A future that resolves when the lane is ready, or fails with why it will not be."""
         self.spec(lane)
         return self.records.ledger.wait_ready(lane)
+
+    def admission(self, lane: str, arrived: float) -> Admission:
+        """Whether a request for the lane goes to its engine now, waits, or is refused."""
+        return self.scheduler.admission(lane, arrived)
+
+    async def turn(self, lane: str, arrived: float, timeout: float) -> Admission:
+        """A waiting request's turn (Scheduler.turn): GO or REFUSE; TimeoutError."""
+        return await self.scheduler.turn(lane, arrived, timeout)
 
     async def flush(self) -> None:
         """What was accepted is on disk (state.json) once this returns."""

@@ -2,14 +2,18 @@
 
 The proxy (`laned.api.proxy`) counts; the owner (`laned.owner.supervisor`) drains a lane before it
 stops it: it refuses new requests (the lane is `stopping`) and waits here until the
-requests in flight have ended, up to the lane's `drain_timeout`. Requests sent to an
-engine's port directly are not counted: laned does not see them.
+requests in flight have ended, up to the lane's `drain_timeout`. The scheduler
+(`laned.owner.scheduler`) reads when each waiting request arrived and since when a lane has
+been quiet, and hears (`news`) when a request begins to wait or a lane's last one ends.
+Requests sent to an engine's port directly are not counted: laned does not see them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 
 
 class Flight:
@@ -30,9 +34,13 @@ class Flight:
 class Traffic:
     """Each lane's requests in flight and waiting."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.news: Callable[[], None] = lambda: None  # a wait began, or a lane went quiet
         self._flying: dict[str, int] = {}
-        self._queued: dict[str, int] = {}
+        self._arrivals: dict[str, list[float]] = {}  # waiting requests' arrival, oldest first
+        self._quiet: dict[str, float] = {}  # when the lane last went quiet
+        self._seen: dict[str, float] = {}  # when the lane last had a request
         self._idle: dict[str, asyncio.Event] = {}
 
     def in_flight(self, lane: str) -> int:
@@ -41,15 +49,37 @@ class Traffic:
 
     def queued(self, lane: str) -> int:
         """Requests waiting for the lane to be ready."""
-        return self._queued.get(lane, 0)
+        return len(self._arrivals.get(lane, ()))
 
-    def counts(self, lane: str) -> dict[str, int]:
-        """Both, as the lane's view shows them."""
-        return {"in_flight": self.in_flight(lane), "queued": self.queued(lane)}
+    def arrivals(self, lane: str) -> tuple[float, ...]:
+        """When each request waiting for the lane arrived, oldest first."""
+        return tuple(self._arrivals.get(lane, ()))
+
+    def quiet_since(self, lane: str) -> float | None:
+        """Since when nothing was in flight to the lane or waiting for it (None: something
+        is; 0.0: nothing ever was)."""
+        if self.in_flight(lane) or self.queued(lane):
+            return None
+        return self._quiet.get(lane, 0.0)
+
+    def last_request(self, lane: str) -> float | None:
+        """When a request for the lane last arrived (None: never since laned started)."""
+        return self._seen.get(lane)
+
+    def counts(self, lane: str) -> dict[str, float]:
+        """Both, as the lane's view shows them, and how long the oldest waiter has waited."""
+        waiting = self._arrivals.get(lane)
+        oldest = round(self.clock() - waiting[0], 1) if waiting else 0.0
+        return {
+            "in_flight": self.in_flight(lane),
+            "queued": self.queued(lane),
+            "oldest_wait": oldest,
+        }
 
     def enter(self, lane: str) -> Flight:
         """A request goes to the lane's engine now."""
         self._flying[lane] = self.in_flight(lane) + 1
+        self._seen[lane] = self.clock()
         self._idle_event(lane).clear()
         return Flight(self, lane)
 
@@ -57,14 +87,23 @@ class Traffic:
         self._flying[lane] -= 1
         if self._flying[lane] == 0:
             self._idle_event(lane).set()
+            if not self.queued(lane):
+                self._quiet[lane] = self.clock()
+                self.news()
 
-    def wait_begins(self, lane: str) -> None:
-        """A request begins to wait for the lane."""
-        self._queued[lane] = self.queued(lane) + 1
+    def wait_begins(self, lane: str) -> float:
+        """A request begins to wait for the lane: when it arrived (for `wait_ends`)."""
+        self._seen[lane] = arrived = self.clock()
+        self._arrivals.setdefault(lane, []).append(arrived)
+        self.news()
+        return arrived
 
-    def wait_ends(self, lane: str) -> None:
+    def wait_ends(self, lane: str, arrived: float) -> None:
         """A request stops waiting (the lane is ready, or it will not be)."""
-        self._queued[lane] -= 1
+        waiting = self._arrivals[lane]
+        waiting.remove(arrived)
+        if not waiting and not self.in_flight(lane):
+            self._quiet[lane] = self.clock()
 
     async def drain(self, lane: str, timeout: float) -> int:
         """Wait until no request is in flight to the lane, `timeout` seconds at most; the

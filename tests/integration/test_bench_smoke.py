@@ -91,3 +91,14 @@ def test_the_sleep_bench_swaps_back_from_each_rung(harness: Harness, tmp_path: P
     # The sleepers were woken, not started: each has a wake figure, the stopped lane none.
     assert figures["level1"]["last_wake_s"] is not None and figures["stopped"]["last_wake_s"] is None  # fmt: skip
     assert "level1" in result.stdout
+
+
+def test_the_schedule_bench_runs_both_policies(harness: Harness, tmp_path: Path) -> None:
+    out = tmp_path / "schedule.json"
+    args = ("--shape", "own", "--turns", "2", "--batch", "2", "--startup", "1")
+    result = run_bench(harness, "bench/schedule.py", *args, "--json", str(out))
+    figures = json.loads(out.read_text())["results"]
+    assert [r["policy"] for r in figures] == ["laned", "fifo"], result.stdout
+    for r in figures:
+        assert r["swaps"] >= 1 and r["agents"]["completed"] == r["agents"]["sent"] == 4
+        assert r["batch"]["completed"] == 2 and r["batch"]["wait_max_s"] is not None

@@ -156,8 +156,10 @@ def test_a_request_activates_an_on_demand_lane_and_only_that(
             )
             assert [r.status_code for r in answers] == [200] * 3, answers[0].text
             assert all(r.json()["model"] == "b" for r in answers)
-            started = [r for r in reasons(sup, "b", "transition") if r.startswith("on demand")]
-            assert started == ["on demand: a request for b"], reasons(sup, "b", "transition")
+            # One decision, with its reason, and the swap it made (laned.core.schedule).
+            [swap] = reasons(sup, "b", "schedule")
+            assert swap.startswith("swap to b: ") and "; a idle " in swap, swap
+            assert swap in reasons(sup, "b", "transition")
             assert sup.statuses["a"].state.value == "inactive"
             # a says on_demand = false: a request for it evicts nobody.
             refused = await client.post("/v1/completions", json=ask("a"))

@@ -137,7 +137,7 @@ def test_a_client_that_goes_away_ends_the_engines_request(
                     await until_async(running, 0.0, 10)
                 # Nothing leaks: no request counted in flight, no connection left open.
                 await until(lambda: sup.traffic.in_flight("a") == 0, 5, "in flight back to 0")
-                assert (await client.get("/lanes/a")).json()["proxy"] == {"in_flight": 0, "queued": 0}  # fmt: skip
+                assert (await client.get("/lanes/a")).json()["proxy"] == {"in_flight": 0, "queued": 0, "oldest_wait": 0.0}  # fmt: skip
                 await until(lambda: engine_connections(port) <= before, 5, "connections closed")
 
     run(scenario())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from laned.api.proxy import model_names, on_demand_refusal, route
+from laned.api.proxy import model_names, route
 from laned.cli.client import table
 from laned.config.load import parse_config
 from laned.core.lanes import Desired, LaneState, LaneStatus
@@ -55,18 +55,6 @@ def test_of_two_configurations_of_one_model_the_desired_one_is_chosen() -> None:
     assert route(CONFIG, running, "deepseek-v4.1-flash") == "dsv41-long"
 
 
-def test_a_request_activates_only_an_on_demand_lane_that_is_free_to_start() -> None:
-    idle = LaneStatus("glm53")
-    assert on_demand_refusal(True, idle, None) is None
-    assert on_demand_refusal(False, idle, None) == "on_demand is off for it"
-    failed = LaneStatus("glm53", LaneState.FAILED, Desired.INACTIVE)
-    assert "does not start a failed lane" in str(on_demand_refusal(True, failed, None))
-    assert (
-        on_demand_refusal(True, idle, "activate dsv41")
-        == "activate dsv41 is under way in its group"
-    )
-
-
 def test_a_lane_says_on_demand_and_its_drain_timeout() -> None:
     text = TEXT.replace('served_model_name = "glm-5.3"', 'served_model_name = "glm-5.3"\non_demand = true\ndrain_timeout = "5m"')  # fmt: skip
     config = parse_config(text, "t.toml", {"HOME": "/home/op"})
@@ -76,22 +64,27 @@ def test_a_lane_says_on_demand_and_its_drain_timeout() -> None:
 
 def test_traffic_counts_each_request_once_and_a_drain_ends_when_the_last_one_does() -> None:
     async def scenario() -> None:
-        traffic = Traffic()
+        now = [100.0]
+        traffic = Traffic(lambda: now[0])
         assert await traffic.drain("a", 0.01) == 0  # nothing in flight: at once
         first, second = traffic.enter("a"), traffic.enter("a")
         first.done()
         first.done()  # twice (the body's end and the response's background): counted once
-        assert traffic.counts("a") == {"in_flight": 1, "queued": 0}
+        assert traffic.counts("a") == {"in_flight": 1, "queued": 0, "oldest_wait": 0.0}
         assert await traffic.drain("a", 0.01) == 1  # the deadline passes
         drain = asyncio.ensure_future(traffic.drain("a", 10))
         await asyncio.sleep(0)
         assert not drain.done()
         second.done()
         assert await drain == 0
-        traffic.wait_begins("b")
-        assert traffic.queued("b") == 1
-        traffic.wait_ends("b")
-        assert traffic.counts("b") == {"in_flight": 0, "queued": 0}
+        assert traffic.quiet_since("a") == 100.0  # since its last request ended
+        assert traffic.quiet_since("c") == 0.0  # nothing ever waited for it or flew
+        arrived = traffic.wait_begins("b")
+        now[0] = 141.0
+        assert traffic.counts("b") == {"in_flight": 0, "queued": 1, "oldest_wait": 41.0}
+        assert traffic.quiet_since("b") is None and traffic.last_request("b") == 100.0
+        traffic.wait_ends("b", arrived)
+        assert traffic.counts("b")["queued"] == 0 and traffic.quiet_since("b") == 141.0
 
     asyncio.run(scenario())
 
@@ -99,10 +92,11 @@ def test_traffic_counts_each_request_once_and_a_drain_ends_when_the_last_one_doe
 def test_laned_status_shows_the_endpoints_requests_per_lane() -> None:
     lane = {
         "name": "glm53", "state": "ready", "desired": "active", "port": 8005,
-        "served_model_name": "glm-5.3", "restarts": 0, "proxy": {"in_flight": 2, "queued": 3},
+        "served_model_name": "glm-5.3", "restarts": 0,
+        "proxy": {"in_flight": 2, "queued": 3, "oldest_wait": 41.2},
     }  # fmt: skip
     header, row = table([lane, {**lane, "name": "idle", "proxy": {"in_flight": 0, "queued": 0}}]).splitlines()[:2]  # fmt: skip
-    assert "REQUESTS" in header and "2 in flight, 3 queued" in row
+    assert "REQUESTS" in header and "2 in flight, 3 queued (oldest 41 s)" in row
     assert (
         table([{**lane, "proxy": {"in_flight": 0, "queued": 0}}]).splitlines()[1].split()[5] == "-"
     )

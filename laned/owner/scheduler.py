@@ -1,0 +1,180 @@
+"""Requests for several lanes of one group, scheduled (docs/proxy.md, "Several models"): a
+part of the owner (laned.owner.supervisor) that gathers each group's snapshot, asks the
+pure policy (laned.core.schedule) and acts on its decision with an activation. The proxy
+asks it whether a request goes now, waits, or is refused, and waits here for its turn.
+
+It acts only where no operation is under way in the group (an operator's request, or its
+own last swap, runs to its end first), and it decides again whenever something happens: a
+request begins to wait, a lane goes quiet (laned.owner.traffic), any lane event (the
+ledger), or a residency it waits for ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from laned.config.groups import default_lane, groups, idle_return
+from laned.core import policy, schedule
+from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
+from laned.core.schedule import Admission, LaneView, Verdict
+from laned.errors import LanedError, Superseded
+from laned.owner.records import Records
+from laned.owner.traffic import Traffic
+
+log = logging.getLogger("laned.supervisor")
+
+SERVING = (LaneState.READY, LaneState.DEGRADED)
+RETRY_AFTER = 60.0  # seconds before an idle return that failed is tried again
+Activate = Callable[[str, str], "asyncio.Future[LaneStatus]"]
+
+
+class Scheduler:
+    """Each group's swaps for the requests that wait, and the requests' turns."""
+
+    def __init__(self, records: Records, traffic: Traffic, activate: Activate) -> None:
+        self.records, self.traffic, self.activate = records, traffic, activate
+        self._news: asyncio.Future[None] | None = None
+        # Requests that arrived up to a time are answered with why (an operator's
+        # deactivate, an activation preflight refused): (then, why, hint), per lane.
+        self._dismissed: dict[str, tuple[float, str, str]] = {}
+        self._cooling: dict[str, float] = {}  # a swap to it failed: no idle return till then
+        traffic.news = self.news
+        records.ledger.listeners.append(self._event)
+
+    # --- news ---------------------------------------------------------------------------------
+
+    def news(self) -> None:
+        """Something happened: whoever waits looks again."""
+        if self._news is not None and not self._news.done():
+            self._news.set_result(None)
+
+    def _event(self, event: Event) -> None:
+        if event.kind is EventKind.TRANSITION:
+            self.news()
+
+    async def _next_news(self, timeout: float | None) -> None:
+        if self._news is None or self._news.done():
+            self._news = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._news), timeout)
+
+    def dismiss(self, lane: str, why: str, hint: str = "") -> None:
+        """The requests waiting for the lane now are answered with `why`."""
+        self._dismissed[lane] = (self.records.clock(), why, hint)
+        self.news()
+
+    # --- the proxy's side ---------------------------------------------------------------------
+
+    def admission(self, lane: str, arrived: float) -> Admission:
+        """Whether a request for `lane` that arrived at `arrived` goes to its engine now,
+        waits, or is refused (with why)."""
+        r = self.records
+        status = r.statuses[lane]
+        fifo = r.config.daemon.schedule == "fifo"
+        if status.state in SERVING and not fifo:
+            return Admission(Verdict.GO)  # the common case, with no snapshot to build
+        dismissed = self._dismissed.get(lane)
+        if dismissed is not None and arrived <= dismissed[0]:
+            return Admission(Verdict.REFUSE, dismissed[1], dismissed[2])
+        peers = [self.view(p) for p in policy.peers(r.config, lane)]
+        return schedule.admit(self.view(lane), peers, r.config.daemon.schedule, arrived)
+
+    async def turn(self, lane: str, arrived: float, timeout: float) -> Admission:
+        """Wait until the request that arrived at `arrived` may go (GO) or will not (REFUSE);
+        TimeoutError after `timeout` seconds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            verdict = self.admission(lane, arrived)
+            if verdict.verdict is not Verdict.WAIT:
+                return verdict
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise asyncio.TimeoutError
+            await self._next_news(left)
+
+    # --- deciding -----------------------------------------------------------------------------
+
+    def view(self, lane: str) -> LaneView:
+        """The lane as the policy sees it."""
+        r = self.records
+        spec, status, run = r.config.lanes[lane], r.statuses[lane], r.runs[lane]
+        serving = status.state in SERVING
+        if status.state is LaneState.FAILED:  # a crash loop is not restarted by retries
+            blocked = f"it failed ({status.reason}), and a request does not start a failed lane again"  # fmt: skip
+        elif not spec.on_demand:
+            blocked = "on_demand is off for it"
+        else:
+            blocked = ""
+        residency, _how = schedule.min_residency(
+            spec.min_residency, run.woke, status.last_wake, status.last_cold_start
+        )
+        dismissed = self._dismissed.get(lane, (float("-inf"),))[0]
+        quiet = self.traffic.quiet_since(lane)
+        return LaneView(
+            name=lane,
+            serving=serving,
+            resident=status.desired is Desired.ACTIVE and status.state is not LaneState.FAILED,
+            blocked=blocked,
+            pinned=spec.pinned,
+            priority=spec.priority,
+            min_residency=residency,
+            ready_since=run.ready_at if serving else None,
+            quiet_since=None if quiet is None else max(quiet, run.ready_at),
+            in_flight=self.traffic.in_flight(lane),
+            arrivals=tuple(t for t in self.traffic.arrivals(lane) if t > dismissed),
+        )
+
+    async def run(self) -> None:
+        """Decide for every group whenever something happens, until cancelled."""
+        while True:
+            again: float | None = None
+            for group in groups(self.records.config):
+                later = self.decide(group)
+                if later is not None:
+                    again = later if again is None else min(again, later)
+            wait = None if again is None else max(again - self.records.clock(), 0.01)
+            await self._next_news(wait)
+
+    def decide(self, group: str) -> float | None:
+        """The group's next swap, made if due; when to decide again without news."""
+        r = self.records
+        config = r.config
+        if r.ops.of(group) is not None:
+            return None  # an operation runs to its end first
+        lanes = sorted(n for n, spec in config.lanes.items() if spec.group == group)
+        last = [t for n in lanes if (t := self.traffic.last_request(n)) is not None]
+        decision = schedule.decide(
+            [self.view(n) for n in lanes],
+            r.clock(),
+            config.daemon.schedule,
+            default_lane(config, group),
+            idle_return(config, group),
+            max(last, default=None),
+        )
+        if decision.swap_to is None:
+            return decision.again_at
+        lane = decision.swap_to
+        cooling = self._cooling.get(lane, 0.0)
+        if decision.cause == "idle_return" and r.clock() < cooling:
+            return cooling  # its last return failed: not again at every event
+        r.ledger.note(lane, EventKind.SCHEDULE, decision.reason)
+        r.recorder.schedule_swap(lane, decision.cause)
+        activation = self.activate(lane, decision.reason)
+        activation.add_done_callback(lambda done: self._activated(lane, done))
+        return None
+
+    def _activated(self, lane: str, done: asyncio.Future[LaneStatus]) -> None:
+        """A swap this part asked for ended: one preflight refused (nothing was stopped)
+        answers the requests that waited for it, or the next news would ask again."""
+        if done.cancelled():
+            return
+        exc = done.exception()
+        failed = self.records.statuses[lane].state is LaneState.FAILED  # refuses by itself
+        if isinstance(exc, LanedError) and not isinstance(exc, Superseded):
+            self._cooling[lane] = self.records.clock() + RETRY_AFTER
+            if not failed:
+                self.dismiss(lane, f"cannot be activated on demand: {exc.message}", exc.hint)
+        self.news()

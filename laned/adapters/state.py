@@ -24,6 +24,8 @@ from laned.render.files import write_atomic
 
 STATE_FILE = "state.json"
 EVENTS_KEPT = 500
+HISTORY_SECONDS = 24 * 3600  # transitions kept for the status page's timeline
+HISTORY_KEPT = 5000
 DEBOUNCE = 0.2  # seconds between two writes of state.json
 RETRY = 5.0  # seconds between two tries while state.json cannot be written
 
@@ -42,6 +44,9 @@ class Saved:
     last_phases: dict[str, dict[str, float]] = field(default_factory=dict)
     image_ids: dict[str, str] = field(default_factory=dict)  # of each lane's last good start
     events: list[Event] = field(default_factory=list)
+    # Every transition of the last HISTORY_SECONDS, as (at, lane, from, to): the timeline of
+    # which lane held each group, kept apart from the events that notes crowd out.
+    history: list[tuple[float, str, str, str]] = field(default_factory=list)
     problem: str | None = None  # why state.json could not be read (then everything is empty)
 
     def to_json(self) -> dict[str, Any]:
@@ -56,6 +61,7 @@ class Saved:
             "last_phases": dict(sorted(self.last_phases.items())),
             "image_ids": dict(sorted(self.image_ids.items())),
             "events": [e.to_json() for e in self.events[-EVENTS_KEPT:]],
+            "history": [list(h) for h in self.history[-HISTORY_KEPT:]],
         }
 
 
@@ -79,6 +85,7 @@ def load(state_dir: str) -> Saved:
             },
             image_ids={k: str(v) for k, v in data.get("image_ids", {}).items()},
             events=[Event.from_json(e) for e in data.get("events", [])],
+            history=[(float(a), str(n), str(f), str(t)) for a, n, f, t in data.get("history", [])],
         )
     except FileNotFoundError:
         return Saved()

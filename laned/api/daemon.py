@@ -54,6 +54,19 @@ def router(front: Front, metrics: LanedMetrics) -> APIRouter:
         memory and disks)."""
         return await front.fit()
 
+    @api.get("/gpus")
+    async def gpus() -> dict[str, Any]:
+        """Each GPU's memory (NVML) and which lane's engine holds it, per process."""
+        return await front.gpus()
+
+    @api.get("/timeline")
+    async def timeline(
+        hours: float = Query(24, gt=0, le=24, description="how far back, at most a day"),
+    ) -> dict[str, Any]:
+        """Every lane transition of the last `hours` (kept across laned's restarts): which
+        lane held each group, its failures among them."""
+        return front.timeline(hours)
+
     @api.post("/reload")
     async def reload() -> dict[str, Any]:
         """Re-read the config, validate, re-render, daemon-reload; a bad config changes nothing."""

@@ -226,6 +226,48 @@ class Front:
         }
         return fit_report(lanes, facts, weights)
 
+    async def gpus(self) -> dict[str, Any]:
+        """Each GPU's memory as NVML reads it, and which lane's engine each process is of
+        (`lane` null: not one of laned's); `note` says why there are none."""
+        host = self.supervisor.host
+        if host is None:
+            return {"gpus": [], "note": "not read: laned runs without its host adapter"}
+        facts = await host.facts()
+        if facts.gpus is None:
+            return {"gpus": [], "note": facts.gpu_note or "no NVML"}
+        holders = await self.supervisor.gpu_holders()
+        return {
+            "note": None,
+            "gpus": [
+                {
+                    "index": gpu.index,
+                    "name": gpu.name,
+                    "total_bytes": gpu.total_bytes,
+                    "used_bytes": gpu.used_bytes,
+                    "processes": None
+                    if gpu.processes is None
+                    else [{"pid": p, "bytes": b, "lane": holders.get(p)} for p, b in gpu.processes],
+                }
+                for gpu in facts.gpus
+            ],
+        }
+
+    def timeline(self, hours: float) -> dict[str, Any]:
+        """Which lane held each group over the last `hours`: every transition since, and the
+        groups with their lanes."""
+        now = self.supervisor.clock()
+        config = self.supervisor.config
+        groups: dict[str, list[str]] = {}
+        for name, spec in sorted(config.lanes.items()):
+            groups.setdefault(spec.group, []).append(name)
+        since = now - hours * 3600
+        return {
+            "now": now,
+            "since": since,
+            "groups": groups,
+            "transitions": self.supervisor.timeline(since),
+        }
+
     async def preflight(self, lane: str) -> dict[str, Any]:
         """Would the lane start now? Every finding, errors first."""
         self.status(lane)

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from laned import __version__
 from laned.core.lanes import Desired, LaneState, LaneStatus
+from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
 
 
@@ -59,6 +60,8 @@ class LanedMetrics(Recorder):
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._zeroed: set[str] = set()
+        self.source: LaneSource | None = None
         r = self.registry
         self.exits = Counter(
             "laned_engine_exits",
@@ -67,7 +70,7 @@ class LanedMetrics(Recorder):
             registry=r,
         )
         self.restarts = Counter(
-            "laned_lane_restarts", "Lane restarts by reason.", ["lane", "reason"], registry=r
+            "laned_restarts", "Lane restarts by reason.", ["lane", "reason"], registry=r
         )
         self.failures = Counter(
             "laned_lane_failures",
@@ -96,8 +99,8 @@ class LanedMetrics(Recorder):
         )
         self.swap_seconds = Histogram(
             "laned_swap_duration_seconds",
-            "Time from activate to ready.",
-            ["to_lane"],
+            "Time from activate to ready, by the lane replaced (none: nothing ran) and the lane.",
+            ["from_lane", "to_lane"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
@@ -168,11 +171,30 @@ class LanedMetrics(Recorder):
 
     def attach(self, source: LaneSource) -> None:
         """Export the lanes' present state at every scrape."""
+        self.source = source
         self.registry.register(_StateCollector(source))
 
     def render(self) -> bytes:
         """The exposition for one scrape."""
+        for lane in self.source.statuses if self.source is not None else ():
+            self._zeros(lane)
         return generate_latest(self.registry)
+
+    def _zeros(self, lane: str) -> None:
+        """The lane's counters of things that may never happen, at 0 until they do: a
+        series that is absent looks like a broken scrape on a dashboard and in a rate()
+        (Prometheus' instrumentation practice: initialise the label values known ahead)."""
+        if lane in self._zeroed:
+            return
+        self._zeroed.add(lane)
+        for kind in RestartKind:
+            self.restarts.labels(lane, kind.value)
+        for seen_by in ("exit", "health", "stalled", "start-timeout", "memory-guard"):
+            self.failures.labels(lane, seen_by)
+        for counter in (self.probe_failures, self.stalls, self.preflight_refusals):
+            counter.labels(lane)
+        for cause in ("empty", "idle", "residency", "fifo", "idle_return"):
+            self.schedule_swaps.labels(lane, cause)
 
     def exit(self, lane: str, code: int | None, signal: int | None, verdict: str) -> None:
         label = (
@@ -195,7 +217,7 @@ class LanedMetrics(Recorder):
     def swap(self, from_lane: str, to_lane: str, result: str, seconds: float) -> None:
         self.swaps.labels(from_lane, to_lane, result).inc()
         if result == "ready":
-            self.swap_seconds.labels(to_lane).observe(seconds)
+            self.swap_seconds.labels(from_lane, to_lane).observe(seconds)
 
     def cold_start(self, lane: str, seconds: float) -> None:
         self.cold_start_seconds.labels(lane).observe(seconds)
@@ -268,22 +290,22 @@ class _StateCollector(Collector):
             labels=["lane"],
         )
         phases = GaugeMetricFamily(
-            "laned_lane_startup_phase_seconds",
+            "laned_cold_start_phase_seconds",
             "Duration of each startup phase of the lane's last good cold start.",
             labels=["lane", "phase"],
         )
         in_flight = GaugeMetricFamily(
-            "laned_proxy_requests_in_flight",
+            "laned_requests_in_flight",
             "Requests laned's OpenAI endpoint has sent to the lane's engine, not yet answered.",
             labels=["lane"],
         )
         queued = GaugeMetricFamily(
-            "laned_proxy_requests_queued",
+            "laned_requests_queued",
             "Requests at laned's OpenAI endpoint waiting for the lane to be ready.",
             labels=["lane"],
         )
         oldest = GaugeMetricFamily(
-            "laned_proxy_oldest_wait_seconds",
+            "laned_requests_oldest_wait_seconds",
             "How long the oldest request waiting for the lane has waited (0: none waits).",
             labels=["lane"],
         )

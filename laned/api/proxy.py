@@ -35,6 +35,7 @@ from laned.adapters.probes import ENGINE_KEEP_ALIVE
 from laned.api.front import Front
 from laned.api.loading import EVERY, Progress, error_event, progress_line
 from laned.config.model import Config
+from laned.config.rules import api_address
 from laned.core import policy
 from laned.core.lanes import Desired, LaneStatus
 from laned.core.recorder import Recorder
@@ -340,7 +341,8 @@ class Proxy:
             phase=status.phase,
             progress=status.progress,
             retry_after=RETRY_AFTER,
-            hint=hint or f"activate it: curl -s localhost:9000/lanes/{lane}/activate",
+            hint=hint
+            or f"activate it: curl -s {api_address(self.front.config.daemon.listen)}/lanes/{lane}/activate",
         )
 
 

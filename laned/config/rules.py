@@ -97,6 +97,18 @@ def parse_listen(listen: str) -> tuple[str, int] | None:
     return (host, port) if 0 < port < 65536 else None
 
 
+def api_address(listen: str) -> str:
+    """Where a command on this host reaches laned's API, for hints (`curl -s ADDRESS/...`):
+    `localhost:PORT` for a loopback or wildcard listen, else the host as configured."""
+    parsed = parse_listen(listen)
+    if parsed is None:
+        return listen
+    host, port = parsed
+    if host in ("0.0.0.0", "::", "localhost") or host.startswith("127.") or host == "::1":
+        return f"localhost:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _check_path(key: str, value: str) -> Iterator[Finding]:
     if CONTROL.search(value):
         yield Finding(key, f"{value!r} contains a control character", "remove it")

@@ -37,7 +37,7 @@ class OpKind(str, Enum):
 
 
 class RestartKind(str, Enum):
-    """Why a lane is restarted (the `reason` label of laned_lane_restarts_total)."""
+    """Why a lane is restarted (the `reason` label of laned_restarts_total)."""
 
     REQUESTED = "requested"
     FAILURE = "failure"

@@ -50,7 +50,11 @@ class Checks:
                 verdict = "passed" if result.passed else f"failed: {result.reason}"
                 r.ledger.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
 
-        results = await steps.run_checks(self.probe, spec, gates, status.last_cold_start, on_result)
+        r.runs[lane].checking += 1  # busy: the scheduler does not take it for idle meanwhile
+        try:
+            results = await steps.run_checks(self.probe, spec, gates, status.last_cold_start, on_result)  # fmt: skip
+        finally:
+            r.runs[lane].checking -= 1
         if not still_serving():
             raise LaneNotRunning(
                 f"lane {lane} stopped serving while its gates ran ({status.state.value}): "

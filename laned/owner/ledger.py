@@ -48,6 +48,7 @@ class Ledger:
         self.changed = changed  # something worth saving changed (see state.StateWriter)
         self.statuses: dict[str, LaneStatus] = {n: LaneStatus(n) for n in lanes}
         self.events: deque[Event] = deque(maxlen=state.EVENTS_KEPT)
+        self.history: deque[tuple[float, str, str, str]] = deque(maxlen=state.HISTORY_KEPT)
         self.listeners: list[Listener] = []
         self._waiters: dict[str, list[asyncio.Future[LaneStatus]]] = {}
 
@@ -55,6 +56,14 @@ class Ledger:
 
     def __getitem__(self, lane: str) -> LaneStatus:
         return self.statuses[lane]
+
+    def timeline(self, since: float) -> list[dict[str, Any]]:
+        """The transitions since `since` (kept for a day, across laned's restarts)."""
+        return [
+            {"at": at, "lane": lane, "from": was, "to": to}
+            for at, lane, was, to in self.history
+            if at >= since
+        ]
 
     def states(self) -> dict[str, LaneState]:
         """Every lane's state."""
@@ -72,6 +81,7 @@ class Ledger:
             image_ids={s.name: s.image_id for s in statuses if s.image_id},
             failed={s.name: s.reason for s in statuses if s.state is LaneState.FAILED},
             events=list(self.events),
+            history=list(self.history),
         )
 
     def restore(self, saved: state.Saved, checks: Callable[[str], dict[str, Any] | None]) -> None:
@@ -90,6 +100,7 @@ class Ledger:
             if name in saved.failed:
                 status.state, status.reason = LaneState.FAILED, saved.failed[name]
         self.events.extend(e for e in saved.events if e.lane in self.statuses)
+        self.history.extend(h for h in saved.history if h[0] >= now - state.HISTORY_SECONDS)
 
     # --- changing (the owner only) -------------------------------------------------------------
 
@@ -101,6 +112,9 @@ class Ledger:
         if to is not LaneState.STARTING:
             status.phase, status.progress = None, None
         log.info("%s: %s -> %s (%s)", lane, event.from_state.value, to.value, reason)
+        self.history.append((event.at, lane, event.from_state.value, to.value))
+        while self.history and self.history[0][0] < event.at - state.HISTORY_SECONDS:
+            self.history.popleft()
         self._publish(event)
         if to is LaneState.READY:
             for waiter in self._waiters.pop(lane, []):

@@ -46,6 +46,7 @@ class LaneRun:
     check_degraded: bool = False  # degraded by a failed check, still serving
     waking: bool = False  # the current run is a wake from sleep, not a cold start
     woke: bool = False  # the current run became ready from a wake (its swap-in cost)
+    checking: int = 0  # acceptance checks running against it now (they keep it busy)
     sleepers: frozenset[int] = frozenset()  # asleep: its engine's processes (the GPU gate)
     slept_as: str = ""  # asleep: the digest of its unit and wrapper when it went to sleep
     slept_level: int = 0  # asleep: the level it sleeps at (0: its own, not known better)

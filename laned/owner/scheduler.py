@@ -28,6 +28,7 @@ log = logging.getLogger("laned.supervisor")
 
 SERVING = (LaneState.READY, LaneState.DEGRADED)
 RETRY_AFTER = 60.0  # seconds before an idle return that failed is tried again
+WAITING_LOOK = 5.0  # seconds between two looks at a group while requests wait in it
 Activate = Callable[[str, str], "asyncio.Future[LaneStatus]"]
 
 
@@ -112,7 +113,8 @@ class Scheduler:
             spec.min_residency, run.woke, status.last_wake, status.last_cold_start
         )
         dismissed = self._dismissed.get(lane, (float("-inf"),))[0]
-        quiet = self.traffic.quiet_since(lane)
+        # Its acceptance checks are requests too (they do not go through the endpoint).
+        quiet = None if run.checking else self.traffic.quiet_since(lane)
         return LaneView(
             name=lane,
             serving=serving,
@@ -123,7 +125,7 @@ class Scheduler:
             min_residency=residency,
             ready_since=run.ready_at if serving else None,
             quiet_since=None if quiet is None else max(quiet, run.ready_at),
-            in_flight=self.traffic.in_flight(lane),
+            in_flight=self.traffic.in_flight(lane) + run.checking,
             arrivals=tuple(t for t in self.traffic.arrivals(lane) if t > dismissed),
         )
 
@@ -155,6 +157,9 @@ class Scheduler:
             max(last, default=None),
         )
         if decision.swap_to is None:
+            if any(self.traffic.queued(n) for n in lanes):  # what comes with no news (a
+                now = r.clock()  # check's end): looked at again soon while requests wait
+                return min(decision.again_at or now + WAITING_LOOK, now + WAITING_LOOK)
             return decision.again_at
         lane = decision.swap_to
         cooling = self._cooling.get(lane, 0.0)

@@ -41,7 +41,7 @@ from laned.core.liveness import engine_summary
 from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
 from laned.core.schedule import Admission
-from laned.errors import ConfigRefused, Finding
+from laned.errors import ConfigRefused, Finding, LanedError
 from laned.owner import steps
 from laned.owner.bus import BusKeeper
 from laned.owner.checks import Checks
@@ -260,6 +260,29 @@ class Supervisor:
     def events(self) -> Sequence[Event]:
         """Recent events, oldest first."""
         return self.records.ledger.events
+
+    def timeline(self, since: float) -> list[dict[str, Any]]:
+        """Every transition since `since` (a day is kept, across laned's restarts)."""
+        return self.records.ledger.timeline(since)
+
+    async def gpu_holders(self) -> dict[int, str]:
+        """Which lane each process on the GPUs is an engine process of (pid -> lane): the
+        lanes that run, from their units' cgroups (a container's own too)."""
+        r, holders = self.records, {}
+        if self.host is None:
+            return {}
+        for lane, seen in list(r.snapshots.items()):
+            if lane not in r.config.lanes or not seen.running:
+                continue
+            spec = r.config.lanes[lane]
+            try:  # its cgroup as systemd has it now (ControlGroup comes with no signal)
+                snap = await self.systemd.snapshot(unit_name(lane, spec))
+            except LanedError:
+                continue
+            if snap.control_group:
+                for pid in await self.host.engine_pids(lane, spec, snap.control_group):
+                    holders[pid] = lane
+        return holders
 
     @property
     def notices(self) -> Mapping[str, str]:

@@ -29,7 +29,8 @@ def lane_config(
     """
     text = (
         f'[daemon]\nunit_dir = "{harness.unit_dir}"\nbin_dir = "{tmp}/bin"\nstate_dir = "{tmp}/state"\n'
-        f'listen = "127.0.0.1:1"\n{daemon}\n'
+        + ("" if "listen =" in daemon else 'listen = "127.0.0.1:1"\n')
+        + f"{daemon}\n"
     )
     for name, extra in lanes.items():
         text += (

@@ -67,7 +67,7 @@ def test_the_six_gates_pass_on_a_good_lane_and_are_kept_shown_and_exported(
             metrics = (await client.get("/metrics")).text
             assert 'laned_check_passed{gate="tools",lane="a"} 1.0' in metrics
             assert "laned_check_last_run_timestamp_seconds" in metrics
-            assert 'laned_lane_startup_phase_seconds{lane="a",phase="loading weights"}' in metrics
+            assert 'laned_cold_start_phase_seconds{lane="a",phase="loading weights"}' in metrics
             lint = subprocess.run(
                 ["promtool", "check", "metrics"], input=metrics, capture_output=True, text=True
             )

@@ -94,7 +94,7 @@ def test_a_swap_waits_for_requests_in_flight_and_force_cuts_them(
             text = (await client.get("/metrics")).text
             assert 'laned_proxy_requests_total{code="200",lane="a"}' in text
             assert 'laned_proxy_requests_total{code="503",lane="a"}' in text
-            assert 'laned_proxy_requests_in_flight{lane="a"} 0.0' in text
+            assert 'laned_requests_in_flight{lane="a"} 0.0' in text
 
             # 2. force: the stream on b is cut at once, and the event says so.
             cut = Stream(client, "b", 200)
@@ -142,7 +142,8 @@ def test_a_request_activates_an_on_demand_lane_and_only_that(
         "c": FAST + 'on_demand = true\ngroup = "c"\nstart_limit_burst = 1\n',
     }
     env = {"b": {"LANED_SIM_STARTUP": "1"}, "c": {"LANED_SIM_FAIL_AT_START": "3"}}
-    config = lane_config(harness, units, tmp_path, lanes, port, env=env, ports={"c": free_port()})
+    daemon = f'listen = "127.0.0.1:{api_port}"\n'  # the hints name it, not :9000
+    config = lane_config(harness, units, tmp_path, lanes, port, daemon, env, {"c": free_port()})
 
     async def scenario() -> None:
         async with (
@@ -165,6 +166,8 @@ def test_a_request_activates_an_on_demand_lane_and_only_that(
             refused = await client.post("/v1/completions", json=ask("a"))
             assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
             assert "on_demand is off" in refused.json()["error"]["message"]
+            hint = refused.json()["error"]["laned"]["hint"]
+            assert hint == f"activate it: curl -s localhost:{api_port}/lanes/a/activate", hint
             assert sup.statuses["b"].state.value == "ready"
             listed = {m["id"]: m["laned"]["on_demand"] for m in (await client.get("/v1/models")).json()["data"]}  # fmt: skip
             assert listed == {"a": False, "b": True, "c": True}

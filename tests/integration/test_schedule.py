@@ -43,7 +43,8 @@ def test_a_busy_lane_keeps_the_gpus_until_its_min_residency_then_the_waiters_tur
             view = (await client.get("/lanes/b")).json()["proxy"]
             assert view["queued"] == 1 and view["oldest_wait"] >= 0, view
             assert (
-                'laned_proxy_oldest_wait_seconds{lane="b"}' in (await client.get("/metrics")).text
+                'laned_requests_oldest_wait_seconds{lane="b"}'
+                in (await client.get("/metrics")).text
             )
             answer = await waiter
             assert answer.status_code == 200 and answer.json()["model"] == "b", answer.text
@@ -160,5 +161,36 @@ def test_a_streaming_chat_request_that_waits_hears_the_lanes_progress_in_band(
             # Ready now: no wait, no in-band line.
             plain = await client.post("/v1/chat/completions", json=chat)
             assert "chatcmpl-laned-" not in plain.text and plain.text.rstrip().endswith("[DONE]")
+
+    run(scenario())
+
+
+def test_a_lane_whose_acceptance_checks_run_is_busy_not_idle(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    """A request for b that arrives as a becomes ready waits for a's checks after activation
+    (their requests do not go through laned's endpoint, yet they are a's work): swapped away
+    mid-check, their results would be lost."""
+    port, api_port = free_port(), free_port()
+    lanes = {
+        "a": FAST + 'on_demand = true\nmin_residency = "30s"\nchecks = { after_activate = ["chat", "speed"], speed_min_tps = 1 }\n',
+        "b": FAST + "on_demand = true\n",
+    }  # fmt: skip
+    config = lane_config(harness, units, tmp_path, lanes, port, env={"a": SLOW})
+
+    async def scenario() -> None:
+        async with (
+            api_server(harness, config, api_port) as sup,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=60) as client,
+        ):
+            await sup.activate("a")
+            answer = await client.post("/v1/completions", json=ask("b"))
+            assert answer.status_code == 200, answer.text
+            checks = reasons(sup, "a", "check")
+            assert not [c for c in checks if "did not run" in c], checks
+            assert any(c.startswith("speed passed") for c in checks), checks
+            assert sup.statuses["a"].checks is not None  # kept: they ran to their end
+            [swap] = reasons(sup, "b", "schedule")
+            assert "; a idle " in swap, swap  # once its checks ended
 
     run(scenario())

@@ -347,3 +347,12 @@ def test_bad_durations(bad: object) -> None:
 def test_duration_rendering() -> None:
     assert systemd_seconds(3600) == "3600"
     assert systemd_seconds(1.5) == "1500ms"
+
+
+def test_hints_name_the_address_laned_listens_on() -> None:
+    from laned.config.rules import api_address
+
+    assert api_address("127.0.0.1:55429") == "localhost:55429"
+    assert api_address("0.0.0.0:9000") == api_address("[::]:9000") == "localhost:9000"
+    assert api_address("10.0.0.5:9000") == "10.0.0.5:9000"
+    assert api_address("[fd00::5]:9000") == "[fd00::5]:9000"

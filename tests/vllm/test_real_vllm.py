@@ -34,6 +34,7 @@ from tests.helpers import free_port, journal, wait_until
 from tests.integration.lanes import FAST
 from tests.reliability.conftest import unit_property
 from tests.vllm.conftest import RealVllm
+from tests.vllm.prometheus import Prometheus, empty_queries
 
 START = 240  # seconds a real vLLM start may take here (~40 s alone on 2 cores)
 
@@ -149,12 +150,16 @@ def events(url: str, since: float) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(900)
 def test_laned_follows_real_vllm_from_its_start_to_its_death(
-    daemon: Any, harness: Any, real_vllm: RealVllm
+    daemon: Any, harness: Any, real_vllm: RealVllm, tmp_path: Path, request: Any
 ) -> None:
     port = free_port()
     # v: real vLLM; w: a simulated lane on the same port (so the same group) to swap to.
     serve = daemon({"v": lane_toml(real_vllm), "w": FAST}, daemon_toml='default_lane = "v"\n',
                    ready=0, ports={"v": port, "w": port})  # fmt: skip
+    # A real Prometheus scrapes laned and, through its /sd, the engine, all along the story:
+    # at its end every query of the Grafana dashboard must return series.
+    prometheus = Prometheus(tmp_path, serve.url.removeprefix("http://"))
+    request.addfinalizer(prometheus.close)
     first = ready_again(serve.url, 0)
     unit = first["unit"]
 
@@ -295,6 +300,12 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
     wait_until(lambda: in_flight(serve.url, "v") >= 1, 60, "a stream in flight on v")
     assert httpx.post(f"{serve.url}/lanes/w/activate", timeout=30).status_code == 202
     wait_until(lambda: view(serve.url)["state"] == "stopping", 60, "v draining", 0.1)
+    # A request for w meanwhile waits in w's queue (w is on its way) and is answered by w.
+    waited: list[int] = []
+    asker = threading.Thread(target=lambda: waited.append(httpx.post(
+        f"{serve.url}/v1/completions", json={"model": "w", "prompt": "hi", "max_tokens": 2},
+        timeout=300).status_code))  # fmt: skip
+    asker.start()
     reader.join(300)
     assert ended and ended[0]["last"] == "data: [DONE]", ended
     assert ended[0]["usage"]["completion_tokens"] == 1900, ended
@@ -306,3 +317,14 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
         120,
         "v stopped and w ready",
     )
+    asker.join(120)
+    assert waited == [200], waited
+
+    # Every query of docs/grafana/laned.json returns series from what Prometheus scraped
+    # (the variables as Grafana's "All"), but the features this CPU host cannot show.
+    wait_until(
+        lambda: prometheus.series('laned_lane_ready{lane="w"} == 1'), 30, "a scrape of w ready"
+    )
+    empty, left_out = empty_queries(prometheus)
+    assert not empty, "dashboard queries without series:\n" + "\n".join(empty)
+    print(f"FIGURES real-vllm-dashboard {json.dumps({'left_out': left_out})}")

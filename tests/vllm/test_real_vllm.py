@@ -322,8 +322,15 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
 
     # Every query of docs/grafana/laned.json returns series from what Prometheus scraped
     # (the variables as Grafana's "All"), but the features this CPU host cannot show.
+    # The last of the story (w ready, the wait of the request for it) in two scrapes or more,
+    # so that a rate() over them has its two points.
     wait_until(
         lambda: prometheus.series('laned_lane_ready{lane="w"} == 1'), 30, "a scrape of w ready"
+    )
+    wait_until(
+        lambda: prometheus.series("rate(laned_proxy_queue_wait_seconds_count[4s]) > 0"),
+        30,
+        "two scrapes of the request's wait",
     )
     empty, left_out = empty_queries(prometheus)
     assert not empty, "dashboard queries without series:\n" + "\n".join(empty)

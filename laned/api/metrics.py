@@ -191,8 +191,10 @@ class LanedMetrics(Recorder):
             self.restarts.labels(lane, kind.value)
         for seen_by in ("exit", "health", "stalled", "start-timeout", "memory-guard"):
             self.failures.labels(lane, seen_by)
-        for counter in (self.probe_failures, self.stalls, self.preflight_refusals):
-            counter.labels(lane)
+        for each in (self.probe_failures, self.stalls, self.preflight_refusals):
+            each.labels(lane)
+        for histogram in (self.proxy_wait_seconds, self.proxy_overhead_seconds):
+            histogram.labels(lane)  # so that a first observation is an increase to rate()
         for cause in ("empty", "idle", "residency", "fifo", "idle_return"):
             self.schedule_swaps.labels(lane, cause)
 

@@ -328,7 +328,9 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
         lambda: prometheus.series('laned_lane_ready{lane="w"} == 1'), 30, "a scrape of w ready"
     )
     wait_until(
-        lambda: prometheus.series("rate(laned_proxy_queue_wait_seconds_count[4s]) > 0"),
+        lambda: prometheus.series(
+            'count_over_time(laned_proxy_queue_wait_seconds_count{lane="w"}[10s]) >= 2'
+        ),
         30,
         "two scrapes of the request's wait",
     )

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""laned's own CPU per request at its OpenAI endpoint (prints figures and writes JSON;
+asserts nothing):
+
+    scripts/harness up && .venv/bin/python bench/proxy_cost.py [--requests 600] [--json FILE]
+
+`laned serve` runs as its own process over one simulated lane whose engine is as fast as it
+goes (decode and prefill rates out of the way), so that what is measured is laned: its user
++ system CPU time from /proc across each phase, less its idle rate (probes, scrapes)
+measured just before, divided by what passed through it.
+
+- non-streamed: `--requests` completions of one token, 8 at a time: CPU per request;
+- streamed: streams of 100 tokens (a chunk each) at 1, 16 and 64 at a time (`--streams` of
+  them at each level): CPU per chunk, taken as (CPU per stream - CPU per non-streamed
+  request) / chunks, and per stream.
+
+The load generator (httpx, in this process) shares the machine's cores; laned's CPU is
+laned's alone. Throughput beside the engine reached directly, and latency, are
+bench/api.py's and bench/proxy.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import LanedServe, cpu_seconds, free_port, harness_env, sim_lane
+
+FAST = 'LANED_SIM_DECODE_TPS = "1000000"\nLANED_SIM_PREFILL_TPS = "100000000"\n'
+
+
+async def completions(url: str, count: int, at_once: int) -> int:
+    """`count` one-token completions, `at_once` in flight: how many answered 200."""
+    body = {"model": "a", "prompt": "hello", "max_tokens": 1}
+    left = iter(range(count))
+    ok = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal ok
+        for _ in left:
+            ok += (await client.post("/v1/completions", json=body)).status_code == 200
+
+    limits = httpx.Limits(max_connections=at_once, max_keepalive_connections=at_once)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        await asyncio.gather(*(worker(client) for _ in range(at_once)))
+    return ok
+
+
+async def streams(url: str, count: int, at_once: int, tokens: int) -> int:
+    """`count` streams of `tokens` tokens, `at_once` in flight: the SSE events received."""
+    body = {"model": "a", "prompt": "hello", "max_tokens": tokens, "ignore_eos": True, "stream": True}  # fmt: skip
+    left = iter(range(count))
+    events = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal events
+        for _ in left:
+            async with client.stream("POST", "/v1/completions", json=body) as sse:
+                assert sse.status_code == 200, sse.status_code
+                async for line in sse.aiter_lines():
+                    events += line.startswith("data: ")
+
+    limits = httpx.Limits(max_connections=at_once, max_keepalive_connections=at_once)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        await asyncio.gather(*(worker(client) for _ in range(at_once)))
+    return events
+
+
+def measured(pid: int, idle_rate: float, run: Any) -> tuple[Any, float]:
+    """(what `run` returned, laned's CPU seconds across it less its idle rate)."""
+    cpu, began = cpu_seconds(pid), time.monotonic()
+    result = asyncio.run(run)
+    took = time.monotonic() - began
+    return result, max(cpu_seconds(pid) - cpu - idle_rate * took, 0.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--streams", type=int, default=64, help="streams at each level")
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    env = {**os.environ, **harness_env()}
+    with tempfile.TemporaryDirectory() as tmp:
+        api, port = free_port(), free_port()
+        unit = f"benchcost{os.getpid()}-a.service"
+        text = f'[daemon]\nlisten = "127.0.0.1:{api}"\nstate_dir = "{tmp}/state"\nbin_dir = "{tmp}/bin"\ndefault_lane = "a"\n'  # fmt: skip
+        text += sim_lane("a", unit, port, "", FAST, model=tmp)
+        path = Path(tmp) / "laned.toml"
+        path.write_text(text)
+        with LanedServe(path, api, env, [unit], ready=1) as laned:
+            pid = laned.process.pid
+            asyncio.run(completions(laned.url, 50, 8))  # warm: connections, caches
+            cpu, began = cpu_seconds(pid), time.monotonic()
+            time.sleep(3)
+            idle = (cpu_seconds(pid) - cpu) / (time.monotonic() - began)
+            ok, spent = measured(pid, idle, completions(laned.url, args.requests, 8))
+            per_request = spent / max(ok, 1)
+            out: dict[str, Any] = {
+                "idle_cpu_share": round(idle, 4),
+                "non_streamed": {"requests": ok, "cpu_ms_per_request": round(per_request * 1e3, 3)},
+                "streamed": {},
+            }
+            for at_once in (1, 16, 64):
+                events, spent = measured(pid, idle, streams(laned.url, args.streams, at_once, args.tokens))  # fmt: skip
+                per_stream = spent / args.streams
+                chunks = events / args.streams
+                out["streamed"][str(at_once)] = {
+                    "streams": args.streams,
+                    "events_per_stream": round(chunks, 1),
+                    "cpu_ms_per_stream": round(per_stream * 1e3, 3),
+                    "cpu_us_per_chunk": round((per_stream - per_request) / chunks * 1e6, 1),
+                }
+    print(f"laned idle: {out['idle_cpu_share'] * 100:.2f} % of a core")
+    print(f"non-streamed: {out['non_streamed']['cpu_ms_per_request']:.3f} ms CPU a request ({ok} requests, 8 at a time)")  # fmt: skip
+    for level, row in out["streamed"].items():
+        print(f"streamed, {level:>2} at a time: {row['cpu_us_per_chunk']:7.1f} µs CPU a chunk, {row['cpu_ms_per_stream']:.2f} ms a stream of {row['events_per_stream']:.0f} events")  # fmt: skip
+    if args.json:
+        meta = {"cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "args": {k: v for k, v in vars(args).items() if k != "json"}}  # fmt: skip
+        args.json.write_text(json.dumps({**meta, **out}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,15 +4,16 @@ asserts nothing):
 
     scripts/harness up && .venv/bin/python bench/proxy_cost.py [--requests 600] [--json FILE]
 
-`laned serve` runs as its own process over one simulated lane whose engine is as fast as it
-goes (decode and prefill rates out of the way), so that what is measured is laned: its user
-+ system CPU time from /proc across each phase, less its idle rate (probes, scrapes)
-measured just before, divided by what passed through it.
+`laned serve` runs as its own process over two simulated lanes, so that what is measured is
+laned: its user + system CPU time from /proc across each phase, less its idle rate (probes,
+scrapes) measured just before, divided by what passed through it.
 
-- non-streamed: `--requests` completions of one token, 8 at a time: CPU per request;
-- streamed: streams of 100 tokens (a chunk each) at 1, 16 and 64 at a time (`--streams` of
-  them at each level): CPU per chunk, taken as (CPU per stream - CPU per non-streamed
-  request) / chunks, and per stream.
+- non-streamed: `--requests` completions of one token, 8 at a time, on lane `a`, whose
+  engine is as fast as it goes: CPU per request;
+- streamed: streams of `--tokens` tokens on lane `b`, whose engine decodes `--tps` tokens a
+  second a stream (each token its own chunk on the wire, as a real engine sends them), at 1,
+  16 and 64 at a time (`--streams` of them at each level): CPU per chunk, taken as (CPU per
+  stream - CPU per non-streamed request) / SSE events, and per stream.
 
 The load generator (httpx, in this process) shares the machine's cores; laned's CPU is
 laned's alone. Throughput beside the engine reached directly, and latency, are
@@ -44,22 +45,23 @@ async def completions(url: str, count: int, at_once: int) -> int:
     """`count` one-token completions, `at_once` in flight: how many answered 200."""
     body = {"model": "a", "prompt": "hello", "max_tokens": 1}
     left = iter(range(count))
-    ok = 0
+    codes: dict[int, int] = {}
 
     async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal ok
         for _ in left:
-            ok += (await client.post("/v1/completions", json=body)).status_code == 200
+            code = (await client.post("/v1/completions", json=body)).status_code
+            codes[code] = codes.get(code, 0) + 1
 
     limits = httpx.Limits(max_connections=at_once, max_keepalive_connections=at_once)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         await asyncio.gather(*(worker(client) for _ in range(at_once)))
-    return ok
+    assert set(codes) == {200}, f"answers by status: {codes}"
+    return codes[200]
 
 
 async def streams(url: str, count: int, at_once: int, tokens: int) -> int:
     """`count` streams of `tokens` tokens, `at_once` in flight: the SSE events received."""
-    body = {"model": "a", "prompt": "hello", "max_tokens": tokens, "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {"model": "b", "prompt": "hello", "max_tokens": tokens, "ignore_eos": True, "stream": True}  # fmt: skip
     left = iter(range(count))
     events = 0
 
@@ -90,17 +92,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--streams", type=int, default=64, help="streams at each level")
     parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--tps", type=float, default=200.0, help="lane b's decode rate a stream")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     env = {**os.environ, **harness_env()}
     with tempfile.TemporaryDirectory() as tmp:
         api, port = free_port(), free_port()
-        unit = f"benchcost{os.getpid()}-a.service"
-        text = f'[daemon]\nlisten = "127.0.0.1:{api}"\nstate_dir = "{tmp}/state"\nbin_dir = "{tmp}/bin"\ndefault_lane = "a"\n'  # fmt: skip
-        text += sim_lane("a", unit, port, "", FAST, model=tmp)
+        units = [f"benchcost{os.getpid()}-{lane}.service" for lane in "ab"]
+        text = f'[daemon]\nlisten = "127.0.0.1:{api}"\nstate_dir = "{tmp}/state"\nbin_dir = "{tmp}/bin"\n'  # fmt: skip
+        text += sim_lane("a", units[0], port, 'group = "a"\n', FAST, model=tmp)
+        paced = f'LANED_SIM_DECODE_TPS = "{args.tps:g}"\nLANED_SIM_PREFILL_TPS = "100000000"\n'
+        text += sim_lane("b", units[1], free_port(), 'group = "b"\n', paced, model=tmp)
         path = Path(tmp) / "laned.toml"
         path.write_text(text)
-        with LanedServe(path, api, env, [unit], ready=1) as laned:
+        with LanedServe(path, api, env, units, ready=0) as laned:
+            for lane in "ab":
+                httpx.post(f"{laned.url}/lanes/{lane}/activate", params={"wait": "true"}, timeout=120).raise_for_status()  # fmt: skip
             pid = laned.process.pid
             asyncio.run(completions(laned.url, 50, 8))  # warm: connections, caches
             cpu, began = cpu_seconds(pid), time.monotonic()

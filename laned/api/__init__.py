@@ -43,6 +43,7 @@ def create_app(front: Front, settings: ApiSettings, metrics: LanedMetrics | None
         lifespan=lifespan,
     )
     errors.install(app)
+    app.add_middleware(openai.FastV1, proxy=proxy)  # inside the guard: it checks first
     app.add_middleware(Guard, settings=settings)
     app.include_router(lanes.router(front))
     app.include_router(daemon.router(front, metrics))

@@ -61,6 +61,9 @@ class LanedMetrics(Recorder):
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._zeroed: set[str] = set()
+        self.present = CollectorRegistry()  # the lanes' state, read at each scrape
+        self._rendered: bytes | None = None  # the counters and histograms, at their last change
+        self._changed = True
         self.source: LaneSource | None = None
         r = self.registry
         self.exits = Counter(
@@ -172,13 +175,19 @@ class LanedMetrics(Recorder):
     def attach(self, source: LaneSource) -> None:
         """Export the lanes' present state at every scrape."""
         self.source = source
-        self.registry.register(_StateCollector(source))
+        self.present.register(_StateCollector(source))
 
     def render(self) -> bytes:
-        """The exposition for one scrape."""
+        """The exposition for one scrape: the counters and histograms as rendered at their
+        last change (every change goes through a method below, which marks them changed:
+        a scrape never gets a stale value, and a scrape with nothing new renders nothing
+        again), then the lanes' present state, read fresh."""
         for lane in self.source.statuses if self.source is not None else ():
             self._zeros(lane)
-        return generate_latest(self.registry)
+        if self._rendered is None or self._changed:
+            self._changed = False
+            self._rendered = generate_latest(self.registry)
+        return self._rendered + generate_latest(self.present)
 
     def _zeros(self, lane: str) -> None:
         """The lane's counters of things that may never happen, at 0 until they do: a
@@ -187,6 +196,7 @@ class LanedMetrics(Recorder):
         if lane in self._zeroed:
             return
         self._zeroed.add(lane)
+        self._changed = True
         for kind in RestartKind:
             self.restarts.labels(lane, kind.value)
         for seen_by in ("exit", "health", "stalled", "start-timeout", "memory-guard"):
@@ -199,56 +209,72 @@ class LanedMetrics(Recorder):
             self.schedule_swaps.labels(lane, cause)
 
     def exit(self, lane: str, code: int | None, signal: int | None, verdict: str) -> None:
+        self._changed = True
         label = (
             f"signal-{signal}" if signal is not None else "unknown" if code is None else str(code)
         )
         self.exits.labels(lane, label, verdict).inc()
 
     def restart(self, lane: str, reason: str) -> None:
+        self._changed = True
         self.restarts.labels(lane, reason).inc()
 
     def failure(self, lane: str, seen_by: str) -> None:
+        self._changed = True
         self.failures.labels(lane, seen_by).inc()
 
     def probe_failure(self, lane: str) -> None:
+        self._changed = True
         self.probe_failures.labels(lane).inc()
 
     def stall(self, lane: str) -> None:
+        self._changed = True
         self.stalls.labels(lane).inc()
 
     def swap(self, from_lane: str, to_lane: str, result: str, seconds: float) -> None:
+        self._changed = True
         self.swaps.labels(from_lane, to_lane, result).inc()
         if result == "ready":
             self.swap_seconds.labels(from_lane, to_lane).observe(seconds)
 
     def cold_start(self, lane: str, seconds: float) -> None:
+        self._changed = True
         self.cold_start_seconds.labels(lane).observe(seconds)
 
     def canary_mismatch(self, lane: str, after: str) -> None:
+        self._changed = True
         self.canary_mismatches.labels(lane, after).inc()
 
     def sleep_mode(self, lane: str, operation: str, seconds: float) -> None:
+        self._changed = True
         self.sleep_mode_seconds.labels(lane, operation).observe(seconds)
 
     def reload(self, result: str) -> None:
+        self._changed = True
         self.reloads.labels(result).inc()
 
     def preflight_refused(self, lane: str) -> None:
+        self._changed = True
         self.preflight_refusals.labels(lane).inc()
 
     def proxy_answer(self, lane: str, code: int) -> None:
+        self._changed = True
         self.proxy_answers.labels(lane, str(code)).inc()
 
     def schedule_swap(self, lane: str, cause: str) -> None:
+        self._changed = True
         self.schedule_swaps.labels(lane, cause).inc()
 
     def proxy_queue_wait(self, lane: str, seconds: float) -> None:
+        self._changed = True
         self.proxy_wait_seconds.labels(lane).observe(seconds)
 
     def proxy_overhead(self, lane: str, seconds: float) -> None:
+        self._changed = True
         self.proxy_overhead_seconds.labels(lane).observe(seconds)
 
     def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
+        self._changed = True
         self.gate_seconds.labels(lane, "released" if released else "timeout").observe(seconds)
 
 

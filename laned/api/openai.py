@@ -1,13 +1,44 @@
-"""laned's OpenAI endpoint (laned.api.proxy): GET /v1/models and every POST /v1/...."""
+"""laned's OpenAI endpoint (laned.api.proxy): GET /v1/models and every POST /v1/....
+
+A POST under /v1 goes from the server straight to the proxy (`FastV1`, an ASGI middleware
+inside the guard): no router, no dependency injection, no StreamingResponse, so that what
+laned spends on a request and on each chunk of a streamed answer stays near the floor
+(bench/proxy_cost.py, docs/performance.md). The router's route stays for the OpenAPI schema
+and answers the same way.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from laned.api.proxy import Proxy
+
+
+class Raw(Response):
+    """A response that is an ASGI app of its own: the proxy's."""
+
+    def __init__(self, app: ASGIApp) -> None:  # no body, headers or status of its own
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+class FastV1:
+    """POST /v1/... to the proxy before the router sees it; everything else on."""
+
+    def __init__(self, app: ASGIApp, proxy: Proxy) -> None:
+        self.app, self.proxy = app, proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):  # fmt: skip
+            await self.proxy.asgi(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 def router(proxy: Proxy) -> APIRouter:
@@ -20,8 +51,8 @@ def router(proxy: Proxy) -> APIRouter:
         return proxy.models()
 
     @api.post("/v1/{path:path}", response_model=None)
-    async def forward(path: str, request: Request) -> Response:
+    async def forward(path: str) -> Response:
         """Routed by the body's `model` to its lane; the engine's answer passes through."""
-        return await proxy.forward(request, path)
+        return Raw(proxy.asgi)
 
     return api

@@ -27,9 +27,9 @@ from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
-from starlette.background import BackgroundTask
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+from yarl import URL
 
 from laned.adapters.probes import ENGINE_KEEP_ALIVE
 from laned.api.front import Front
@@ -48,7 +48,9 @@ FORWARDED = (
     "authorization", "content-type", "accept", "accept-encoding",
     "openai-organization", "openai-project",
 )  # fmt: skip
-RETURNED = ("content-type", "content-encoding")
+FORWARDED_NAMES = frozenset(name.encode() for name in FORWARDED)  # as the server hands them
+# A body with a length keeps it (no chunked encoding added on the way); a chunked one stays so.
+RETURNED = ("content-type", "content-encoding", "content-length")
 RETRY_AFTER = 30  # seconds, for a lane not on its way to serving or a full queue
 
 
@@ -58,11 +60,35 @@ def model_names(config: Config, lane: str) -> list[str]:
     return [spec.served_model_name, *spec.aliases]
 
 
+_INDEX: dict[int, tuple[Config, dict[str, list[str]]]] = {}  # per config: name -> its lanes
+
+
+def lanes_named(config: Config) -> dict[str, list[str]]:
+    """Each model name (aliases too) and the lanes that answer to it, sorted; built once per
+    config (a reload makes a new one), not per request."""
+    kept = _INDEX.get(id(config))
+    if kept is None or kept[0] is not config:
+        index: dict[str, list[str]] = {}
+        for lane in sorted(config.lanes):
+            for name in model_names(config, lane):
+                index.setdefault(name, []).append(lane)
+        _INDEX.clear()
+        _INDEX[id(config)] = kept = (config, index)
+    return kept[1]
+
+
+def known_models(config: Config) -> list[str]:
+    """Every model name laned serves, sorted (for the errors that list them)."""
+    return sorted(lanes_named(config))
+
+
 def route(config: Config, statuses: Mapping[str, LaneStatus], model: str) -> str | None:
     """The lane a request for `model` goes to: of the lanes that answer to the name, the one
     desired active (lanes of one group may be configurations of one model), else one that
     runs, else the first by name; None when no lane answers to it."""
-    named = sorted(lane for lane in config.lanes if model in model_names(config, lane))
+    named = lanes_named(config).get(model, ())
+    if len(named) == 1:
+        return named[0]
     desired = [n for n in named if statuses[n].desired is Desired.ACTIVE]
     running = [n for n in named if statuses[n].state in policy.HOLDING_STATES]
     return next(iter(desired or running or named), None)
@@ -142,64 +168,73 @@ class Proxy:
                 )
         return {"object": "list", "data": data}
 
-    async def forward(self, request: Request, path: str) -> Response:
-        """Route a POST /v1/{path} by its model and stream the engine's answer back. Only
-        under /v1: a path that climbs out ("/v1/../sleep", percent-encoded or not) would
-        reach the engine's other routes, vLLM's dev routes among them (docs/sleep.md)."""
-        if not under_v1(path):
-            message = f"/v1/{path} is not an endpoint laned forwards"
-            return self._answer("none", openai_error(404, "NotFoundError", message))
-        body = await request.body()
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/... as the server hands it over (laned.api.fast: no router, no
+        StreamingResponse): routed by its model, the engine's answer relayed chunk by chunk
+        as it comes, each with one `send`. Only under /v1: a path that climbs out
+        ("/v1/../sleep", percent-encoded or not) would reach the engine's other routes,
+        vLLM's dev routes among them (docs/sleep.md)."""
+        path = scope["path"]
+        if not under_v1(path[4:]):
+            message = f"{path} is not an endpoint laned forwards"
+            await self._answer("none", openai_error(404, "NotFoundError", message))(scope, receive, send)  # fmt: skip
+            return
+        body = await _body(receive)
         began = time.perf_counter()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in FORWARDED_NAMES}  # fmt: skip
+        query = scope.get("query_string", b"").decode("latin-1")
+        outcome = await self._prepare(path, body, headers, query, began)
+        if isinstance(outcome, Response):
+            await outcome(scope, receive, send)
+        else:
+            await _relay(*outcome, receive, send)
+
+    async def _prepare(
+        self, path: str, body: bytes, headers: dict[str, str], query: str, began: float
+    ) -> Response | tuple[aiohttp.ClientResponse, Flight]:
+        """Route, admit (at once, or after a wait) and send the request to its engine: the
+        engine's answer with the request counted in flight, or laned's own answer."""
         try:
             parsed = json.loads(body) if body else None
         except ValueError:
             parsed = None
         model = parsed.get("model") if isinstance(parsed, dict) else None
         config = self.front.config
-        known = sorted({n for lane in config.lanes for n in model_names(config, lane)})
         if not isinstance(model, str) or not model:
-            return self._answer("none", openai_error(400, "BadRequestError", "the request names no `model`", models=known))  # fmt: skip
+            return self._answer("none", openai_error(400, "BadRequestError", "the request names no `model`", models=known_models(config)))  # fmt: skip
         lane = route(config, self.front.statuses, model)
         if lane is None:
-            message = f"The model `{model}` does not exist. laned serves: {', '.join(known)}."
+            message = f"The model `{model}` does not exist. laned serves: {', '.join(known_models(config))}."  # fmt: skip
             return self._answer("none", openai_error(404, "NotFoundError", message))
         spec = config.lanes[lane]
         if model != spec.served_model_name and isinstance(parsed, dict):
             # An alias is laned's name: the engine knows the lane's served model name.
             body = json.dumps({**parsed, "model": spec.served_model_name}).encode()
-        headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED}
-        params = list(request.query_params.multi_items())
+        target = f"{path}?{query}" if query else path
         admission = self.front.admission(lane, self.traffic.clock())
-        if admission.verdict is Verdict.WAIT and spec.loading_state and path == "chat/completions" and isinstance(parsed, dict) and parsed.get("stream") is True:  # fmt: skip
-            stream = self._loading(lane, model, f"/v1/{path}", body, headers, params)
+        if admission.verdict is Verdict.WAIT and spec.loading_state and path == "/v1/chat/completions" and isinstance(parsed, dict) and parsed.get("stream") is True:  # fmt: skip
+            stream = self._loading(lane, model, target, body, headers)
             return StreamingResponse(stream, media_type="text/event-stream")
         outcome, waited = await self._admit(lane, admission)
         if isinstance(outcome, JSONResponse):
             return self._answer(lane, outcome)
         flight = outcome  # counted in flight: a drain that begins now waits for it
         self.recorder.proxy_overhead(lane, time.perf_counter() - began - waited)
-        answer = await self._post(lane, f"/v1/{path}", body, headers, params)
+        answer = await self._post(lane, target, body, headers)
         if isinstance(answer, JSONResponse):
             flight.done()
             return self._answer(lane, answer)
-        passed = {k: v for k, v in answer.headers.items() if k.lower() in RETURNED}
-        return StreamingResponse(
-            _chunks(answer, flight),
-            status_code=answer.status,
-            headers=passed,
-            # Also when the body never started (a client gone before the first chunk).
-            background=BackgroundTask(_end, answer, flight),
-        )
+        return answer, flight
 
     async def _post(
-        self, lane: str, path: str, body: bytes, headers: dict[str, str], params: Any
+        self, lane: str, target: str, body: bytes, headers: dict[str, str]
     ) -> aiohttp.ClientResponse | JSONResponse:
-        """Send the request to the lane's engine: its answer (counted), or a 502."""
+        """Send the request to the lane's engine (`target`: the path and query as the client
+        sent them): its answer (counted), or a 502."""
         port = self.front.config.lanes[lane].port
         try:
             answer = await self.session.post(
-                f"http://127.0.0.1:{port}{path}", data=body, headers=headers, params=params
+                URL(f"http://127.0.0.1:{port}{target}", encoded=True), data=body, headers=headers
             )
         except (aiohttp.ClientError, OSError) as exc:
             return openai_error(
@@ -213,7 +248,7 @@ class Proxy:
         return answer
 
     async def _loading(
-        self, lane: str, model: str, path: str, body: bytes, headers: dict[str, str], params: Any
+        self, lane: str, model: str, target: str, body: bytes, headers: dict[str, str]
     ) -> AsyncIterator[bytes]:
         """A streaming chat request that waits, with the wait told in-band (laned.api.loading):
         a line each time it changes, then the engine's stream; an error as the last event."""
@@ -237,7 +272,7 @@ class Proxy:
                 yield error_event(bytes(outcome.body))
                 return
             flight = outcome
-            answer = await self._post(lane, path, body, headers, params)
+            answer = await self._post(lane, target, body, headers)
             if isinstance(answer, JSONResponse):
                 self.recorder.proxy_answer(lane, answer.status_code)
                 yield error_event(bytes(answer.body))
@@ -346,14 +381,43 @@ class Proxy:
         )
 
 
-async def _chunks(answer: aiohttp.ClientResponse, flight: Flight) -> AsyncIterator[bytes]:
-    """The engine's body as it comes; closing it (a client that went away) ends the
-    engine's request too, since vLLM aborts a request whose connection closes."""
+async def _body(receive: Receive) -> bytes:
+    """The request's whole body, as the server hands it over."""
+    parts = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _relay(answer: aiohttp.ClientResponse, flight: Flight, receive: Receive, send: Send) -> None:  # fmt: skip
+    """The engine's answer to the client as it comes: its status, its headers that travel,
+    then each piece of its body with one `send`. A client that goes away closes the engine's
+    connection (vLLM aborts a request whose connection closes); an engine that breaks off
+    mid-answer breaks the client's off too (the error propagates, the server closes it)."""
+    gone = asyncio.ensure_future(_disconnect(receive))
+    gone.add_done_callback(lambda done: None if done.cancelled() else answer.close())
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items() if k.lower() in RETURNED]  # fmt: skip
     try:
-        async for chunk in answer.content.iter_any():
-            yield chunk
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        try:
+            async for chunk in answer.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except aiohttp.ClientError:
+            if not gone.done():
+                raise  # the engine broke off: so does the answer
+            return  # the client went away, and its engine connection with it
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
+        gone.cancel()
         await _end(answer, flight)
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Until the client goes away (the request's body is read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _end(answer: aiohttp.ClientResponse, flight: Flight) -> None:

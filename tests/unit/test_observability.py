@@ -151,3 +151,21 @@ def test_promtool_finds_laneds_metrics_clean() -> None:
     assert promtool, "promtool is missing (apt-get install prometheus)"
     check = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, text=True)  # fmt: skip
     assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+
+
+def test_metrics_are_rendered_again_after_a_change_and_only_then() -> None:
+    from laned.core.lanes import LaneStatus
+
+    class OneLane(NoLanes):
+        statuses: ClassVar[dict[str, Any]] = {"a": LaneStatus("a")}
+
+    metrics = LanedMetrics()
+    metrics.attach(OneLane())  # type: ignore[arg-type]
+    first = metrics.render()
+    assert metrics._rendered is not None
+    kept = metrics._rendered
+    assert metrics.render() == first and metrics._rendered is kept  # nothing new: not again
+    metrics.restart("a", "failure")  # every change goes through a recorder method
+    page = metrics.render().decode()
+    assert metrics._rendered is not kept
+    assert 'laned_restarts_total{lane="a",reason="failure"} 1.0' in page

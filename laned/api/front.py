@@ -83,10 +83,6 @@ class Front:
         """The lane's requests at laned's OpenAI endpoint: in flight, waiting for it."""
         return self.supervisor.traffic.counts(lane)
 
-    def under_way(self, lane: str) -> str | None:
-        """The operation under way in the lane's group ("activate b"), or None."""
-        return self.supervisor.under_way(lane)
-
     def admission(self, lane: str, arrived: float) -> Admission:
         """Whether a request for the lane goes to its engine now, waits, or is refused."""
         return self.supervisor.admission(lane, arrived)
@@ -94,10 +90,6 @@ class Front:
     async def turn(self, lane: str, arrived: float, timeout: float) -> Admission:
         """A waiting request's turn: GO or REFUSE (with why); TimeoutError."""
         return await self.supervisor.turn(lane, arrived, timeout)
-
-    def wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
-        """A future that resolves when the lane is ready, or fails with why it will not be."""
-        return self.supervisor.wait_ready(lane)
 
     def lanes(self) -> list[str]:
         """The configured lanes, sorted."""

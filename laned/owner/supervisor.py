@@ -289,11 +289,6 @@ class Supervisor:
         """What laned itself meets or met, by source (/healthz)."""
         return MappingProxyType(self.records.notices)
 
-    def under_way(self, lane: str) -> str | None:
-        """The operation under way in the lane's group ("activate b"), or None."""
-        op = self.records.ops.of(self.spec(lane).group)
-        return None if op is None else f"{op.kind.value} {op.lane}"
-
     def engine_summary(self, lane: str) -> dict[str, float] | None:
         """The engine's load from its /metrics (running lanes only), with tokens/s over a minute."""
         window = self.records.runs[lane].samples

@@ -55,6 +55,7 @@ class Engine:
             lambda: self.metrics.running,
             self._abort_all,
             self._slept,
+            self._move_gpu_memory if settings.enable_sleep_mode and settings.hold_gpu_gib else None,
         )
         self.metrics.extra = self.sleep.metric_lines
 
@@ -317,11 +318,20 @@ class Engine:
     def _abort_all(self) -> None:
         self.aborts += 1
 
+    def _move_gpu_memory(self, move: str) -> None:
+        """What a sleep or a wake does to the GPU memory held (LANED_SIM_HOLD_GPU_GIB):
+        level 1 copies it to pinned host memory and back, level 2 drops it and takes it again."""
+        if move == "offload":
+            gpu.offload()
+        elif move == "restore":
+            gpu.restore()
+        elif move == "discard":
+            gpu.release()
+        else:
+            gpu.hold(self.settings.hold_gpu_gib)
+
     def _slept(self, asleep: bool) -> None:
-        """Sleep mode: the GPU memory the engine holds goes and comes back (level 1 and 2,
-        with --enable-sleep-mode), and the requests waiting for the wake may be admitted."""
-        if self.settings.enable_sleep_mode and self.settings.hold_gpu_gib:
-            gpu.release() if asleep else gpu.hold(self.settings.hold_gpu_gib)
+        """Sleep mode: the requests waiting for the wake may be admitted."""
 
         async def admit() -> None:
             async with self.slot_free:

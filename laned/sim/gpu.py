@@ -22,6 +22,7 @@ from typing import Any
 from laned.errors import EngineError
 
 _held: list[Any] = []
+_offloaded: list[Any] = []  # level 1: the held blocks' copies in pinned host memory
 
 # The lingering holder: take the memory, say so, outlive the engine (argv: GiB, pid, seconds).
 _HOLDER = """
@@ -70,7 +71,31 @@ def hold(gib: float, linger: float = 0.0) -> None:
 
 
 def release() -> None:
-    """Give back what `hold` took in this process (sleep mode, levels 1 and 2)."""
+    """Give back what `hold` took in this process (a level-2 sleep discards it)."""
     _held[:] = [h for h in _held if isinstance(h, subprocess.Popen)]
     if "torch" in sys.modules:
         sys.modules["torch"].cuda.empty_cache()
+
+
+def offload() -> None:
+    """A level-1 sleep, as vLLM's allocator does it (vllm/device_allocator/cumem.py `sleep`):
+    a pinned host buffer allocated at this sleep for each block, the block copied into it,
+    the GPU memory given back. Blocking: seconds per tens of GiB (pinning dominates)."""
+    torch = sys.modules["torch"]
+    for block in [h for h in _held if not isinstance(h, subprocess.Popen)]:
+        copy = torch.empty(block.numel(), dtype=torch.uint8, pin_memory=True)
+        copy.copy_(block)
+        _offloaded.append(copy)
+    release()
+
+
+def restore() -> None:
+    """A level-1 wake (cumem.py `wake_up`): the GPU memory taken again, each block copied back
+    from its pinned buffer, the buffer freed. Blocking."""
+    torch = sys.modules["torch"]
+    for copy in _offloaded:
+        block = torch.empty(copy.numel(), dtype=torch.uint8, device="cuda:0")
+        block.copy_(copy, non_blocking=True)
+        _held.append(block)
+    torch.cuda.synchronize()
+    _offloaded.clear()

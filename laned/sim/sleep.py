@@ -60,11 +60,16 @@ class Sleep:
         in_flight: Callable[[], int],
         abort: Callable[[], None],
         slept: Callable[[bool], None],
+        moves: Callable[[str], None] | None = None,
     ) -> None:
         # weights_gib 0: started without --enable-sleep-mode. vLLM then sleeps without its
         # cumem allocator's pools: the calls answer as usual and free nothing.
         self.weights_gib, self.reload_gibps = weights_gib, reload_gibps
         self.in_flight, self.abort, self.slept = in_flight, abort, slept
+        # Real GPU memory held (LANED_SIM_HOLD_GPU_GIB): `moves("offload"|"restore"|
+        # "discard"|"retake")` does to it what the sleep does (blocking, run off the loop), in
+        # place of the timings above.
+        self.moves = moves
         self.level: int | None = None  # None: awake
         self.asleep: set[str] = set()  # the executor's sleeping tags
         self.stale = False  # woken from level 2, the weights not reloaded: wrong answers
@@ -111,7 +116,9 @@ class Sleep:
         self.awake.clear()  # the scheduler pauses: later requests wait
         if level >= 1 and not self.asleep:
             began = time.perf_counter()
-            if level == 1:
+            if self.moves is not None:
+                await asyncio.to_thread(self.moves, "offload" if level == 1 else "discard")
+            elif level == 1:
                 await asyncio.sleep(self.weights_gib * (PIN_SECONDS_PER_GIB + 1 / LINK_GIBPS))
             self.asleep = set(SLEEP_TAGS)
             self.level = level
@@ -127,9 +134,11 @@ class Sleep:
         waking = set(self.asleep if tags is None else tags) & self.asleep
         if "weights" in waking:
             began = time.perf_counter()
-            if self.level == 1:
+            if self.moves is not None:
+                await asyncio.to_thread(self.moves, "restore" if self.level == 1 else "retake")
+            elif self.level == 1:
                 await asyncio.sleep(self.weights_gib / LINK_GIBPS)
-            elif self.weights_gib:
+            if self.level == 2 and self.weights_gib:
                 self.stale = True  # level 2: the memory is back, its contents are not
             shown = tags if tags is not None else sorted(self.asleep)
             log("INFO", "abstract.py:408", f"It took {time.perf_counter() - began:.6f} seconds to wake up tags {shown}.")  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 
 from laned.adapters import commands, secret_files
 from laned.adapters.gpus import GateResult, Nvml, wait_released
+from laned.adapters.pagecache import residency, weight_files
 from laned.adapters.podman import Podman
 from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
@@ -88,24 +89,28 @@ def read_generation_config(directory: str | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+def resident_weights(model: str | None) -> tuple[int, int] | None:
+    """(bytes of the model's weight files in the page cache, their bytes); None without any."""
+    files = weight_files(model)
+    if not files:
+        return None
+    found = residency(files)
+    return found.resident_bytes, found.total_bytes
 
 
 def weights_gib(model: str | None) -> float | None:
     """The model's weight files on disk, in GiB (what a level-1 sleep pins in host RAM);
     None where there is no local model directory or no weight file in it."""
-    if not model or not os.path.isdir(model):
+    files = weight_files(model)
+    if not files:
         return None
-    total, found = 0, False
-    for where, _dirs, files in os.walk(model):
-        for name in files:
-            if name.endswith(WEIGHT_FILES):
-                found = True
-                try:
-                    total += os.stat(os.path.join(where, name)).st_size
-                except OSError:
-                    continue
-    return total / GIB if found else None
+    total = 0
+    for path in files:
+        try:
+            total += os.stat(path).st_size
+        except OSError:
+            continue
+    return total / GIB
 
 
 def cgroup_of(pid: int) -> str:
@@ -233,6 +238,7 @@ class Host:
             model_generation_config=read_generation_config(model),
             flag_generation_config=read_generation_config(generation_config_path(spec)),
             weights_gib=await asyncio.to_thread(weights_gib, model) if spec.sleep_level else None,
+            weights_resident=await asyncio.to_thread(resident_weights, model),
             sleepers=sleepers,
         )
 

@@ -59,6 +59,11 @@ def router(front: Front, metrics: LanedMetrics) -> APIRouter:
         """Each GPU's memory (NVML) and which lane's engine holds it, per process."""
         return await front.gpus()
 
+    @api.get("/weights")
+    async def weights() -> dict[str, Any]:
+        """Each lane's weight files and how much of them is in the page cache now (mincore)."""
+        return await front.weights()
+
     @api.get("/timeline")
     async def timeline(
         hours: float = Query(24, gt=0, le=24, description="how far back, at most a day"),

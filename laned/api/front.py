@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from laned.adapters import journal
 from laned.adapters.host import meminfo, weights_gib
+from laned.adapters.pagecache import residency, weight_files
 from laned.config.load import load_config
 from laned.config.model import GATES, Config
 from laned.config.names import container_name, unit_name
@@ -217,6 +218,19 @@ class Front:
             if spec.sleep_level
         }
         return fit_report(lanes, facts, weights)
+
+    async def weights(self) -> dict[str, Any]:
+        """Each lane with local weight files: how much of them is in the page cache now."""
+
+        def look() -> dict[str, Any]:
+            found = {}
+            for name, spec in self.supervisor.config.lanes.items():
+                files = weight_files(model_path(spec))
+                if files:
+                    found[name] = {"model": model_path(spec), **residency(files).to_json()}
+            return found
+
+        return {"lanes": await asyncio.to_thread(look)}
 
     async def gpus(self) -> dict[str, Any]:
         """Each GPU's memory as NVML reads it, and which lane's engine each process is of

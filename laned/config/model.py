@@ -21,7 +21,7 @@ from pydantic import (
 from laned.config import paths
 from laned.config.base import ArgText, Duration, scalar_to_str
 from laned.config.base import StrictModel as _Model
-from laned.config.scheduling import GroupConfig, ProxyConfig
+from laned.config.scheduling import GroupConfig, PrefetchConfig, ProxyConfig
 from laned.errors import Finding, UnknownLane
 
 
@@ -48,6 +48,7 @@ class DaemonConfig(_Model):
     idle_return: Duration | None = None  # every group with a default lane (docs/proxy.md)
     schedule: Literal["laned", "fifo"] = "laned"  # how requests share a group's GPUs
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
 
     @field_validator(
         "unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket",
@@ -302,6 +303,7 @@ class LaneConfig(_Model):
     # How a swap takes the lane off its GPUs: 0 stops it; 1 and 2 are vLLM's sleep levels
     # (docs/sleep.md; laned.config.sleep holds the rules).
     sleep_level: Literal[0, 1, 2] = 0
+    prefetch: bool = True  # its weights read in while a swap to it waits ([daemon.prefetch])
     dev_mode_exposed: str = ""  # why vLLM's dev routes may be reached from other hosts
 
     @field_validator("secrets_file", "api_key_file", "model_dir")

@@ -1,6 +1,6 @@
 """How requests at laned's OpenAI endpoint wait and share a group's GPUs: `[daemon.proxy]`
-(or `[lanes.X.proxy]`), and `[groups.X]` (docs/proxy.md). The decisions themselves are
-laned.core.schedule."""
+(or `[lanes.X.proxy]`), and `[groups.X]` (docs/proxy.md; the decisions themselves are
+laned.core.schedule); how a swap prepares the next lane while it waits: `[daemon.prefetch]`."""
 
 from __future__ import annotations
 
@@ -23,3 +23,14 @@ class GroupConfig(StrictModel):
 
     default_lane: str | None = None  # the lane the group returns to after idle_return
     idle_return: Duration | None = None  # no request this long: back to default_lane
+
+
+class PrefetchConfig(StrictModel):
+    """`[daemon.prefetch]`: the next lane's weights read into the page cache while its swap
+    waits for the running lane to drain and stop (docs/prefetch.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    enabled: bool = True
+    max_gibps: float = Field(default=4.0, ge=0)  # read no faster (0: the disk's own pace)
+    margin_gib: float = Field(default=8.0, ge=0)  # MemAvailable this much is never filled

@@ -87,6 +87,7 @@ class EventKind(str, Enum):
     SLEEP = "sleep"  # vLLM's sleep mode: a sleep or a wake that could not be done, and why
     CANARY = "canary"  # the canary's answer kept, or found different (laned.core.canary)
     SCHEDULE = "schedule"  # a swap the requests waiting asked for, and why (laned.core.schedule)
+    PREFETCH = "prefetch"  # the weights read ahead during a swap; how much was resident at a start
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class LaneStatus:
     phases: list[tuple[str, float]] = field(default_factory=list)  # this start: (phase, since)
     notes: list[str] = field(default_factory=list)  # this start: "compile cache hit (...)"
     last_phases: dict[str, float] = field(default_factory=dict)  # last good start: phase -> s
+    weights_at_start: dict[str, Any] | None = None  # page-cache residency as the last start began
     image_id: str | None = None  # container lanes: the image of the last good start
     checks: dict[str, Any] | None = None  # the last acceptance run (see laned.gates.acceptance)
 
@@ -162,6 +164,7 @@ class LaneStatus:
             "last_cold_start": self.last_cold_start,
             "last_wake": self.last_wake,
             "last_phases": self.last_phases,
+            "weights_at_start": self.weights_at_start,
             "image_id": self.image_id,
             "checks": self.checks,
         }

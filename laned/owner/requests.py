@@ -31,6 +31,7 @@ from laned.errors import (
 )
 from laned.owner import steps
 from laned.owner.operations import Operation
+from laned.owner.prefetching import Prefetches
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
 from laned.owner.sleeping import Sleeping
@@ -56,6 +57,7 @@ class Requests:
         self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
         self.traffic, self.reactions = traffic, reactions
         self.sleeping = Sleeping(records, systemd, probe, host, traffic, reactions)
+        self.prefetches = Prefetches(records)
         self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
 
     # --- requests from outside ---------------------------------------------------------------
@@ -160,6 +162,8 @@ class Requests:
         except Exception as exc:  # a bug: the caller still hears, and the log has it
             log.exception("%s %s failed", op.kind.value, op.lane)
             self._finish(op, ActivationFailed(f"lane {op.lane}: laned failed: {exc!r}"))
+        finally:  # done, failed or superseded: a prefetch for it has nothing left to wait for
+            self.prefetches.end(op.lane)
 
     def spawn_activation(self, lane: str, reason: str) -> None:
         """An activation laned makes itself (the desired or default lane at start)."""
@@ -171,6 +175,8 @@ class Requests:
     async def _activation(self, op: Operation, reason: str) -> None:
         lane = op.lane
         await self._preflight(op)
+        if op.from_lane != "none":  # the weights read in while the running lane goes
+            self.prefetches.begin(lane, [op.from_lane])
         for peer in policy.peers(self.records.config, lane):
             await self._take_off(peer, f"swap to {lane}", op.force)
             self._ensure_current(op)
@@ -357,11 +363,13 @@ class Requests:
             self.records.recorder,
             sleepers=self.records.sleepers(),
         )
+        self.prefetches.end(lane)  # the GPUs are free: the engine reads the rest itself
         self._ensure_current(op)
         if refused is not None:
             self.records.fail_start(lane, refused.reason)
             raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
         self.records.begin_start(lane)
+        self.prefetches.at_start(lane)
         self.ledger.transition(lane, LaneState.STARTING, reason)
         self.reactions.follow(lane)
         await steps.start(self.systemd, unit_name(lane, spec))

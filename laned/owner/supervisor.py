@@ -105,6 +105,7 @@ class Supervisor:
 
     async def close(self) -> None:
         """Stop watching (the lanes keep running: they are systemd's units)."""
+        self.requests.prefetches.end_all()
         tasks = self.records.cancel_all()
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=10)

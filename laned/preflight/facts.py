@@ -101,7 +101,15 @@ class LaneFacts:
     model_generation_config: dict[str, Any] | None = None  # the model's generation_config.json
     flag_generation_config: dict[str, Any] | None = None  # that of a --generation-config DIR
     weights_gib: float | None = None  # a lane that sleeps: its model's weight files, on disk
+    weights_resident: tuple[int, int] | None = (
+        None  # its weight files: (bytes in the page cache, bytes)
+    )
     sleepers: Sleepers = NO_SLEEPERS
+
+
+def size(n: float) -> str:
+    """Bytes as people read them: GiB with one decimal, MiB under one GiB."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.0f} MiB"
 
 
 def findings_json(findings: Sequence[Finding]) -> list[dict[str, str]]:

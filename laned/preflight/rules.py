@@ -20,7 +20,7 @@ from typing import Any
 
 from laned.config.model import LaneConfig, gpu_indices
 from laned.errors import Finding, Severity
-from laned.preflight.facts import KeyFile, LaneFacts, blocking, findings_json
+from laned.preflight.facts import KeyFile, LaneFacts, blocking, findings_json, size
 from laned.preflight.fit import beside_sleepers, fit, sleep_fit
 
 VLLM_READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
@@ -94,6 +94,7 @@ def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
         *_beside_sleepers(lane, spec, facts),
         *_engine(lane, spec),
         *_sampling(lane, spec, facts),
+        *_page_cache(lane, spec, facts),
     ]
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.NOTE: 2}
     return sorted(found, key=lambda f: order[f.severity])
@@ -112,6 +113,22 @@ def refusal(lane: str, findings: Sequence[Finding]) -> tuple[str, str]:
         f"lane {lane}: preflight: {errors[0].message}{more}",
         f"{errors[0].hint}; nothing was stopped. Fix it (GET /lanes/{lane}/preflight lists "
         "every finding), or activate with force=true",
+    )
+
+
+def _page_cache(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    """How much of the lane's weights a cold start would find in the page cache (mincore)."""
+    if facts.weights_resident is None or not facts.weights_resident[1]:
+        return
+    resident, total = facts.weights_resident
+    rest = "" if resident >= total else "; a cold start reads the rest off disk"
+    hint = "" if resident >= total or not spec.prefetch else "a swap to it reads them in while the running lane drains ([daemon.prefetch])"  # fmt: skip
+    yield Finding(
+        "weights",
+        f"{size(resident)} of {size(total)} of its weight files are in the page cache "
+        f"({resident / total:.0%}){rest}",
+        hint,
+        Severity.NOTE,
     )
 
 

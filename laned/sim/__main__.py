@@ -14,7 +14,9 @@ hosts, LANED_SIM_GPU_LINGER seconds longer than the engine with it; laned/sim/gp
 LANED_SIM_TIMELINE (a file of milestone stamps, for the benches),
 LANED_SIM_LEGACY_METRICS (also vllm:gpu_cache_usage_perc), LANED_SIM_OLD_API_LINE (the
 pre-0.11 "Starting vLLM API server 0 on" line), LANED_SIM_WEIGHTS_GIB (what a sleep moves
-or drops, default 1) and LANED_SIM_RELOAD_GIBPS (reload_weights' read rate, default 2;
+or drops, default 1), LANED_SIM_READ_WEIGHTS (the weight phase reads the model directory's
+weight files for real, and lasts as long as that takes) and LANED_SIM_RELOAD_GIBPS
+(reload_weights' read rate, default 2;
 laned/sim/sleep.py), and vLLM's own VLLM_KEEP_ALIVE_ON_ENGINE_DEATH and
 VLLM_SERVER_DEV_MODE. docs/simulator.md maps each behaviour to vLLM's source.
 """
@@ -186,6 +188,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.dev_mode = bool(_int(env.get("VLLM_SERVER_DEV_MODE") or "0", "VLLM_SERVER_DEV_MODE"))
     settings.weights_gib = _float(env, "LANED_SIM_WEIGHTS_GIB", 1.0)
     settings.reload_gibps = _float(env, "LANED_SIM_RELOAD_GIBPS", 2.0)
+    settings.read_weights = _flag(env, "LANED_SIM_READ_WEIGHTS")
     fail = env.get("LANED_SIM_FAIL_AT_START")
     if fail:
         settings.fail_at_start = _int(fail, "LANED_SIM_FAIL_AT_START")

@@ -56,6 +56,7 @@ class Settings:
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: the dev routes (/sleep, /wake_up, ...)
     weights_gib: float = 1.0  # LANED_SIM_WEIGHTS_GIB: what a sleep moves or drops
     reload_gibps: float = 2.0  # LANED_SIM_RELOAD_GIBPS: reload_weights' read rate
+    read_weights: bool = False  # LANED_SIM_READ_WEIGHTS: the weight files are read for real
     unknown: list[str] = field(default_factory=list)
 
     @property

@@ -45,11 +45,13 @@ def laned_api(harness: Harness, units: Units, tmp_path: Path) -> Iterator[str]:
     }
     env = {
         "a": {"LANED_SIM_STARTUP": "2"},
-        "b": {"LANED_SIM_STARTUP": "2"},
+        "b": {"LANED_SIM_STARTUP": "2", "LANED_SIM_READ_WEIGHTS": "1"},
         "c": {"LANED_SIM_FAIL_AT_START": "3"},
     }
     ports = {name: free_port() for name in lanes}
     lane_config(harness, units, tmp_path, lanes, 0, env=env, ports=ports)
+    # b's weights: one real file of 8 MiB (the page shows how much of it is cached).
+    (tmp_path / "models" / "b" / "model.safetensors").write_bytes(os.urandom(8 * 2**20))
     api = free_port()
     config = tmp_path / "laned.toml"
     config.write_text(config.read_text().replace('"127.0.0.1:1"', f'"127.0.0.1:{api}"'))
@@ -103,6 +105,7 @@ def test_the_status_page_shows_the_host_in_four_states_and_swaps_live(
             expect(page.locator("#live")).to_have_text("live")
             expect(page.locator("#gpus")).to_contain_text("no GPU read: ")
             expect(page.locator('#timeline .band[data-group="gpu"]')).to_have_attribute("aria-label", "nothing ran")  # fmt: skip
+            expect(page.locator('#cache [data-cache="b"]')).to_contain_text("b · 8 MiB of 8 MiB (100%) · 1 file")  # fmt: skip
             shoot(page, tmp_path, "idle")
 
             # 2. A swap in progress: a from the page, then b (a goes to sleep).
@@ -126,6 +129,8 @@ def test_the_status_page_shows_the_host_in_four_states_and_swaps_live(
             events = page.locator("#events")
             expect(events).to_contain_text("b  inactive → starting")
             expect(events).to_contain_text("a  ready → stopping")
+            # b's cold start says how much of its weights the page cache held as it began.
+            expect(page.locator('#falls [data-warm="b"]')).to_contain_text("weights in the page cache as it started: ")  # fmt: skip
             page.locator("#log-lane").select_option("b")
             expect(page.locator("#log")).to_contain_text("Application startup complete", timeout=10_000)  # fmt: skip
             shoot(page, tmp_path, "sleeping")

@@ -8,35 +8,11 @@ the config, states and verdicts from fixed sets, exit codes are at most 0-255 an
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
-from prometheus_client.registry import Collector
 
-from laned import __version__
-from laned.core.lanes import Desired, LaneState, LaneStatus
+from laned.api.present import LaneSource, render_present
 from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
-
-
-class LaneSource(Protocol):
-    """What the metrics read at a scrape: the lanes' statuses and their engines' load."""
-
-    @property
-    def statuses(self) -> Mapping[str, LaneStatus]:
-        """Every lane's status."""
-
-    def engine_summary(self, lane: str) -> dict[str, float] | None:
-        """The engine's load, for running lanes."""
-
-    def proxy_counts(self, lane: str) -> dict[str, float]:
-        """The lane's requests at laned's OpenAI endpoint: in flight, queued."""
-
-    def rank_view(self, lane: str) -> dict[str, Any] | None:
-        """A lane over several hosts: this host's rank and, on the head, its workers."""
-
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
 SLEEP_BUCKETS = (
@@ -61,7 +37,6 @@ class LanedMetrics(Recorder):
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._zeroed: set[str] = set()
-        self.present = CollectorRegistry()  # the lanes' state, read at each scrape
         self._rendered: bytes | None = None  # the counters and histograms, at their last change
         self._changed = True
         self.source: LaneSource | None = None
@@ -175,7 +150,6 @@ class LanedMetrics(Recorder):
     def attach(self, source: LaneSource) -> None:
         """Export the lanes' present state at every scrape."""
         self.source = source
-        self.present.register(_StateCollector(source))
 
     def render(self) -> bytes:
         """The exposition for one scrape: the counters and histograms as rendered at their
@@ -187,7 +161,7 @@ class LanedMetrics(Recorder):
         if self._rendered is None or self._changed:
             self._changed = False
             self._rendered = generate_latest(self.registry)
-        return self._rendered + generate_latest(self.present)
+        return self._rendered + (b"" if self.source is None else render_present(self.source))
 
     def _zeros(self, lane: str) -> None:
         """The lane's counters of things that may never happen, at 0 until they do: a
@@ -276,118 +250,3 @@ class LanedMetrics(Recorder):
     def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
         self._changed = True
         self.gate_seconds.labels(lane, "released" if released else "timeout").observe(seconds)
-
-
-class _StateCollector(Collector):
-    def __init__(self, source: LaneSource) -> None:
-        self.source = source
-
-    def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
-        info = InfoMetricFamily("laned_build", "laned's version.")
-        info.add_metric([], {"version": __version__})
-        yield info
-        state = GaugeMetricFamily(
-            "laned_lane_state", "1 for the lane's current state.", labels=["lane", "state"]
-        )
-        desired = GaugeMetricFamily(
-            "laned_lane_desired_active", "1 when the lane should run.", labels=["lane"]
-        )
-        ready = GaugeMetricFamily("laned_lane_ready", "1 when the lane is ready.", labels=["lane"])
-        running = GaugeMetricFamily(
-            "laned_engine_requests_running", "Engine requests running.", labels=["lane"]
-        )
-        waiting = GaugeMetricFamily(
-            "laned_engine_requests_waiting", "Engine requests waiting.", labels=["lane"]
-        )
-        kv = GaugeMetricFamily(
-            "laned_engine_kv_cache_usage_ratio", "Engine KV-cache usage (0-1).", labels=["lane"]
-        )
-        tps = GaugeMetricFamily(
-            "laned_engine_generation_tokens_per_second",
-            "Generated tokens per second over the last minute.",
-            labels=["lane"],
-        )
-        check_passed = GaugeMetricFamily(
-            "laned_check_passed",
-            "1 when the gate passed at the lane's last acceptance run, 0 when it failed.",
-            labels=["lane", "gate"],
-        )
-        check_time = GaugeMetricFamily(
-            "laned_check_last_run_timestamp_seconds",
-            "When the lane's acceptance gates last ran (Unix time).",
-            labels=["lane"],
-        )
-        phases = GaugeMetricFamily(
-            "laned_cold_start_phase_seconds",
-            "Duration of each startup phase of the lane's last good cold start.",
-            labels=["lane", "phase"],
-        )
-        in_flight = GaugeMetricFamily(
-            "laned_requests_in_flight",
-            "Requests laned's OpenAI endpoint has sent to the lane's engine, not yet answered.",
-            labels=["lane"],
-        )
-        queued = GaugeMetricFamily(
-            "laned_requests_queued",
-            "Requests at laned's OpenAI endpoint waiting for the lane to be ready.",
-            labels=["lane"],
-        )
-        oldest = GaugeMetricFamily(
-            "laned_requests_oldest_wait_seconds",
-            "How long the oldest request waiting for the lane has waited (0: none waits).",
-            labels=["lane"],
-        )
-        rank = GaugeMetricFamily(
-            "laned_lane_rank", "This host's rank in a lane over several hosts (0: the head).",
-            labels=["lane"],
-        )  # fmt: skip
-        peer_up = GaugeMetricFamily(
-            "laned_peer_up",
-            "On a lane's head: 1 when the worker's laned answered at the last look.",
-            labels=["lane", "host", "rank"],
-        )
-        for name, status in sorted(self.source.statuses.items()):
-            ranks = self.source.rank_view(name)
-            if ranks is not None:
-                rank.add_metric([name], ranks["rank"])
-                for peer in ranks["peers"] or ():
-                    if "reachable" in peer:
-                        up = 1.0 if peer["reachable"] else 0.0
-                        peer_up.add_metric([name, peer["host"], str(peer["rank"])], up)
-            counts = self.source.proxy_counts(name)
-            in_flight.add_metric([name], counts["in_flight"])
-            queued.add_metric([name], counts["queued"])
-            oldest.add_metric([name], counts["oldest_wait"])
-            for each in LaneState:
-                state.add_metric([name, each.value], 1.0 if status.state is each else 0.0)
-            desired.add_metric([name], 1.0 if status.desired is Desired.ACTIVE else 0.0)
-            for phase, seconds in sorted(status.last_phases.items()):
-                phases.add_metric([name, phase], seconds)
-            if status.checks:
-                check_time.add_metric([name], float(status.checks.get("at", 0.0)))
-                for gate, result in sorted(status.checks.get("gates", {}).items()):
-                    check_passed.add_metric([name, gate], 1.0 if result.get("passed") else 0.0)
-            ready.add_metric([name], 1.0 if status.state is LaneState.READY else 0.0)
-            summary = self.source.engine_summary(name)
-            if summary is not None:
-                running.add_metric([name], summary["requests_running"])
-                waiting.add_metric([name], summary["requests_waiting"])
-                kv.add_metric([name], summary["kv_cache_usage"])
-                tps.add_metric([name], summary["generation_tokens_per_second"])
-        yield from (
-            state,
-            desired,
-            ready,
-            running,
-            waiting,
-            kv,
-            tps,
-            phases,
-            check_passed,
-            check_time,
-            in_flight,
-            queued,
-            oldest,
-            rank,
-            peer_up,
-        )

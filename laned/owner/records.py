@@ -50,6 +50,7 @@ class LaneRun:
     sleepers: frozenset[int] = frozenset()  # asleep: its engine's processes (the GPU gate)
     slept_as: str = ""  # asleep: the digest of its unit and wrapper when it went to sleep
     slept_level: int = 0  # asleep: the level it sleeps at (0: its own, not known better)
+    pinned: bool = False  # its engine slept at level 1: it keeps those pinned buffers (fit.py)
     residual: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes, its last sleep
 
 

@@ -369,6 +369,7 @@ class Requests:
             self.records.fail_start(lane, refused.reason)
             raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
         self.records.begin_start(lane)
+        self.records.runs[lane].pinned = False  # a new engine: no buffers pinned yet
         self.prefetches.at_start(lane)
         self.ledger.transition(lane, LaneState.STARTING, reason)
         self.reactions.follow(lane)

@@ -47,7 +47,8 @@ class Sleeping:
         r.cancel_restart(lane)
         self.reactions.unfollow(lane)  # a sleeping engine is not probed for progress
         ledger.fail_waiters(lane, reason, superseded=True)
-        level, why = await asyncio.to_thread(steps.sleep_level_now, spec)
+        run = r.runs[lane]
+        level, why = await asyncio.to_thread(steps.sleep_level_now, spec, run.pinned)
         if why:
             ledger.note(lane, EventKind.SLEEP, f"sleeping at level 2, not 1: {why}")
         ledger.transition(lane, LaneState.STOPPING, f"{reason}: to sleep (level {level})")
@@ -64,7 +65,7 @@ class Sleeping:
         if isinstance(slept, steps.Refused):
             return slept
         r.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
-        run = r.runs[lane]
+        run.pinned = run.pinned or level == 1  # torch keeps those buffers until the engine ends
         run.sleepers, run.slept_as, run.slept_level = slept.pids, self._digest(lane), level
         if slept.residual:  # what the next swap's preflight counts before it puts it to sleep
             run.residual = slept.residual

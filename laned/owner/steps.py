@@ -239,12 +239,14 @@ async def canary_check(
     return outcome, detail
 
 
-def sleep_level_now(spec: LaneConfig) -> tuple[int, str]:
+def sleep_level_now(spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
     """The level the lane sleeps at now (laned.preflight.fit.sleep_level_for): its own, or
-    2 where host RAM cannot hold its weights at level 1; and why, when it is not its own.
+    2 where host RAM cannot hold its weights at level 1 (`pinned`: its engine holds its
+    pinned buffers from an earlier level-1 sleep); and why, when the level is not its own.
     Blocking (it reads the model directory): call it off the loop."""
     weights = weights_gib(model_path(spec))
-    return sleep_level_for(spec.sleep_level, weights, meminfo().get("MemAvailable"))
+    kept = (weights or 0.0) if pinned else 0.0
+    return sleep_level_for(spec.sleep_level, weights, meminfo().get("MemAvailable"), kept)
 
 
 async def found_asleep(probe: Probe, spec: LaneConfig) -> bool:

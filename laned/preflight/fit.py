@@ -117,15 +117,25 @@ SLEEP_MARGIN_GIB = 8.0  # host RAM a level-1 sleep leaves free, beyond the weigh
 
 
 def sleep_level_for(
-    level: int, weights_gib: float | None, mem_available_gib: float | None
+    level: int,
+    weights_gib: float | None,
+    mem_available_gib: float | None,
+    kept_gib: float = 0.0,
 ) -> tuple[int, str]:
     """The level a lane sleeps at now, and why when it is not its own: level 1 pins the
     weights in host RAM (vllm/device_allocator/cumem.py), so it needs MemAvailable, less
     SLEEP_MARGIN_GIB, to hold them; else level 2 (the weights dropped, read again at the
-    wake). Unknown sizes leave the lane's level as it is."""
+    wake). Unknown sizes leave the lane's level as it is.
+
+    `kept_gib`: pinned host memory the engine already holds from an earlier level-1 sleep.
+    cumem.py drops its buffers at the wake, but into torch's caching host allocator, which
+    keeps them pinned (vLLM empties that cache only at shutdown: vllm/distributed/
+    parallel_state.py); the next sleep gets them back without pinning anew (measured on
+    the H200: a second pin of 40 GiB took 50 µs, the first 34.9 s). That memory is already
+    out of MemAvailable, and it is there for this sleep."""
     if level != 1 or weights_gib is None or mem_available_gib is None:
         return level, ""
-    room = mem_available_gib - SLEEP_MARGIN_GIB
+    room = mem_available_gib + kept_gib - SLEEP_MARGIN_GIB
     if weights_gib <= room:
         return 1, ""
     return 2, (

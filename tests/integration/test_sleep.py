@@ -353,3 +353,33 @@ def test_the_next_lane_starts_beside_a_sleepers_residual_or_is_told_which_flag_t
             assert sup.statuses["a"].state is LaneState.READY and main_pid(harness, units, "a") == pid  # fmt: skip
 
     run(scenario())
+
+
+def test_an_engine_that_slept_at_level_1_keeps_its_pinned_buffers_for_the_next_sleep(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
+    weights = tmp_path / "models" / "a" / "model.safetensors"
+    weights.write_bytes(b"\0" * 2**20)  # 1 MiB: level 1 fits
+
+    def slept_as(sup: Any) -> list[str]:
+        return [e.reason for e in sup.events if e.lane == "a" and "asleep (level" in e.reason]
+
+    async def scenario() -> None:
+        async with supervising(harness, config) as sup:
+            await sup.activate("a")
+            await sup.activate("b")
+            await sup.activate("a")  # woken: the same engine, its buffers kept by torch
+            # Now the weights are larger than any host's RAM: a first level-1 sleep would not
+            # fit, but this engine holds its pinned buffers already.
+            with weights.open("wb") as handle:
+                handle.truncate(1 << 42)  # 4 TiB, sparse
+            await sup.activate("b")
+            assert slept_as(sup) == ["swap to b: asleep (level 1)"] * 2, slept_as(sup)
+            # A new engine has pinned nothing: the same swap sleeps at level 2.
+            await sup.deactivate("a")
+            await sup.activate("a")
+            await sup.activate("b")
+            assert slept_as(sup)[-1] == "swap to b: asleep (level 2)", slept_as(sup)
+
+    run(scenario())

@@ -358,7 +358,7 @@ def test_the_next_lane_starts_beside_a_sleepers_residual_or_is_told_which_flag_t
 def test_an_engine_that_slept_at_level_1_keeps_its_pinned_buffers_for_the_next_sleep(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
-    ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
+    _ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
     weights = tmp_path / "models" / "a" / "model.safetensors"
     weights.write_bytes(b"\0" * 2**20)  # 1 MiB: level 1 fits
 

@@ -245,8 +245,7 @@ def sleep_level_now(spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
     pinned buffers from an earlier level-1 sleep); and why, when the level is not its own.
     Blocking (it reads the model directory): call it off the loop."""
     weights = weights_gib(model_path(spec))
-    kept = (weights or 0.0) if pinned else 0.0
-    return sleep_level_for(spec.sleep_level, weights, meminfo().get("MemAvailable"), kept)
+    return sleep_level_for(spec.sleep_level, weights, meminfo().get("MemAvailable"), pinned)
 
 
 async def found_asleep(probe: Probe, spec: LaneConfig) -> bool:

@@ -116,31 +116,38 @@ def fit(
 SLEEP_MARGIN_GIB = 8.0  # host RAM a level-1 sleep leaves free, beyond the weights it pins
 
 
+PINNED_ROUNDING = 2.0  # torch rounds each pinned host block up to a power of two: at most 2x
+
+
 def sleep_level_for(
     level: int,
     weights_gib: float | None,
     mem_available_gib: float | None,
-    kept_gib: float = 0.0,
+    pinned: bool = False,
 ) -> tuple[int, str]:
     """The level a lane sleeps at now, and why when it is not its own: level 1 pins the
     weights in host RAM (vllm/device_allocator/cumem.py), so it needs MemAvailable, less
     SLEEP_MARGIN_GIB, to hold them; else level 2 (the weights dropped, read again at the
     wake). Unknown sizes leave the lane's level as it is.
 
-    `kept_gib`: pinned host memory the engine already holds from an earlier level-1 sleep.
-    cumem.py drops its buffers at the wake, but into torch's caching host allocator, which
-    keeps them pinned (vLLM empties that cache only at shutdown: vllm/distributed/
-    parallel_state.py); the next sleep gets them back without pinning anew (measured on
-    the H200: a second pin of 40 GiB took 50 µs, the first 34.9 s). That memory is already
-    out of MemAvailable, and it is there for this sleep."""
-    if level != 1 or weights_gib is None or mem_available_gib is None:
+    What level 1 pins is more than the weights: cumem.py asks torch for a pinned buffer per
+    allocation, and torch's caching host allocator rounds each up to a power of two (on the
+    H200, a 40 GiB buffer took 64.9 GiB of MemAvailable): up to PINNED_ROUNDING times the
+    weights, the bound laned checks. Those buffers stay with the engine (`pinned`): cumem.py
+    drops them at the wake into that cache, which vLLM empties only at shutdown
+    (vllm/distributed/parallel_state.py), and the next sleep gets them back without pinning
+    anew (a second pin of 40 GiB took 53 µs, the first 34.9 s). An engine that holds them
+    sleeps at level 1 again whatever MemAvailable says: they are out of it already."""
+    if level != 1 or weights_gib is None or mem_available_gib is None or pinned:
         return level, ""
-    room = mem_available_gib + kept_gib - SLEEP_MARGIN_GIB
-    if weights_gib <= room:
+    need = weights_gib * PINNED_ROUNDING
+    room = mem_available_gib - SLEEP_MARGIN_GIB
+    if need <= room:
         return 1, ""
     return 2, (
-        f"level 1 would pin {weights_gib:.1f} GiB of weights in host RAM; "
-        f"{mem_available_gib:.1f} GiB is available, less a {SLEEP_MARGIN_GIB:g} GiB margin"
+        f"level 1 would pin up to {need:.1f} GiB of host RAM for {weights_gib:.1f} GiB of "
+        f"weights (each buffer rounded up to a power of two); {mem_available_gib:.1f} GiB is "
+        f"available, less a {SLEEP_MARGIN_GIB:g} GiB margin"
     )
 
 

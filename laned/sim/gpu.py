@@ -79,14 +79,17 @@ def release() -> None:
 
 def offload() -> None:
     """A level-1 sleep, as vLLM's allocator does it (vllm/device_allocator/cumem.py `sleep`):
-    a pinned host buffer allocated at this sleep for each block, the block copied into it,
+    a pinned host buffer asked for at this sleep for each block, the block copied into it,
     the GPU memory given back. Blocking: seconds per tens of GiB (pinning dominates)."""
+    _offloaded.extend(_pinned_copy(h) for h in _held if not isinstance(h, subprocess.Popen))
+    release()  # no reference to a block is left here: the driver gets its memory back
+
+
+def _pinned_copy(block: Any) -> Any:
     torch = sys.modules["torch"]
-    for block in [h for h in _held if not isinstance(h, subprocess.Popen)]:
-        copy = torch.empty(block.numel(), dtype=torch.uint8, pin_memory=True)
-        copy.copy_(block)
-        _offloaded.append(copy)
-    release()
+    copy = torch.empty(block.numel(), dtype=torch.uint8, pin_memory=True)
+    copy.copy_(block)
+    return copy
 
 
 def restore() -> None:

@@ -155,14 +155,15 @@ def test_the_canary_is_kept_per_digest_and_compared_on_token_ids_else_text() -> 
 
 
 def test_level_1_only_while_host_ram_holds_the_weights_else_level_2() -> None:
-    assert sleep_level_for(1, 40.0, 100.0) == (1, "")
-    level, why = sleep_level_for(1, 95.0, 100.0)  # 95 GiB of weights, 100 available less 8
-    assert level == 2 and "95.0 GiB" in why and "8 GiB margin" in why
+    assert sleep_level_for(1, 40.0, 100.0) == (1, "")  # up to 80 GiB pinned: fits in 92
+    level, why = sleep_level_for(1, 50.0, 100.0)  # up to 100 GiB pinned, 100 available less 8
+    assert level == 2 and "up to 100.0 GiB" in why and "50.0 GiB of" in why
+    assert "8 GiB margin" in why
     assert sleep_level_for(2, 500.0, 10.0) == (2, "")  # level 2 pins nothing
     assert sleep_level_for(1, None, 10.0) == (1, "")  # unknown: the lane's own level
     # Its engine slept at level 1 before: it holds those pinned buffers already.
-    assert sleep_level_for(1, 95.0, 10.0, kept_gib=95.0) == (1, "")
-    assert sleep_level_for(1, 95.0, 10.0, kept_gib=0.0)[0] == 2
+    assert sleep_level_for(1, 95.0, 10.0, pinned=True) == (1, "")
+    assert sleep_level_for(1, 95.0, 10.0, pinned=False)[0] == 2
 
 
 def test_preflight_says_which_level_a_lane_would_sleep_at_here() -> None:

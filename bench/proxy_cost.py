@@ -15,6 +15,8 @@ scrapes) measured just before, divided by what passed through it.
   16 and 64 at a time (`--streams` of them at each level): CPU per chunk, taken as (CPU per
   stream - CPU per non-streamed request) / SSE events, and per stream.
 
+Then the same phases through the floor (bench/relay_floor.py: a relay in Python that passes
+bytes through and does nothing else, one in front of each engine), measured the same way.
 The load generator (httpx, in this process) shares the machine's cores; laned's CPU is
 laned's alone. Throughput beside the engine reached directly, and latency, are
 bench/api.py's and bench/proxy.py's.
@@ -26,6 +28,8 @@ import argparse
 import asyncio
 import json
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,11 +84,60 @@ async def streams(url: str, count: int, at_once: int, tokens: int) -> int:
 
 
 def measured(pid: int, idle_rate: float, run: Any) -> tuple[Any, float]:
-    """(what `run` returned, laned's CPU seconds across it less its idle rate)."""
+    """(what `run` returned, the process's CPU seconds across it less its idle rate)."""
     cpu, began = cpu_seconds(pid), time.monotonic()
     result = asyncio.run(run)
     took = time.monotonic() - began
     return result, max(cpu_seconds(pid) - cpu - idle_rate * took, 0.0)
+
+
+def idle_rate(pid: int, seconds: float = 3.0) -> float:
+    """The process's CPU share while nothing is sent to it."""
+    cpu, began = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - cpu) / (time.monotonic() - began)
+
+
+def phases(args: argparse.Namespace, fast: tuple[str, int], paced: tuple[str, int]) -> dict[str, Any]:  # fmt: skip
+    """CPU per non-streamed request (to `fast`: base URL, pid) and per streamed chunk (to
+    `paced`) at 1, 16 and 64 streams at a time."""
+    asyncio.run(completions(fast[0], 50, 8))  # warm: connections, caches
+    idle = idle_rate(fast[1])
+    ok, spent = measured(fast[1], idle, completions(fast[0], args.requests, 8))
+    per_request = spent / max(ok, 1)
+    out: dict[str, Any] = {
+        "idle_cpu_share": round(idle, 4),
+        "non_streamed": {"requests": ok, "cpu_ms_per_request": round(per_request * 1e3, 3)},
+        "streamed": {},
+    }
+    idle = idle_rate(paced[1]) if paced[1] != fast[1] else idle
+    for at_once in (1, 16, 64):
+        events, spent = measured(paced[1], idle, streams(paced[0], args.streams, at_once, args.tokens))  # fmt: skip
+        per_stream = spent / args.streams
+        chunks = events / args.streams
+        out["streamed"][str(at_once)] = {
+            "streams": args.streams,
+            "events_per_stream": round(chunks, 1),
+            "cpu_ms_per_stream": round(per_stream * 1e3, 3),
+            "cpu_us_per_chunk": round((per_stream - per_request) / chunks * 1e6, 1),
+        }
+    return out
+
+
+def relay(engine: int) -> tuple[subprocess.Popen[bytes], str]:
+    """bench/relay_floor.py in front of the engine on `engine`: (its process, its URL)."""
+    port = free_port()
+    script = Path(__file__).resolve().parent / "relay_floor.py"
+    process = subprocess.Popen([sys.executable, str(script), str(port), str(engine)])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise TimeoutError("the floor's relay did not listen")
 
 
 def main() -> None:
@@ -97,43 +150,32 @@ def main() -> None:
     args = parser.parse_args()
     env = {**os.environ, **harness_env()}
     with tempfile.TemporaryDirectory() as tmp:
-        api, port = free_port(), free_port()
+        api, ports = free_port(), {"a": free_port(), "b": free_port()}
         units = [f"benchcost{os.getpid()}-{lane}.service" for lane in "ab"]
         text = f'[daemon]\nlisten = "127.0.0.1:{api}"\nstate_dir = "{tmp}/state"\nbin_dir = "{tmp}/bin"\n'  # fmt: skip
-        text += sim_lane("a", units[0], port, 'group = "a"\n', FAST, model=tmp)
+        text += sim_lane("a", units[0], ports["a"], 'group = "a"\n', FAST, model=tmp)
         paced = f'LANED_SIM_DECODE_TPS = "{args.tps:g}"\nLANED_SIM_PREFILL_TPS = "100000000"\n'
-        text += sim_lane("b", units[1], free_port(), 'group = "b"\n', paced, model=tmp)
+        text += sim_lane("b", units[1], ports["b"], 'group = "b"\n', paced, model=tmp)
         path = Path(tmp) / "laned.toml"
         path.write_text(text)
         with LanedServe(path, api, env, units, ready=0) as laned:
             for lane in "ab":
                 httpx.post(f"{laned.url}/lanes/{lane}/activate", params={"wait": "true"}, timeout=120).raise_for_status()  # fmt: skip
             pid = laned.process.pid
-            asyncio.run(completions(laned.url, 50, 8))  # warm: connections, caches
-            cpu, began = cpu_seconds(pid), time.monotonic()
-            time.sleep(3)
-            idle = (cpu_seconds(pid) - cpu) / (time.monotonic() - began)
-            ok, spent = measured(pid, idle, completions(laned.url, args.requests, 8))
-            per_request = spent / max(ok, 1)
-            out: dict[str, Any] = {
-                "idle_cpu_share": round(idle, 4),
-                "non_streamed": {"requests": ok, "cpu_ms_per_request": round(per_request * 1e3, 3)},
-                "streamed": {},
-            }
-            for at_once in (1, 16, 64):
-                events, spent = measured(pid, idle, streams(laned.url, args.streams, at_once, args.tokens))  # fmt: skip
-                per_stream = spent / args.streams
-                chunks = events / args.streams
-                out["streamed"][str(at_once)] = {
-                    "streams": args.streams,
-                    "events_per_stream": round(chunks, 1),
-                    "cpu_ms_per_stream": round(per_stream * 1e3, 3),
-                    "cpu_us_per_chunk": round((per_stream - per_request) / chunks * 1e6, 1),
-                }
+            out = phases(args, (laned.url, pid), (laned.url, pid))
+            relays = [relay(ports[lane]) for lane in "ab"]
+            try:
+                (fast, fast_url), (slow, slow_url) = relays
+                out["floor"] = phases(args, (fast_url, fast.pid), (slow_url, slow.pid))
+            finally:
+                for process, _ in relays:
+                    process.kill()
+    floor = out["floor"]
     print(f"laned idle: {out['idle_cpu_share'] * 100:.2f} % of a core")
-    print(f"non-streamed: {out['non_streamed']['cpu_ms_per_request']:.3f} ms CPU a request ({ok} requests, 8 at a time)")  # fmt: skip
+    print("CPU                          laned    floor (bench/relay_floor.py)")
+    print(f"a non-streamed request  {out['non_streamed']['cpu_ms_per_request']:8.3f} ms {floor['non_streamed']['cpu_ms_per_request']:8.3f} ms")  # fmt: skip
     for level, row in out["streamed"].items():
-        print(f"streamed, {level:>2} at a time: {row['cpu_us_per_chunk']:7.1f} µs CPU a chunk, {row['cpu_ms_per_stream']:.2f} ms a stream of {row['events_per_stream']:.0f} events")  # fmt: skip
+        print(f"a chunk, {level:>2} streams      {row['cpu_us_per_chunk']:8.1f} µs {floor['streamed'][level]['cpu_us_per_chunk']:8.1f} µs   ({row['events_per_stream']:.0f} events a stream)")  # fmt: skip
     if args.json:
         meta = {"cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "args": {k: v for k, v in vars(args).items() if k != "json"}}  # fmt: skip
         args.json.write_text(json.dumps({**meta, **out}, indent=2) + "\n")

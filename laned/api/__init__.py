@@ -3,6 +3,7 @@
 Routers: `lanes` (the lanes' endpoints), `daemon` (health, fit, reload, metrics, service
 discovery, events), both over the front (`laned.api.front`), and `openai` (the OpenAI endpoint,
 `laned.api.proxy`); `guard` decides who may call;
+`door` takes every request first (the guard, then the proxy and the busiest reads);
 `errors` holds the one error envelope and the table from laned's errors to HTTP statuses.
 """
 
@@ -12,18 +13,39 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from laned import __version__
 from laned.api import daemon, errors, lanes, openai
+from laned.api.door import Door
 from laned.api.front import Front
-from laned.api.guard import ApiSettings, Guard
+from laned.api.guard import ApiSettings
 from laned.api.metrics import LanedMetrics
 from laned.api.proxy import Proxy
 
 __all__ = ["ApiSettings", "create_app"]
 
 
-def create_app(front: Front, settings: ApiSettings, metrics: LanedMetrics | None = None) -> FastAPI:
+class LanedApp(FastAPI):
+    """The FastAPI application behind laned's door (laned.api.door): the server calls the
+    door, which calls the application for what it does not answer itself."""
+
+    door: Door | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.door is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.door(scope, receive, send)
+
+    async def behind(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The application itself, without the door."""
+        await super().__call__(scope, receive, send)
+
+
+def create_app(
+    front: Front, settings: ApiSettings, metrics: LanedMetrics | None = None
+) -> LanedApp:
     """The FastAPI application over one running laned (its front: the supervisor and, for
     lanes over several hosts, the coordinator of their ranks)."""
     if metrics is None:
@@ -36,15 +58,14 @@ def create_app(front: Front, settings: ApiSettings, metrics: LanedMetrics | None
         yield
         await proxy.close()
 
-    app = FastAPI(
+    app = LanedApp(
         title="laned",
         version=__version__,
         description="Control API of laned, the inference lane daemon, and its OpenAI endpoint.",
         lifespan=lifespan,
     )
     errors.install(app)
-    app.add_middleware(openai.FastV1, proxy=proxy)  # inside the guard: it checks first
-    app.add_middleware(Guard, settings=settings)
+    app.door = Door(app.behind, settings, front, proxy, metrics)
     app.include_router(lanes.router(front))
     app.include_router(daemon.router(front, metrics))
     app.include_router(openai.router(proxy))

@@ -97,9 +97,14 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return envelope(
-            500,
-            "internal",
-            f"laned failed: {type(exc).__name__}",
-            "see laned's log (journalctl --user -u laned)",
-        )
+        return unexpected(exc)
+
+
+def unexpected(exc: Exception) -> JSONResponse:
+    """The answer to an error laned did not expect (the exception itself goes to the log)."""
+    return envelope(
+        500,
+        "internal",
+        f"laned failed: {type(exc).__name__}",
+        "see laned's log (journalctl --user -u laned)",
+    )

@@ -10,11 +10,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from fastapi import Request
 from fastapi.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from laned.api.errors import envelope
 
@@ -52,41 +51,36 @@ def host_of(value: str) -> str:
 
 
 class Guard:
-    """The ASGI middleware that refuses what must not reach an endpoint. Plain ASGI, not
-    Starlette's BaseHTTPMiddleware: that one relays every chunk of a streamed answer
-    through a task and a memory stream, which laned's OpenAI endpoint would pay per token."""
+    """Who may call, judged from the request as the server hands it over (laned.api.door
+    asks before anything else runs): the raw headers are read once, no Request is built."""
 
-    def __init__(self, app: ASGIApp, settings: ApiSettings) -> None:
-        self.app, self.settings = app, settings
+    def __init__(self, settings: ApiSettings) -> None:
+        self.settings = settings
         self.allowed = (
             LOCAL_NAMES
             | {settings.listen_host.lower(), f"[{settings.listen_host.lower()}]"}
             | settings.peer_hosts
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            refused = self.refusal(Request(scope))
-            if refused is not None:
-                await refused(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    def refusal(self, request: Request) -> Response | None:
+    def refusal(self, scope: Scope) -> Response | None:
         """The answer that refuses the request, or None when it may go on."""
         settings, allowed = self.settings, self.allowed
-        host = host_of(request.headers.get("host", ""))
-        if host not in allowed:
+        seen: dict[bytes, str] = {}
+        for name, value in scope["headers"]:
+            if name in WATCHED and name not in seen:  # the first of each, as Starlette reads
+                seen[name] = value.decode("latin-1")
+        path = scope["path"]
+        if host_of(seen.get(b"host", "")) not in allowed:
             return envelope(
                 403,
                 "forbidden-host",
-                f"Host {request.headers.get('host', '')!r} is not laned's",
+                f"Host {seen.get(b'host', '')!r} is not laned's",
                 f"use http://127.0.0.1:{settings.listen_port} or the configured listen address",
             )
-        mutating = request.method == "POST" or request.url.path.endswith(MUTATING_SUFFIXES)
+        mutating = scope["method"] == "POST" or path.endswith(MUTATING_SUFFIXES)
         if mutating:
-            site = request.headers.get("sec-fetch-site")
-            origin = request.headers.get("origin")
+            site = seen.get(b"sec-fetch-site")
+            origin = seen.get(b"origin")
             origin_host = host_of(urlsplit(origin).netloc) if origin else None
             if (site is not None and site not in ("same-origin", "none")) or (
                 origin_host is not None and origin_host not in allowed
@@ -97,11 +91,11 @@ class Guard:
                     "cross-site requests may not change lanes",
                     "use curl or the laned CLI",
                 )
-        given = request.headers.get("authorization", "")
+        given = seen.get(b"authorization", "")
         peer = settings.peer_token is not None and same_secret(
             given, f"Bearer {settings.peer_token}"
         )
-        if request.query_params.get("rank_only", "").lower() in ("true", "1") and not peer:
+        if _rank_only(scope.get("query_string", b"")) and not peer:
             return envelope(
                 403,
                 "forbidden",
@@ -112,14 +106,12 @@ class Guard:
             return None
         # The OpenAI endpoint's Authorization is the lane's API key, for the engine to judge:
         # laned's token is not asked for there (the Host and cross-site checks still hold).
-        openai = request.url.path.startswith("/v1/")
+        openai = path.startswith("/v1/")
         if (
             settings.token is not None
             and not openai
             # The page itself holds no data (it asks for the token when /lanes wants one).
-            and (
-                mutating or (settings.token_for_reads and request.url.path not in ("/healthz", "/"))
-            )
+            and (mutating or (settings.token_for_reads and path not in ("/healthz", "/")))
         ):
             if not given:
                 return envelope(
@@ -136,3 +128,14 @@ class Guard:
                     "use the token in daemon.token_file",
                 )
         return None
+
+
+WATCHED = frozenset((b"host", b"origin", b"sec-fetch-site", b"authorization"))
+
+
+def _rank_only(query: bytes) -> bool:
+    """Whether the query asks for rank_only (its last value, as Starlette reads it)."""
+    if b"rank_only" not in query:
+        return False
+    values = [v for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True) if k == "rank_only"]  # fmt: skip
+    return bool(values) and values[-1].lower() in ("true", "1")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
+from laned.api.door import lanes_view
 from laned.api.errors import ApiError
 from laned.api.front import Front
 from laned.config.model import GATES
@@ -45,13 +46,12 @@ def router(front: Front) -> APIRouter:
             ) from None
         return JSONResponse(await front.view(lane, host(request)), status_code=200)
 
-    # The views are plain JSON already: answered with json.dumps alone, not walked again by
-    # FastAPI's encoder (a third of the time of GET /lanes; docs/performance.md).
+    # Answered by laned.api.door before the router (the same function, the same bytes): this
+    # route is the schema's, and answers a request that reaches the application directly.
     @api.get("/lanes", response_class=JSONResponse)
     async def lanes(request: Request) -> JSONResponse:
         """Every lane with its state; `notices`: what laned itself meets (as in /healthz)."""
-        views = [await front.view(n, host(request)) for n in front.lanes()]
-        return JSONResponse({"lanes": views, "notices": front.notices()})
+        return JSONResponse(await lanes_view(front, host(request)))
 
     @api.get("/lanes/{lane}", response_class=JSONResponse)
     async def lane(lane: str, request: Request) -> JSONResponse:

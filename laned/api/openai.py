@@ -1,8 +1,8 @@
 """laned's OpenAI endpoint (laned.api.proxy): GET /v1/models and every POST /v1/....
 
-A POST under /v1 goes from the server straight to the proxy (`FastV1`, an ASGI middleware
-inside the guard): no router, no dependency injection, no StreamingResponse, so that what
-laned spends on a request and on each chunk of a streamed answer stays near the floor
+A POST under /v1 goes from the server straight to the proxy (laned.api.door, after the
+guard): no router, no dependency injection, no StreamingResponse, so that what laned spends
+on a request and on each chunk of a streamed answer stays near the floor
 (bench/proxy_cost.py, docs/performance.md). The router's route stays for the OpenAPI schema
 and answers the same way.
 """
@@ -26,19 +26,6 @@ class Raw(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
-
-
-class FastV1:
-    """POST /v1/... to the proxy before the router sees it; everything else on."""
-
-    def __init__(self, app: ASGIApp, proxy: Proxy) -> None:
-        self.app, self.proxy = app, proxy
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):  # fmt: skip
-            await self.proxy.asgi(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
 
 
 def router(proxy: Proxy) -> APIRouter:

@@ -26,12 +26,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import unquote
 
-import aiohttp
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
-from yarl import URL
 
-from laned.adapters.probes import ENGINE_KEEP_ALIVE
+from laned.adapters.upstream import Answer, EngineBrokeOff, Pool
 from laned.api.front import Front
 from laned.api.loading import EVERY, Progress, error_event, progress_line
 from laned.config.model import Config
@@ -50,7 +48,8 @@ FORWARDED = (
 )  # fmt: skip
 FORWARDED_NAMES = frozenset(name.encode() for name in FORWARDED)  # as the server hands them
 # A body with a length keeps it (no chunked encoding added on the way); a chunked one stays so.
-RETURNED = ("content-type", "content-encoding", "content-length")
+RETURNED = frozenset((b"content-type", b"content-encoding", b"content-length"))
+Headers = list[tuple[bytes, bytes]]
 RETRY_AFTER = 30  # seconds, for a lane not on its way to serving or a full queue
 
 
@@ -120,30 +119,14 @@ class Proxy:
         self.front = front
         self.traffic = front.traffic
         self.recorder = recorder or Recorder()
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        """The pooled connections to the engines (made on the running loop at first use).
-
-        aiohttp rather than httpx (which the probes use): its C parser and plain asyncio
-        streams relay a streamed answer for half of httpx's CPU per chunk (bench/proxy.py,
-        docs/proxy.md). Connections are given up before the engine's 5 s idle close (as the
-        probes do); no read timeout: a long answer streams for as long as it takes. No
-        headers of aiohttp's own: the engine sees what the client sent."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_KEEP_ALIVE / 2),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
-                auto_decompress=False,
-                skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            )
-        return self._session
+        # The pooled connections to the engines (laned.adapters.upstream): no read timeout (a
+        # long answer streams for as long as it takes), no headers of the client's own (the
+        # engine sees what the client sent, with its own Host and Content-Length).
+        self.pool = Pool()
 
     async def close(self) -> None:
         """Close the pooled connections."""
-        if self._session is not None:
-            await self._session.close()
+        self.pool.close()
 
     def models(self) -> dict[str, Any]:
         """GET /v1/models: every configured model (aliases too), with its lane's state."""
@@ -181,17 +164,19 @@ class Proxy:
             return
         body = await _body(receive)
         began = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in FORWARDED_NAMES}  # fmt: skip
-        query = scope.get("query_string", b"").decode("latin-1")
-        outcome = await self._prepare(path, body, headers, query, began)
+        headers = [pair for pair in scope["headers"] if pair[0] in FORWARDED_NAMES]
+        target = scope.get("raw_path") or path.encode()  # as the client sent it
+        if query := scope.get("query_string", b""):
+            target += b"?" + query
+        outcome = await self._prepare(path, target, body, headers, began)
         if isinstance(outcome, Response):
             await outcome(scope, receive, send)
         else:
             await _relay(*outcome, receive, send)
 
     async def _prepare(
-        self, path: str, body: bytes, headers: dict[str, str], query: str, began: float
-    ) -> Response | tuple[aiohttp.ClientResponse, Flight]:
+        self, path: str, target: bytes, body: bytes, headers: Headers, began: float
+    ) -> Response | tuple[Answer, Flight]:
         """Route, admit (at once, or after a wait) and send the request to its engine: the
         engine's answer with the request counted in flight, or laned's own answer."""
         try:
@@ -210,7 +195,6 @@ class Proxy:
         if model != spec.served_model_name and isinstance(parsed, dict):
             # An alias is laned's name: the engine knows the lane's served model name.
             body = json.dumps({**parsed, "model": spec.served_model_name}).encode()
-        target = f"{path}?{query}" if query else path
         admission = self.front.admission(lane, self.traffic.clock())
         if admission.verdict is Verdict.WAIT and spec.loading_state and path == "/v1/chat/completions" and isinstance(parsed, dict) and parsed.get("stream") is True:  # fmt: skip
             stream = self._loading(lane, model, target, body, headers)
@@ -227,16 +211,14 @@ class Proxy:
         return answer, flight
 
     async def _post(
-        self, lane: str, target: str, body: bytes, headers: dict[str, str]
-    ) -> aiohttp.ClientResponse | JSONResponse:
+        self, lane: str, target: bytes, body: bytes, headers: Headers
+    ) -> Answer | JSONResponse:
         """Send the request to the lane's engine (`target`: the path and query as the client
         sent them): its answer (counted), or a 502."""
         port = self.front.config.lanes[lane].port
         try:
-            answer = await self.session.post(
-                URL(f"http://127.0.0.1:{port}{target}", encoded=True), data=body, headers=headers
-            )
-        except (aiohttp.ClientError, OSError) as exc:
+            answer = await self.pool.post(port, target, body, headers)
+        except (OSError, asyncio.TimeoutError) as exc:
             return openai_error(
                 502,
                 "BadGatewayError",
@@ -248,7 +230,7 @@ class Proxy:
         return answer
 
     async def _loading(
-        self, lane: str, model: str, target: str, body: bytes, headers: dict[str, str]
+        self, lane: str, model: str, target: bytes, body: bytes, headers: Headers
     ) -> AsyncIterator[bytes]:
         """A streaming chat request that waits, with the wait told in-band (laned.api.loading):
         a line each time it changes, then the engine's stream; an error as the last event."""
@@ -256,7 +238,7 @@ class Proxy:
         began = time.perf_counter()
         turn = asyncio.ensure_future(self._take_turn(lane))
         flight: Flight | None = None
-        answer: aiohttp.ClientResponse | JSONResponse | None = None
+        answer: Answer | JSONResponse | None = None
         try:
             shown = ""
             while not turn.done():
@@ -279,7 +261,7 @@ class Proxy:
             elif answer.status != 200:
                 yield error_event(await answer.read())
             else:
-                async for chunk in answer.content.iter_any():
+                while chunk := await answer.chunk():
                     yield chunk
         finally:
             if not turn.done():
@@ -288,8 +270,8 @@ class Proxy:
                 came = turn.result()
                 if isinstance(came, Flight):
                     came.done()  # its turn came as the client went away
-            if isinstance(answer, aiohttp.ClientResponse) and flight is not None:
-                await _end(answer, flight)
+            if isinstance(answer, Answer) and flight is not None:
+                _end(answer, flight)
             elif flight is not None:
                 flight.done()
 
@@ -391,27 +373,28 @@ async def _body(receive: Receive) -> bytes:
             return b"".join(parts)
 
 
-async def _relay(answer: aiohttp.ClientResponse, flight: Flight, receive: Receive, send: Send) -> None:  # fmt: skip
+async def _relay(answer: Answer, flight: Flight, receive: Receive, send: Send) -> None:
     """The engine's answer to the client as it comes: its status, its headers that travel,
-    then each piece of its body with one `send`. A client that goes away closes the engine's
-    connection (vLLM aborts a request whose connection closes); an engine that breaks off
-    mid-answer breaks the client's off too (the error propagates, the server closes it)."""
+    then what has come of its body since the last `send`, with one `send`. A client that goes
+    away closes the engine's connection (vLLM aborts a request whose connection closes); an
+    engine that breaks off mid-answer breaks the client's off too (the error propagates, the
+    server closes it)."""
     gone = asyncio.ensure_future(_disconnect(receive))
-    gone.add_done_callback(lambda done: None if done.cancelled() else answer.close())
-    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items() if k.lower() in RETURNED]  # fmt: skip
+    gone.add_done_callback(lambda done: None if done.cancelled() else answer.end())
+    headers = [pair for pair in answer.headers if pair[0] in RETURNED]
     try:
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         try:
-            async for chunk in answer.content.iter_any():
+            while chunk := await answer.chunk():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except aiohttp.ClientError:
+        except EngineBrokeOff:
             if not gone.done():
                 raise  # the engine broke off: so does the answer
             return  # the client went away, and its engine connection with it
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         gone.cancel()
-        await _end(answer, flight)
+        _end(answer, flight)
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -420,11 +403,8 @@ async def _disconnect(receive: Receive) -> None:
         pass
 
 
-async def _end(answer: aiohttp.ClientResponse, flight: Flight) -> None:
+def _end(answer: Answer, flight: Flight) -> None:
     """The answer is over, no longer in flight (idempotent): its connection goes back to the
     pool when the body was read to its end, else it is closed (the engine aborts then)."""
     flight.done()
-    if answer.content.at_eof():
-        answer.release()
-    else:
-        answer.close()
+    answer.end()

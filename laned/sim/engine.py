@@ -21,6 +21,7 @@ from laned.sim.metrics import Metrics
 from laned.sim.responses import EngineDead, Job, error
 from laned.sim.settings import Settings
 from laned.sim.startup import log
+from laned.sim.steps import DecodeSteps
 
 VERSION = "0.11.0+laned.sim"
 BLOCK = 16  # tokens per KV block, for prefix-cache accounting
@@ -48,6 +49,7 @@ class Engine:
         self.slot_free = asyncio.Condition()
         self.started = time.time()
         self.serving_since = time.monotonic()  # the watchdog's clock starts with the server
+        self.steps = DecodeSteps(settings.decode_tps, self.serving_since)  # one for all
         self.aborts = 0  # each sleep with mode=abort ends the requests in flight
         self.sleep = sleep.Sleep(
             settings.weights_gib if settings.enable_sleep_mode else 0.0,
@@ -370,15 +372,15 @@ class Engine:
                 if todo > 0:
                     m.observe("iteration_tokens_total", 0)  # no output yet: no token counted
             decode_start = time.monotonic()
-            last = decode_start
+            last, step = decode_start, None
             for index, piece in enumerate(pieces):
                 await self._hold_if_stalled()
                 if self.dead:
                     raise EngineDead
                 if self.aborts != aborts:
                     return  # put to sleep with mode=abort: finished as "abort"
-                delay = decode_start + index / s.decode_tps - time.monotonic()
-                if delay > 0:
+                step = self.steps.next(step, time.monotonic())
+                if (delay := self.steps.at(step) - time.monotonic()) > 0:
                     await asyncio.sleep(delay)
                 now = time.monotonic()
                 if index == 0:  # the step that ends the prefill samples the first token

@@ -205,6 +205,61 @@ def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
 
+def test_the_door_answers_lanes_and_metrics_as_their_routes_do(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
+    """GET /lanes and GET /metrics are answered by laned.api.door before FastAPI's router:
+    the same status, content type and content as the routes behind it give, the guard first."""
+    port = free_port()
+    config = lane_config(harness, units, tmp_path, {"a": FAST, "b": FAST}, port)
+
+    async def scenario() -> None:
+        sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+        metrics = LanedMetrics()
+        sup.recorder = metrics
+        front = Front(sup)
+        metrics.attach(front)
+        await sup.start()
+        app = create_app(front, ApiSettings("127.0.0.1", 9000, "t0k", True), metrics)
+        headers = {"Authorization": "Bearer t0k", "Host": "localhost:9000"}
+        try:
+            await asyncio.wait_for(await front.activate("a", False), 60)
+            for path in ("/lanes", "/metrics"):
+                answers = []
+                for asgi in (app, app.behind):
+                    transport = httpx.ASGITransport(app=asgi)
+                    async with httpx.AsyncClient(transport=transport, base_url="http://localhost:9000") as client:  # fmt: skip
+                        answers.append(await client.get(path, headers=headers))
+                door, route = answers
+                assert door.status_code == route.status_code == 200, path
+                assert door.headers["content-type"] == route.headers["content-type"], path
+                assert door.headers["content-length"] == str(len(door.content)), path
+                if path == "/lanes":
+                    assert door.json() == route.json()
+                    assert door.json()["lanes"][0]["base_url"] == f"http://localhost:{port}/v1"
+                else:  # the same series (their values move with each request)
+                    names = [{line.split(" ")[0].split("{")[0] for line in a.text.splitlines()} for a in answers]  # fmt: skip
+                    assert names[0] == names[1] and "laned_lane_state" in names[0]
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost:9000") as client:  # fmt: skip
+                refused = await client.get("/lanes", headers={"Host": "localhost:9000"})
+                assert refused.status_code == 401, "the door answered before the guard"
+
+            def broken() -> list[str]:
+                raise RuntimeError("a bug")
+
+            front.notices = broken  # type: ignore[method-assign]
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost:9000") as client:  # fmt: skip
+                failed = await client.get("/lanes", headers=headers)
+                assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal"
+        finally:
+            await sup.close()
+            await sup.probe.close()
+
+    asyncio.run(scenario())
+
+
 def test_serve_is_safe_by_default(tmp_path: Path) -> None:
     base = (
         '[lanes.a]\nport = 8001\nserved_model_name = "m"\n[lanes.a.exec]\ncommand = ["/bin/true"]\n'

@@ -1,0 +1,115 @@
+"""laned's door: every HTTP request meets the guard here, and the busiest ones go straight on.
+
+FastAPI's own path for a request is middleware after middleware (its error handler, its
+telemetry, its body limit, then the router matching the path against each of laned's routes,
+then dependency injection and the response's encoding): tens of microseconds that a bare app
+of two routes pays less of, and that a streamed answer paid again per chunk in the wrappers
+of `send`. The door takes, before all that (docs/decisions/0008-own-upstream-client.md):
+
+- `POST /v1/...`: to the proxy as ASGI (laned.api.proxy);
+- `GET /lanes` and `GET /metrics`, which dashboards and Prometheus poll: answered from the
+  same functions as their routes, with the same bytes and headers.
+
+Everything else goes on to the FastAPI application, whose routes for these stay for the
+OpenAPI schema (and answer the same way). The guard's checks come first for every request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from laned.api.errors import unexpected
+from laned.api.front import Front
+from laned.api.guard import ApiSettings, Guard
+from laned.api.metrics import LanedMetrics
+from laned.api.proxy import Proxy
+
+METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+async def lanes_view(front: Front, host: str) -> dict[str, Any]:
+    """GET /lanes: every lane with its state; `notices`: what laned itself meets."""
+    return {"lanes": [await front.view(n, host) for n in front.lanes()], "notices": front.notices()}
+
+
+def json_bytes(content: Any) -> bytes:
+    """JSON as Starlette's JSONResponse writes it."""
+    return json.dumps(
+        content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode("utf-8")
+
+
+def hostname(scope: Scope) -> str:
+    """The host the client called (as Starlette's `request.url.hostname`), for the URLs a
+    view gives back."""
+    for name, value in scope["headers"]:
+        if name == b"host":
+            return urlsplit("//" + value.decode("latin-1")).hostname or "127.0.0.1"
+    server = scope.get("server")
+    return str(server[0]) if server else "127.0.0.1"
+
+
+async def answer(send: Send, status: int, media: bytes, body: bytes) -> None:
+    """A whole answer in two messages."""
+    headers = [(b"content-length", b"%d" % len(body)), (b"content-type", media)]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Door:
+    """The ASGI application uvicorn serves: the guard, then the proxy, the two busy reads,
+    or the FastAPI application (`app`)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: ApiSettings,
+        front: Front,
+        proxy: Proxy,
+        metrics: LanedMetrics,
+    ) -> None:
+        self.app, self.guard, self.proxy = app, Guard(settings), proxy
+        self.front, self.metrics = front, metrics
+        self.reads: dict[str, ASGIApp] = {
+            "/lanes": self._lanes,
+            "/metrics": self._metrics,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = self.guard.refusal(scope)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        handler: ASGIApp
+        if method == "POST" and path.startswith("/v1/"):
+            handler = self.proxy.asgi
+        elif method == "GET" and path in self.reads:
+            handler = self.reads[path]
+        else:
+            await self.app(scope, receive, send)  # answers its own errors
+            return
+        try:
+            await handler(scope, receive, send)
+        except Exception as exc:
+            # As FastAPI's error middleware would: laned's envelope when nothing was sent yet
+            # (the server refuses a second start: an answer under way is cut instead), and
+            # the exception on to the server, which logs it.
+            with contextlib.suppress(RuntimeError):
+                await unexpected(exc)(scope, receive, send)
+            raise
+
+    async def _lanes(self, scope: Scope, receive: Receive, send: Send) -> None:
+        view = await lanes_view(self.front, hostname(scope))
+        await answer(send, 200, b"application/json", json_bytes(view))
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await answer(send, 200, METRICS_TYPE, self.metrics.render())

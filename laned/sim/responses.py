@@ -151,10 +151,15 @@ async def stream(
         if chat:
             yield event([choice({"role": "assistant", "content": ""})])
         started_tool = False
+        # Cut at max_tokens, the last token's event carries finish_reason "length", as vLLM
+        # sends it (one event per output: vllm/entrypoints/openai/completion/serving.py and
+        # chat_completion/serving.py); a natural stop ends with its own (the EOS step's).
+        last = len(job.pieces) if job.truncated and not tool_calls else -1
         async for kind, text in run:
             completion += 1
+            ends = "length" if completion == last else None
             if not chat:
-                yield event([choice(text)])
+                yield event([choice(text, ends)])
             elif kind == "tool":
                 call = tool_calls[0]
                 delta: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
@@ -169,10 +174,14 @@ async def stream(
                 yield event([choice({"tool_calls": [delta]})])
             else:
                 yield event(
-                    [choice({"reasoning_content" if kind == "reasoning" else "content": text})]
+                    [
+                        choice(
+                            {"reasoning_content" if kind == "reasoning" else "content": text}, ends
+                        )
+                    ]
                 )
-        finish = job.finish_reason
-        yield event([choice({} if chat else "", finish)])
+        if completion != last:
+            yield event([choice({} if chat else "", job.finish_reason)])
         if include_usage:
             usage = {
                 "prompt_tokens": prompt_tokens,

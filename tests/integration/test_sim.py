@@ -134,7 +134,7 @@ def test_tokens_counted_equal_tokens_returned(start_sim: Any) -> None:
         usage = [
             ask(client, q)["usage"] for q in ("Hello there", "What is 6 * 7?", "Write a story", "x")
         ]
-        chunks, stream_usage = 0, None
+        chunks, stream_usage, choices = 0, None, []
         with client.stream(
             "POST",
             CHAT,
@@ -153,9 +153,14 @@ def test_tokens_counted_equal_tokens_returned(start_sim: Any) -> None:
                 if event.get("usage"):
                     stream_usage = event["usage"]
                 for choice in event["choices"]:
+                    choices.append(choice)
                     if choice["delta"].get("content"):
                         chunks += 1
         assert stream_usage is not None and stream_usage["completion_tokens"] == chunks == 40
+        # As vLLM streams it: the role, then one event per token, the last one carrying
+        # finish_reason "length" (no empty event of its own after it).
+        assert len(choices) == 41 and choices[-1]["delta"].get("content"), choices[-1]
+        assert [c["finish_reason"] for c in choices] == [None] * 40 + ["length"]
         completion = sum(u["completion_tokens"] for u in usage) + chunks
         prompt = sum(u["prompt_tokens"] for u in usage) + stream_usage["prompt_tokens"]
         assert metric(client, "vllm:generation_tokens_total") == completion

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
 from laned import __version__
 from laned.api.front import Front
-from laned.api.metrics import LanedMetrics
+from laned.api.metrics import METRICS_MEDIA, LanedMetrics
 from laned.core.lanes import Event
 from laned.errors import ConfigError, ConfigRefused
 
@@ -89,7 +89,7 @@ def router(front: Front, metrics: LanedMetrics) -> APIRouter:
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:
         """laned's own metrics (Prometheus text format)."""
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(metrics.render(), media_type=METRICS_MEDIA)
 
     @api.get("/sd")
     async def service_discovery(request: Request) -> list[dict[str, Any]]:

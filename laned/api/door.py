@@ -8,7 +8,7 @@ of `send`. The door takes, before all that (docs/decisions/0008-own-upstream-cli
 
 - `POST /v1/...`: to the proxy as ASGI (laned.api.proxy);
 - `GET /lanes` and `GET /metrics`, which dashboards and Prometheus poll: answered from the
-  same functions as their routes, with the same bytes and headers.
+  same functions and response classes as their routes, with the same bytes and headers.
 
 Everything else goes on to the FastAPI application, whose routes for these stay for the
 OpenAPI schema (and answer the same way). The guard's checks come first for every request.
@@ -17,31 +17,16 @@ OpenAPI schema (and answer the same way). The guard's checks come first for ever
 from __future__ import annotations
 
 import contextlib
-import json
-from typing import Any
 from urllib.parse import urlsplit
 
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from laned.api.errors import unexpected
 from laned.api.front import Front
 from laned.api.guard import ApiSettings, Guard
-from laned.api.metrics import LanedMetrics
+from laned.api.metrics import METRICS_MEDIA, LanedMetrics
 from laned.api.proxy import Proxy
-
-METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-
-
-async def lanes_view(front: Front, host: str) -> dict[str, Any]:
-    """GET /lanes: every lane with its state; `notices`: what laned itself meets."""
-    return {"lanes": [await front.view(n, host) for n in front.lanes()], "notices": front.notices()}
-
-
-def json_bytes(content: Any) -> bytes:
-    """JSON as Starlette's JSONResponse writes it."""
-    return json.dumps(
-        content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
-    ).encode("utf-8")
 
 
 def hostname(scope: Scope) -> str:
@@ -52,13 +37,6 @@ def hostname(scope: Scope) -> str:
             return urlsplit("//" + value.decode("latin-1")).hostname or "127.0.0.1"
     server = scope.get("server")
     return str(server[0]) if server else "127.0.0.1"
-
-
-async def answer(send: Send, status: int, media: bytes, body: bytes) -> None:
-    """A whole answer in two messages."""
-    headers = [(b"content-length", b"%d" % len(body)), (b"content-type", media)]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class Door:
@@ -108,8 +86,8 @@ class Door:
             raise
 
     async def _lanes(self, scope: Scope, receive: Receive, send: Send) -> None:
-        view = await lanes_view(self.front, hostname(scope))
-        await answer(send, 200, b"application/json", json_bytes(view))
+        views = await self.front.views(hostname(scope))
+        await JSONResponse(views)(scope, receive, send)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await answer(send, 200, METRICS_TYPE, self.metrics.render())
+        await Response(self.metrics.render(), media_type=METRICS_MEDIA)(scope, receive, send)

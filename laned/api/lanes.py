@@ -8,7 +8,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from laned.api.door import lanes_view
 from laned.api.errors import ApiError
 from laned.api.front import Front
 from laned.config.model import GATES
@@ -51,7 +50,7 @@ def router(front: Front) -> APIRouter:
     @api.get("/lanes", response_class=JSONResponse)
     async def lanes(request: Request) -> JSONResponse:
         """Every lane with its state; `notices`: what laned itself meets (as in /healthz)."""
-        return JSONResponse(await lanes_view(front, host(request)))
+        return JSONResponse(await front.views(host(request)))
 
     @api.get("/lanes/{lane}", response_class=JSONResponse)
     async def lane(lane: str, request: Request) -> JSONResponse:

@@ -14,6 +14,8 @@ from laned.api.present import LaneSource, render_present
 from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
 
+# The exposition format laned writes (its routes and its door answer with this type).
+METRICS_MEDIA = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
 SLEEP_BUCKETS = (
     0.1,

@@ -2,9 +2,10 @@
 
 laned's OpenAI endpoint relays an engine's answer chunk by chunk; at one stream each chunk
 of an SSE answer is its own wakeup, so what the client does per chunk is most of laned's
-cost per token (bench/proxy_cost.py). Here a chunk is one `data_received`, one C parse and,
-when the relay waits, one future: no stream reader, no payload parser of a general client
-(docs/decisions/0008-own-upstream-client.md says what was measured against aiohttp).
+cost per token (bench/proxy_cost.py). Here a chunk is one `data_received`, one C parse and
+the relay's `send` made right there (Answer.pour): no task woken, no stream reader, no
+payload parser of a general client (docs/decisions/0008-own-upstream-client.md says what was
+measured against aiohttp, 0009 what pour saves).
 
 A connection is kept for the next request when its answer was read to the end and the engine
 did not say `Connection: close`; it is given up after half the engine's idle timeout
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
-from typing import cast
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from typing import Any, cast
 
 import httptools
 
@@ -29,8 +30,33 @@ HIGH_WATER = 1 << 20  # bytes of an answer held before the engine's socket is re
 CONNECT_TIMEOUT = 5.0
 
 
+# Hands a piece of the body on (the relay: an ASGI `send` of it). Called from the engine
+# connection's data_received and stepped there; see Answer.pour.
+Deliver = Callable[[bytes], Awaitable[None]]
+
+
 class EngineBrokeOff(ConnectionError):
     """The engine's connection ended before its answer did."""
+
+
+class _Rest:
+    """The rest of a delivery that was stepped once and is waiting on `awaited` (a future,
+    as `await` yields it): awaited, it waits for that, then runs the delivery to its end,
+    as if it had been awaited from its start."""
+
+    def __init__(self, delivery: Any, awaited: Any) -> None:
+        self.delivery, self.awaited = delivery, awaited
+
+    def close(self) -> None:
+        self.delivery.close()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        try:
+            yield self.awaited  # the relay's task waits for what the delivery waits for
+        except BaseException:
+            self.delivery.close()
+            raise
+        yield from self.delivery.__await__()
 
 
 class Answer:
@@ -46,6 +72,9 @@ class Answer:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
+        self._deliver: Deliver | None = None
+        self._eager = False  # pour waits: a piece is delivered as it arrives
+        self._pending: _Rest | asyncio.Future[Any] | None = None  # a delivery not done at once
 
     def at_eof(self) -> bool:
         """Whether the whole body has come and been taken."""
@@ -68,6 +97,43 @@ class Answer:
         self._conn.resume()
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    async def pour(self, deliver: Deliver) -> None:
+        """Hand the whole body to `deliver` as it comes; return at its end (EngineBrokeOff
+        when the engine's connection ends first, or the answer is given up).
+
+        While this waits, each piece is delivered from the connection's data_received, in the
+        loop's turn that brought its bytes: the relay's task does not wake for it (with
+        `chunk` it did, and at one stream that wakeup is most of laned's cost a token:
+        bench/proxy_cost.py). `deliver` is called there and stepped once: uvicorn's `send`
+        writes to the client's socket and ends at once unless that socket is full. A
+        delivery that does not end at once is finished here, by the relay's task, with the
+        engine's socket held (not read) until it has; pieces that came meanwhile follow it.
+        A delivery that waits ends when the client goes away (uvicorn's `send` does), and
+        pour with it."""
+        self._deliver = deliver
+        try:
+            while True:
+                if self._pending is not None:
+                    rest, self._pending = self._pending, None
+                    await rest
+                    self._conn.resume()
+                elif self._parts:  # came before pour began, or while a delivery waited
+                    self._conn.resume()
+                    self._push()
+                elif self._error is not None:
+                    raise self._error
+                elif self._done:
+                    return
+                else:
+                    self._waiter = asyncio.get_running_loop().create_future()
+                    self._eager = True
+                    try:
+                        await self._waiter
+                    finally:
+                        self._waiter, self._eager = None, False
+        finally:
+            self._deliver = None
+
     async def read(self) -> bytes:
         """The rest of the body."""
         parts = []
@@ -85,6 +151,9 @@ class Answer:
         if not complete and self._error is None:
             self._error = EngineBrokeOff("the answer was given up before its end")
             self._wake()
+        if isinstance(self._pending, _Rest):
+            self._pending.close()  # a delivery begun and never finished: nobody awaits it
+        self._pending = None
         self._conn.finished(complete)
 
     # From the connection, as the engine's bytes are parsed.
@@ -94,9 +163,36 @@ class Answer:
         if self._held > HIGH_WATER:
             self._conn.hold()
 
+    def _arrived(self) -> None:
+        """After the engine's bytes were parsed: the new pieces delivered at once when pour
+        waits for them, else the waiting `chunk` or `pour` woken."""
+        if self._eager and self._parts and self._error is None and self._pending is None:
+            self._push()
+        self._wake()
+
+    def _push(self) -> None:
+        """Deliver what has come, stepping the delivery once here (see pour)."""
+        assert self._deliver is not None
+        parts, self._parts, self._held = self._parts, [], 0
+        delivery = self._deliver(parts[0] if len(parts) == 1 else b"".join(parts))
+        if not asyncio.iscoroutine(delivery):  # an awaitable that is no coroutine: awaited as one
+            self._pending = asyncio.ensure_future(delivery)
+        else:
+            try:
+                awaited = delivery.send(None)
+            except StopIteration:
+                return  # delivered
+            except BaseException as exc:  # the delivery failed: pour says so
+                self._error = exc
+                return
+            self._pending = _Rest(delivery, awaited)
+        self._conn.hold()  # the client's socket is full: so is ours, for the engine
+
     def _wake(self) -> None:
         waiter = self._waiter
-        if waiter is not None and not waiter.done() and (self._parts or self._done or self._error):
+        if waiter is None or waiter.done():
+            return
+        if self._done or self._error or self._pending is not None or (self._parts and not self._eager):  # fmt: skip
             waiter.set_result(None)
 
 
@@ -129,7 +225,7 @@ class _Connection(asyncio.Protocol):
             self._fail(EngineBrokeOff(f"the engine's answer does not parse: {exc}"))
             self.close()
             return
-        answer._wake()
+        answer._arrived()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

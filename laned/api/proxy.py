@@ -375,7 +375,8 @@ async def _body(receive: Receive) -> bytes:
 
 async def _relay(answer: Answer, flight: Flight, receive: Receive, send: Send) -> None:
     """The engine's answer to the client as it comes: its status, its headers that travel,
-    then what has come of its body since the last `send`, with one `send`. A client that goes
+    then what has come of its body since the last `send`, with one `send`, made as the
+    engine's bytes arrive (Answer.pour: no task wakes per chunk). A client that goes
     away closes the engine's connection (vLLM aborts a request whose connection closes); an
     engine that breaks off mid-answer breaks the client's off too (the error propagates, the
     server closes it)."""
@@ -385,8 +386,7 @@ async def _relay(answer: Answer, flight: Flight, receive: Receive, send: Send) -
     try:
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         try:
-            while chunk := await answer.chunk():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await answer.pour(lambda body: send({"type": "http.response.body", "body": body, "more_body": True}))  # fmt: skip
         except EngineBrokeOff:
             if not gone.done():
                 raise  # the engine broke off: so does the answer

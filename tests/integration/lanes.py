@@ -35,7 +35,8 @@ def lane_config(
     for name, extra in lanes.items():
         text += (
             f'[lanes.{name}]\nunit = "{units.name(name)}.service"\nport = {(ports or {}).get(name, port)}\nserved_model_name = "{name}"\n'
-            f'stop_timeout = "20s"\n{extra}\n'
+            + ("" if "stop_timeout" in extra else 'stop_timeout = "20s"\n')
+            + f"{extra}\n"
         )
         if "restart_sec" not in extra:
             text += 'restart_sec = "1s"\n'

@@ -176,7 +176,9 @@ def test_a_lane_whose_acceptance_checks_run_is_busy_not_idle(
         "a": FAST + 'on_demand = true\nmin_residency = "30s"\nchecks = { after_activate = ["chat", "speed"], speed_min_tps = 1 }\n',
         "b": FAST + "on_demand = true\n",
     }  # fmt: skip
-    config = lane_config(harness, units, tmp_path, lanes, port, env={"a": SLOW})
+    # Checks of ~5 s (the speed gate decodes 400 tokens): long enough to be under way
+    # when the request for b comes, short enough not to be the test's time.
+    config = lane_config(harness, units, tmp_path, lanes, port, env={"a": {"LANED_SIM_DECODE_TPS": "100"}})  # fmt: skip
 
     async def scenario() -> None:
         async with (

@@ -49,6 +49,19 @@ def sleeper_and_peer(
     return ports, lanes, lane_config(harness, units, tmp_path, lanes, 0, env=env, ports=ports)
 
 
+def beyond_ram(path: Path) -> None:
+    """Make `path` a sparse file twice the size of this host's RAM: weights that level 1
+    cannot pin here. Sized from MemTotal, not "larger than any host": laned reads each
+    file's page-cache residency with mincore, 2 ms a GiB of mapping (4 TiB took 8.5 s)."""
+    total_kib = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    with path.open("wb") as handle:
+        handle.truncate(2 * total_kib * 1024)
+
+
 def main_pid(harness: Harness, units: Units, lane: str) -> int:
     return int(harness.show(f"{units.name(lane)}.service", "MainPID")["MainPID"])
 
@@ -113,9 +126,8 @@ def test_a_sleeping_lane_is_found_asleep_by_the_next_laned(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
     ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
-    # Weights no host RAM holds: a sleeps at level 2, though its config says 1.
-    with (tmp_path / "models" / "a" / "model.safetensors").open("wb") as handle:
-        handle.truncate(1 << 42)
+    # Weights this host's RAM cannot hold: a sleeps at level 2, though its config says 1.
+    beyond_ram(tmp_path / "models" / "a" / "model.safetensors")
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
@@ -269,9 +281,8 @@ def test_a_level_1_lane_whose_weights_host_ram_cannot_hold_sleeps_at_level_2(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
     ports, _lanes, config = sleeper_and_peer(harness, units, tmp_path, "sleep_level = 1\n")
-    # Weights larger than any host's RAM (a sparse file: its size, not its blocks).
-    with (tmp_path / "models" / "a" / "model.safetensors").open("wb") as handle:
-        handle.truncate(1 << 42)  # 4 TiB
+    # Weights larger than this host's RAM (a sparse file: its size, not its blocks).
+    beyond_ram(tmp_path / "models" / "a" / "model.safetensors")
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
@@ -370,10 +381,9 @@ def test_an_engine_that_slept_at_level_1_keeps_its_pinned_buffers_for_the_next_s
             await sup.activate("a")
             await sup.activate("b")
             await sup.activate("a")  # woken: the same engine, its buffers kept by torch
-            # Now the weights are larger than any host's RAM: a first level-1 sleep would not
+            # Now the weights are larger than this host's RAM: a first level-1 sleep would not
             # fit, but this engine holds its pinned buffers already.
-            with weights.open("wb") as handle:
-                handle.truncate(1 << 42)  # 4 TiB, sparse
+            beyond_ram(weights)
             await sup.activate("b")
             assert slept_as(sup) == ["swap to b: asleep (level 1)"] * 2, slept_as(sup)
             # A new engine has pinned nothing: the same swap sleeps at level 2.

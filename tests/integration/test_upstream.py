@@ -204,3 +204,98 @@ def test_bytes_that_are_not_http_are_an_error() -> None:
                 await Pool().post(port, b"/v1/x", b"", [])
 
     run(scenario)
+
+
+def streamed(events: int) -> Handler:
+    """An engine that streams `events` SSE events, one chunk each, then ends the answer."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await request_of(reader):
+            writer.write(HEAD)
+            for i in range(events):
+                event = b"data: %d\n\n" % i
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                await writer.drain()
+                await asyncio.sleep(0.002)  # each its own arrival, as tokens come
+            writer.write(b"0\r\n\r\n")
+
+    return handler
+
+
+def test_pour_delivers_each_piece_as_it_arrives_without_waking_the_relay() -> None:
+    async def scenario() -> None:
+        engine = Engine(streamed(40))
+        async with engine as port:
+            pool = Pool()
+            got, tasks = [], []
+
+            async def deliver(body: bytes) -> None:
+                got.append(body)
+                tasks.append(asyncio.current_task())  # None: a callback's, not a task's
+
+            answer = await pool.post(port, b"/v1/x", b"", [])
+            await answer.pour(deliver)
+            assert b"".join(got) == b"".join(b"data: %d\n\n" % i for i in range(40))
+            # Delivered from the connection's data_received, but what came before pour began.
+            assert tasks.count(None) >= len(tasks) - 1 and len(tasks) >= 20, tasks
+            answer.end()
+            assert engine.connections == 1 and pool._idle[port], "the connection was not kept"
+            pool.close()
+
+    run(scenario)
+
+
+def test_a_delivery_that_waits_holds_the_engine_and_the_rest_follows_in_order() -> None:
+    async def scenario() -> None:
+        async with Engine(streamed(30)) as port:
+            answer = await Pool().post(port, b"/v1/x", b"", [])
+            free, got = asyncio.Event(), []
+
+            async def deliver(body: bytes) -> None:
+                if not got:
+                    await free.wait()  # the client's socket is full, for a while
+                got.append(body)
+
+            pouring = asyncio.ensure_future(answer.pour(deliver))
+            deadline = asyncio.get_running_loop().time() + 10
+            while not answer._conn.held:  # the engine's socket is not read meanwhile
+                assert asyncio.get_running_loop().time() < deadline, "never held the engine"
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            assert not got and not pouring.done()
+            free.set()
+            await pouring
+            assert b"".join(got) == b"".join(b"data: %d\n\n" % i for i in range(30))
+            assert not answer._conn.held and answer.at_eof()
+            answer.end()
+
+    run(scenario)
+
+
+def test_pour_ends_with_the_error_of_a_delivery_or_of_an_answer_given_up() -> None:
+    async def scenario() -> None:
+        async with Engine(streamed(30)) as port:
+            pool = Pool()
+            answer = await pool.post(port, b"/v1/x", b"", [])
+
+            async def broken(body: bytes) -> None:
+                raise RuntimeError("the client's send failed")
+
+            with pytest.raises(RuntimeError, match="send failed"):
+                await answer.pour(broken)
+            answer.end()
+
+            answer = await pool.post(port, b"/v1/x", b"", [])
+            never = asyncio.Event()
+
+            async def stuck(body: bytes) -> None:
+                await never.wait()
+
+            pouring = asyncio.ensure_future(answer.pour(stuck))
+            await asyncio.sleep(0.1)
+            answer.end()  # the client went away while its delivery waited:
+            never.set()  # uvicorn's send then returns (connection_lost resumes writing)
+            with pytest.raises(EngineBrokeOff):
+                await pouring
+
+    run(scenario)

@@ -42,9 +42,10 @@ START = 240  # seconds a real vLLM start may take here (~40 s alone on 2 cores)
 def lane_toml(real: RealVllm) -> str:
     """The lane, all of its processes on CPU 0 (taskset, VLLM_CPU_OMP_THREADS_BIND): given
     both cores, EngineCore and its worker spin on them while it decodes and its API server
-    answers nothing until the batch ends (a scrape waited 13.8 s); on one core, 30 ms."""
+    answers nothing until the batch ends (a scrape waited 13.8 s); on one core, 30 ms.
+    A stop that meets hung requests (the wedge below) ends at stop_timeout: 8 s here."""
     return (
-        'start_timeout = "5m"\nrestart_sec = "1s"\n'
+        'start_timeout = "5m"\nrestart_sec = "1s"\nstop_timeout = "8s"\n'
         'probe = { interval = "1s", stall_after = "2s", start_interval_max = "1s" }\n'
         "sampling = { temperature = 0.6 }\n"
         'args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]\n'
@@ -266,7 +267,7 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
     # A wedged engine: EngineCore stopped under running requests. The API server still
     # answers /health; nothing moves, so laned calls it stalled (stall_after 2 s), restarts.
     # Its stop meets the hung requests: uvicorn waits for their connections until systemd
-    # kills it at stop_timeout (20 s here), and the last exit says so.
+    # kills it at stop_timeout (8 s here), and the last exit says so.
     main = int(unit_property(harness, "MainPID", unit))
     wedge(serve.url, port, main)
     again = ready_again(serve.url, 1)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +84,14 @@ async def phase(
     return sum(t for _, t in results) / wall, [f for f, _ in results]
 
 
-async def bench(
-    concurrency: int, rounds: int, per_client: int, tokens: int, tps: float, idle_bursts: int
-) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def one_lane(tps: float, tag: str) -> AsyncIterator[tuple[subprocess.Popen[bytes], int, int]]:  # fmt: skip
+    """`laned serve` as its own process over one simulated lane `a`, whose engine decodes `tps`
+    tokens a second a stream, once the lane is ready through laned: (laned's process, the
+    engine's port, laned's port). The lane's unit is stopped and removed at the end."""
     env = harness_env()
     os.environ.update(env)
-    tag = f"benchproxy{uuid.uuid4().hex[:6]}"
-    unit = f"{tag}-a.service"
+    unit = f"{tag}{uuid.uuid4().hex[:6]}-a.service"
     unit_dir = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user"
     port, api_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,55 +104,60 @@ async def bench(
         log = Path(tmp) / "laned.log"
         laned = subprocess.Popen(
             [sys.executable, "-m", "laned", "--config", str(config), "serve"],
-            cwd=ROOT,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+            cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
         try:
-            limits = httpx.Limits(max_connections=concurrency * 2, keepalive_expiry=4)
-            async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            async with httpx.AsyncClient(timeout=60) as client:
                 await wait_ready(client, api_port, log)
-                body = {
-                    "model": "a", "messages": [{"role": "user", "content": "hello"}],
-                    "max_tokens": tokens, "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True},
-                }  # fmt: skip
-                urls = {
-                    "direct": f"http://127.0.0.1:{port}/v1/chat/completions",
-                    "proxy": f"http://127.0.0.1:{api_port}/v1/chat/completions",
-                }
-                draw = random.Random(7)
-                lengths = [
-                    [draw.randint(tokens // 2, tokens * 3 // 2) for _ in range(per_client)]
-                    for _ in range(concurrency)
-                ]
-                for url in urls.values():  # warm both paths (connections, code)
-                    await phase(client, url, body, [[8]] * concurrency)
-                figures: dict[str, dict[str, list[float]]] = {
-                    m: {"tps": [], "ttft": [], "cpu": [], "wall": [], "idle_burst": []}
-                    for m in urls
-                }
-                for i in range(rounds * 2):
-                    mode = ("direct", "proxy")[i % 2]
-                    await phase(client, urls[mode], body, [[8]] * concurrency)
-                    cpu0, t0 = cpu_seconds(laned.pid), time.perf_counter()
-                    tps_round, ttfts = await phase(client, urls[mode], body, lengths)
-                    figures[mode]["cpu"].append(cpu_seconds(laned.pid) - cpu0)
-                    figures[mode]["wall"].append(time.perf_counter() - t0)
-                    figures[mode]["tps"].append(tps_round)
-                    figures[mode]["ttft"].extend(ttfts)
-                for _ in range(idle_bursts):
-                    for mode, url in urls.items():
-                        await asyncio.sleep(KEEP_ALIVE + 1)
-                        _, ttfts = await phase(client, url, body, [[tokens]] * concurrency)
-                        figures[mode]["idle_burst"].extend(ttfts)
-                metrics = (await client.get(f"http://127.0.0.1:{api_port}/metrics")).text
+            yield laned, port, api_port
         finally:
             laned.terminate()
             laned.wait(30)
             subprocess.run(["systemctl", "--user", "stop", unit], check=False)
             (unit_dir / unit).unlink(missing_ok=True)
             subprocess.run(["systemctl", "--user", "daemon-reload"], check=False)
+
+
+async def bench(
+    concurrency: int, rounds: int, per_client: int, tokens: int, tps: float, idle_bursts: int
+) -> dict[str, Any]:
+    async with one_lane(tps, "benchproxy") as (laned, port, api_port):
+        limits = httpx.Limits(max_connections=concurrency * 2, keepalive_expiry=4)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            body = {
+                "model": "a", "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": tokens, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True},
+            }  # fmt: skip
+            urls = {
+                "direct": f"http://127.0.0.1:{port}/v1/chat/completions",
+                "proxy": f"http://127.0.0.1:{api_port}/v1/chat/completions",
+            }
+            draw = random.Random(7)
+            lengths = [
+                [draw.randint(tokens // 2, tokens * 3 // 2) for _ in range(per_client)]
+                for _ in range(concurrency)
+            ]
+            for url in urls.values():  # warm both paths (connections, code)
+                await phase(client, url, body, [[8]] * concurrency)
+            figures: dict[str, dict[str, list[float]]] = {
+                m: {"tps": [], "ttft": [], "cpu": [], "wall": [], "idle_burst": []} for m in urls
+            }
+            for i in range(rounds * 2):
+                mode = ("direct", "proxy")[i % 2]
+                await phase(client, urls[mode], body, [[8]] * concurrency)
+                cpu0, t0 = cpu_seconds(laned.pid), time.perf_counter()
+                tps_round, ttfts = await phase(client, urls[mode], body, lengths)
+                figures[mode]["cpu"].append(cpu_seconds(laned.pid) - cpu0)
+                figures[mode]["wall"].append(time.perf_counter() - t0)
+                figures[mode]["tps"].append(tps_round)
+                figures[mode]["ttft"].extend(ttfts)
+            for _ in range(idle_bursts):
+                for mode, url in urls.items():
+                    await asyncio.sleep(KEEP_ALIVE + 1)
+                    _, ttfts = await phase(client, url, body, [[tokens]] * concurrency)
+                    figures[mode]["idle_burst"].extend(ttfts)
+            metrics = (await client.get(f"http://127.0.0.1:{api_port}/metrics")).text
     result = summary(figures, concurrency, rounds * per_client, tokens, tps)
     sums = {
         name: float(line.split()[-1])

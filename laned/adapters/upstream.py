@@ -151,9 +151,11 @@ class Answer:
         if not complete and self._error is None:
             self._error = EngineBrokeOff("the answer was given up before its end")
             self._wake()
-        if isinstance(self._pending, _Rest):
-            self._pending.close()  # a delivery begun and never finished: nobody awaits it
-        self._pending = None
+        pending, self._pending = self._pending, None
+        if isinstance(pending, _Rest):
+            pending.close()  # a delivery begun and never finished: nobody awaits it
+        elif pending is not None:
+            pending.cancel()
         self._conn.finished(complete)
 
     # From the connection, as the engine's bytes are parsed.

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import ROOT
 from tests.integration.conftest import Harness
@@ -102,3 +105,17 @@ def test_the_schedule_bench_runs_both_policies(harness: Harness, tmp_path: Path)
     for r in figures:
         assert r["swaps"] >= 1 and r["agents"]["completed"] == r["agents"]["sent"] == 4
         assert r["batch"]["completed"] == 2 and r["batch"]["wait_max_s"] is not None
+
+
+def test_the_latency_bench_follows_each_request_on_both_legs(
+    harness: Harness, tmp_path: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the packet capture needs root")
+    out = tmp_path / "latency.json"
+    args = ("--concurrency", "2", "--requests", "2", "--max-tokens", "20", "--json", str(out))
+    run_bench(harness, "bench/proxy_latency.py", *args)
+    figures = json.loads(out.read_text())
+    # Every request found on both legs, both of laned's parts measured (no timing asserted).
+    assert figures["followed"] == figures["requests"] == 4 and figures["lost"] == 0, figures
+    assert figures["before_forward_ms"]["p50"] > 0 and figures["first_event_relay_ms"]["p50"] > 0

@@ -28,9 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fastapi import APIRouter
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from laned.api.guard import ApiSettings, Guard
+from laned.api.guard import Access, ApiSettings, Guard, Routes, access
 
 
 def request(token: str) -> dict[str, Any]:
@@ -40,6 +42,17 @@ def request(token: str) -> dict[str, Any]:
         "type": "http", "method": "POST", "path": "/lanes/a/activate", "query_string": b"",
         "headers": headers, "scheme": "http", "server": ("127.0.0.1", 9000),
     }  # fmt: skip
+
+
+def activate_route() -> APIRouter:
+    """The route the request resolves to: a mutating one, as laned's activate."""
+    router = APIRouter()
+
+    @router.post("/lanes/{lane}/activate")
+    @access(Access.MUTATE, peers=True)
+    async def activate(lane: str) -> None: ...
+
+    return router
 
 
 def early_exit(given: str, expected: str) -> bool:
@@ -93,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
 
     token = secrets.token_urlsafe(32)  # what `laned token` writes: 43 characters
-    guard = Guard(ApiSettings("127.0.0.1", 9000, token=token))
+    guard = Guard(ApiSettings("127.0.0.1", 9000, token=token), Routes(activate_route().routes))
     wrong = cases(token)
     requests = {name: request(value) for name, value in wrong.items()}
     for name, req in requests.items():

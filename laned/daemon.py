@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI
@@ -22,61 +20,20 @@ from laned.adapters.host import Host
 from laned.adapters.notify import keep_watchdog, notify
 from laned.adapters.podman import Podman
 from laned.adapters.probes import Probe
-from laned.adapters.secret_files import read_token
 from laned.adapters.systemd import Systemd
 from laned.api import ApiSettings, create_app
 from laned.api.front import Front
+from laned.api.limits import Limits, bounded
 from laned.api.metrics import LanedMetrics
+from laned.api.settings import api_settings
+from laned.config.listener import LimitsConfig
 from laned.config.model import Config
 from laned.config.names import podman_socket
-from laned.config.rules import parse_listen
-from laned.errors import LanedError
 from laned.owner.coordinator import Coordinator
 from laned.owner.supervisor import Supervisor
 from laned.render import plan as render
 
 log = logging.getLogger("laned")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a listen host only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def api_settings(config: Config) -> ApiSettings:
-    """Check the listen address and token before anything starts (safe by default)."""
-    listen = parse_listen(config.daemon.listen)
-    assert listen is not None  # the config checks guarantee it
-    host, port = listen
-    token = read_token(config.daemon.token_file)
-    if not is_loopback(host) and token is None:
-        raise LanedError(
-            f"daemon.listen {config.daemon.listen} is reachable from other machines and no token is set",
-            "set daemon.token_file to a 0600 file holding a random token (`openssl rand -hex 32 > FILE`), "
-            'or listen on "127.0.0.1:9000"',
-        )
-    if config.daemon.token_for_reads and token is None:
-        raise LanedError(
-            "daemon.token_for_reads is set but daemon.token_file is not", "set daemon.token_file"
-        )
-    peer_hosts = frozenset(
-        (urlsplit(node.laned).hostname or "").lower()
-        for spec in config.lanes.values()
-        for node in spec.nodes
-    )
-    return ApiSettings(
-        host,
-        port,
-        token,
-        config.daemon.token_for_reads,
-        read_token(config.daemon.peer_token_file, "daemon.peer_token_file"),
-        peer_hosts - {""},
-    )
 
 
 async def start_supervisor(
@@ -146,8 +103,11 @@ class ApiServer(uvicorn.Server):
             should_exit = await self.on_tick(counter)
 
 
-def api_server(app: FastAPI, settings: ApiSettings) -> ApiServer:
-    """The control API's HTTP server (`laned serve`, and the tests, use this one)."""
+def api_server(
+    app: FastAPI, settings: ApiSettings, limits: LimitsConfig | None = None
+) -> ApiServer:
+    """The control API's HTTP server (`laned serve`, and the tests, use this one), its input
+    bounded by `limits` (daemon.limits; laned.api.limits)."""
     return ApiServer(
         uvicorn.Config(
             app,
@@ -155,6 +115,7 @@ def api_server(app: FastAPI, settings: ApiSettings) -> ApiServer:
             port=settings.listen_port,
             log_level="warning",
             timeout_keep_alive=API_KEEP_ALIVE,
+            http=bounded(Limits.of(limits or LimitsConfig())),
         )
     )
 
@@ -168,7 +129,7 @@ async def serve(config: Config) -> int:
     host = supervisor.host
     assert host is not None
     app = create_app(front, settings, metrics)
-    server = api_server(app, settings)
+    server = api_server(app, settings, config.daemon.limits)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)

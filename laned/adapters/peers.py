@@ -23,6 +23,12 @@ class Peers:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.AsyncClient(timeout=TIMEOUT, headers=headers)
 
+    def use_token(self, token: str | None) -> None:
+        """Send this peer token from the next call on (a reload's)."""
+        self.client.headers.pop("Authorization", None)
+        if token:
+            self.client.headers["Authorization"] = f"Bearer {token}"
+
     async def close(self) -> None:
         await self.client.aclose()
 

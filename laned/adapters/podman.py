@@ -87,6 +87,12 @@ class Podman:
         self.timeout = timeout
         self._client: PodmanClient | None = None
 
+    def use(self, socket: str) -> None:
+        """Talk to the podman API service at `socket` from the next call on (a reload's)."""
+        if socket != self.socket:
+            self.close()
+            self.socket = socket
+
     def close(self) -> None:
         """Close the HTTP session."""
         if self._client is not None:

@@ -1,8 +1,9 @@
 """The control API (FastAPI), served by `laned serve` on daemon.listen.
 
-Routers: `lanes` (the lanes' endpoints), `daemon` (health, fit, reload, metrics, service
+Routes: `lanes` (the lanes' endpoints), `daemon` (health, fit, reload, metrics, service
 discovery, events), both over the front (`laned.api.front`), and `openai` (the OpenAI endpoint,
-`laned.api.proxy`); `guard` decides who may call;
+`laned.api.proxy`); `guard` decides who may call, by the route a request resolves to and the
+access the route declares; `settings` reads the API's settings from the config;
 `door` takes every request first (the guard, then the proxy and the busiest reads);
 `errors` holds the one error envelope and the table from laned's errors to HTTP statuses.
 """
@@ -19,7 +20,7 @@ from laned import __version__
 from laned.api import daemon, errors, lanes, openai
 from laned.api.door import Door
 from laned.api.front import Front
-from laned.api.guard import ApiSettings
+from laned.api.guard import ApiSettings, Routes
 from laned.api.metrics import LanedMetrics
 from laned.api.proxy import Proxy
 
@@ -37,6 +38,11 @@ class LanedApp(FastAPI):
             await super().__call__(scope, receive, send)
         else:
             await self.door(scope, receive, send)
+
+    def configure(self, settings: ApiSettings) -> None:
+        """Guard every request from now on by these settings (a reload's)."""
+        assert self.door is not None
+        self.door.configure(settings)
 
     async def behind(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The application itself, without the door."""
@@ -65,8 +71,11 @@ def create_app(
         lifespan=lifespan,
     )
     errors.install(app)
-    app.door = Door(app.behind, settings, front, proxy, metrics)
-    app.include_router(lanes.router(front))
-    app.include_router(daemon.router(front, metrics))
-    app.include_router(openai.router(proxy))
+    # The routes go on the application's own router, one flat list, no included routers:
+    # the door resolves each request over the same list, the same way, before anything runs,
+    # and every route declares its access (Routes refuses one that does not).
+    lanes.routes(app.router, front)
+    daemon.routes(app.router, front, metrics, app.configure)
+    openai.routes(app.router, proxy)
+    app.door = Door(app.behind, Routes(app.routes), settings, front, proxy, metrics)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any
 
@@ -14,9 +14,11 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
 from laned import __version__
 from laned.api.front import Front
+from laned.api.guard import Access, ApiSettings, access
 from laned.api.metrics import METRICS_MEDIA, LanedMetrics
+from laned.api.settings import api_settings
 from laned.core.lanes import Event
-from laned.errors import ConfigError, ConfigRefused
+from laned.errors import ConfigError, ConfigRefused, LanedError
 
 # One file shipped in the package: no build step, nothing fetched from elsewhere.
 PAGE = resources.files("laned.api").joinpath("static/status.html").read_text(encoding="utf-8")
@@ -33,38 +35,49 @@ def _sse(event: Event) -> bytes:
     return b"data: " + json.dumps(event.to_json()).encode() + b"\n\n"
 
 
-def router(front: Front, metrics: LanedMetrics) -> APIRouter:
-    """The daemon's endpoints over one front."""
-    api = APIRouter()
+def routes(
+    api: APIRouter,
+    front: Front,
+    metrics: LanedMetrics,
+    configure: Callable[[ApiSettings], None],
+) -> None:
+    """The daemon's endpoints over one front, added to `api` (the application's own router;
+    `configure`: the API's settings after a reload)."""
 
     @api.get("/", include_in_schema=False)
+    @access(Access.PUBLIC)
     async def status_page() -> HTMLResponse:
         """The status page: every lane live, activate/deactivate buttons (docs/api.md)."""
         return HTMLResponse(PAGE, headers=PAGE_HEADERS)
 
     @api.get("/healthz")
+    @access(Access.PUBLIC)
     async def healthz() -> dict[str, Any]:
         """laned itself is up; `notices`: what it met and recovered from (an unreadable
         state.json, say)."""
         return {"status": "ok", "version": __version__, "notices": front.notices()}
 
     @api.get("/fit")
+    @access(Access.READ)
     async def host_fit() -> dict[str, Any]:
         """Which configured lanes this host can run at all (their `needs` against its GPUs,
         memory and disks)."""
         return await front.fit()
 
     @api.get("/gpus")
+    @access(Access.READ)
     async def gpus() -> dict[str, Any]:
         """Each GPU's memory (NVML) and which lane's engine holds it, per process."""
         return await front.gpus()
 
     @api.get("/weights")
+    @access(Access.READ)
     async def weights() -> dict[str, Any]:
         """Each lane's weight files and how much of them is in the page cache now (mincore)."""
         return await front.weights()
 
     @api.get("/timeline")
+    @access(Access.READ)
     async def timeline(
         hours: float = Query(24, gt=0, le=24, description="how far back, at most a day"),
     ) -> dict[str, Any]:
@@ -73,30 +86,43 @@ def router(front: Front, metrics: LanedMetrics) -> APIRouter:
         return front.timeline(hours)
 
     @api.post("/reload")
+    @access(Access.MUTATE)
     async def reload() -> dict[str, Any]:
-        """Re-read the config, validate, re-render, daemon-reload; a bad config changes nothing."""
+        """Re-read the config, check it as `laned serve` does, re-render, daemon-reload; each
+        changed key applied as its field declares (`keys`: live, next start, restart),
+        `restart_needed` the running lanes that wait for their next start. A bad config (400)
+        or one only a restart of laned applies (409) changes nothing."""
         try:
-            result = await front.reload()
+            new = await front.load()
+            try:
+                settings = api_settings(new)
+            except LanedError as exc:
+                raise ConfigRefused(exc.message, exc.hint) from None
+            result = await front.reload(new, settings.peer_token)
         except ConfigError:
             metrics.reload("invalid")
             raise
         except ConfigRefused:
             metrics.reload("refused")
             raise
+        configure(settings)  # the guard's token, reads, peers, from the next request on
         metrics.reload("applied")
         return result
 
     @api.get("/metrics")
+    @access(Access.READ)
     async def prometheus_metrics() -> Response:
         """laned's own metrics (Prometheus text format)."""
         return Response(metrics.render(), media_type=METRICS_MEDIA)
 
     @api.get("/sd")
+    @access(Access.READ)
     async def service_discovery(request: Request) -> list[dict[str, Any]]:
         """Prometheus HTTP service discovery: the running lanes' engine /metrics endpoints."""
         return front.sd_targets(request.url.hostname or "127.0.0.1")
 
     @api.get("/events", response_model=None)
+    @access(Access.READ)
     async def events(
         request: Request,
         limit: int = Query(100, ge=1, le=500),
@@ -123,5 +149,3 @@ def router(front: Front, metrics: LanedMetrics) -> APIRouter:
         return StreamingResponse(
             stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
-
-    return api

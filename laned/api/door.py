@@ -11,7 +11,9 @@ of `send`. The door takes, before all that (docs/decisions/0008-own-upstream-cli
   same functions and response classes as their routes, with the same bytes and headers.
 
 Everything else goes on to the FastAPI application, whose routes for these stay for the
-OpenAPI schema (and answer the same way). The guard's checks come first for every request.
+OpenAPI schema (and answer the same way). The guard's checks come first for every request,
+on the route the request resolves to (laned.api.guard); the busy reads and the proxy are
+picked by that route too, never by the path's spelling.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from laned.api.errors import unexpected
 from laned.api.front import Front
-from laned.api.guard import ApiSettings, Guard
+from laned.api.guard import ApiSettings, Call, Guard, Routes
 from laned.api.metrics import METRICS_MEDIA, LanedMetrics
 from laned.api.proxy import Proxy
 
@@ -46,17 +48,25 @@ class Door:
     def __init__(
         self,
         app: ASGIApp,
+        routes: Routes,
         settings: ApiSettings,
         front: Front,
         proxy: Proxy,
         metrics: LanedMetrics,
     ) -> None:
-        self.app, self.guard, self.proxy = app, Guard(settings), proxy
+        self.app, self.routes, self.proxy = app, routes, proxy
+        self.guard = Guard(settings, routes)
         self.front, self.metrics = front, metrics
-        self.reads: dict[str, ASGIApp] = {
-            "/lanes": self._lanes,
-            "/metrics": self._metrics,
+        # Answered here, by the route the request resolves to.
+        self.fast: dict[tuple[str, str], ASGIApp] = {
+            ("GET", "/lanes"): self._lanes,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/v1/{path:path}"): self.proxy.asgi,
         }
+
+    def configure(self, settings: ApiSettings) -> None:
+        """Judge every request from now on by these settings (a reload's)."""
+        self.guard = Guard(settings, self.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -66,13 +76,9 @@ class Door:
         if refused is not None:
             await refused(scope, receive, send)
             return
-        method, path = scope["method"], scope["path"]
-        handler: ASGIApp
-        if method == "POST" and path.startswith("/v1/"):
-            handler = self.proxy.asgi
-        elif method == "GET" and path in self.reads:
-            handler = self.reads[path]
-        else:
+        route = Call.of(scope).route
+        handler = self.fast.get((scope["method"], getattr(route, "path", "")))
+        if handler is None:
             await self.app(scope, receive, send)  # answers its own errors
             return
         try:

@@ -17,7 +17,7 @@ from laned.adapters import journal
 from laned.adapters.host import meminfo, weights_gib
 from laned.adapters.pagecache import residency, weight_files
 from laned.config.load import load_config
-from laned.config.model import GATES, Config
+from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import container_name, unit_name
 from laned.config.ranks import rank_here
 from laned.core import policy
@@ -55,6 +55,10 @@ class Front:
                 "`systemctl start systemd-journald`)"
             )
         return notices
+
+    def engine_spec(self, lane: str) -> LaneConfig:
+        """The lane's engine as it runs: its port and model name until its next start."""
+        return self.supervisor.engine_spec(lane)
 
     def status(self, lane: str) -> LaneStatus:
         """The lane's status; UnknownLane (with the configured names) otherwise."""
@@ -104,7 +108,7 @@ class Front:
         """Everything about one lane: state, desired, phase, restarts, where to reach it."""
         sup = self.supervisor
         status = self.status(lane)
-        spec = sup.config.lanes[lane]
+        spec, engine = sup.config.lanes[lane], sup.engine_spec(lane)  # as configured, as it runs
         shown = status.to_json()
         ranks = self.rank_view(lane)
         if ranks is not None and ranks["peers"] and status.state is LaneState.STARTING:
@@ -118,9 +122,9 @@ class Front:
             **shown,
             "unit": unit_name(lane, spec),
             "group": spec.group,
-            "port": spec.port,
-            "served_model_name": spec.served_model_name,
-            "base_url": f"http://{_bracketed(host)}:{spec.port}/v1",
+            "port": engine.port,  # a reload's new port waits for the lane's next start
+            "served_model_name": engine.served_model_name,
+            "base_url": f"http://{_bracketed(host)}:{engine.port}/v1",
             "engine": sup.engine_summary(lane),
             "proxy": sup.traffic.counts(lane),
             "startup": status.startup(sup.clock()),
@@ -164,7 +168,7 @@ class Front:
         sup = self.supervisor
         targets = []
         for name, status in sorted(sup.statuses.items()):
-            spec = sup.config.lanes[name]
+            spec = sup.engine_spec(name)
             if status.state not in policy.RUNNING_STATES or spec.headless():
                 continue  # a worker rank has no /metrics: the head's engine speaks for the lane
             labels = {"lane": name, "model": spec.served_model_name, "unit": unit_name(name, spec)}
@@ -376,10 +380,16 @@ class Front:
         self.status(lane)
         return await self.supervisor.check(lane, gates)
 
-    async def reload(self) -> dict[str, Any]:
-        """Re-read the config file and apply it (ConfigError, ConfigRefused: nothing changes)."""
-        new = await asyncio.to_thread(load_config, self.supervisor.config.source)
-        return await self.supervisor.reload(new)
+    async def load(self) -> Config:
+        """The config file as it is now, validated (ConfigError: every problem)."""
+        return await asyncio.to_thread(load_config, self.supervisor.config.source)
+
+    async def reload(self, new: Config, peer_token: str | None) -> dict[str, Any]:
+        """Apply a new config (ConfigRefused: nothing changes); the peers' token from now on."""
+        applied = await self.supervisor.reload(new)
+        if self.coordinator is not None:
+            self.coordinator.peers.use_token(peer_token)
+        return applied
 
 
 def _ready_in(status: LaneStatus) -> float | None:

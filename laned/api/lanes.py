@@ -5,20 +5,31 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from laned.api.errors import ApiError
 from laned.api.front import Front
+from laned.api.guard import Access, Call, access
 from laned.config.model import GATES
 from laned.core.lanes import LaneStatus
 
 NO_DRAIN = "stop without draining the requests in flight through laned's OpenAI endpoint"
 
 
-def router(front: Front) -> APIRouter:
-    """The /lanes endpoints over one front."""
-    api = APIRouter()
+def ranked(
+    request: Request,
+    rank_only: bool = Query(
+        False, description="a lane over several hosts: this host's rank only (peers' call)"
+    ),
+) -> bool:
+    """`rank_only` as the guard read and judged it (laned.api.guard.Call), not a second
+    reading of the query."""
+    return Call.of(request.scope).rank_only
+
+
+def routes(api: APIRouter, front: Front) -> None:
+    """The /lanes endpoints over one front, added to `api` (the application's own router)."""
 
     def host(request: Request) -> str:
         return request.url.hostname or "127.0.0.1"
@@ -48,21 +59,25 @@ def router(front: Front) -> APIRouter:
     # Answered by laned.api.door before the router (the same function, the same bytes): this
     # route is the schema's, and answers a request that reaches the application directly.
     @api.get("/lanes", response_class=JSONResponse)
+    @access(Access.READ)
     async def lanes(request: Request) -> JSONResponse:
         """Every lane with its state; `notices`: what laned itself meets (as in /healthz)."""
         return JSONResponse(await front.views(host(request)))
 
     @api.get("/lanes/{lane}", response_class=JSONResponse)
+    @access(Access.READ, peers=True)
     async def lane(lane: str, request: Request) -> JSONResponse:
         """One lane: state, desired, reason, phase, restarts, last exit, where to reach it."""
         return JSONResponse(await front.view(lane, host(request)))
 
     @api.get("/lanes/{lane}/preflight")
+    @access(Access.READ)
     async def preflight(lane: str) -> dict[str, Any]:
         """Would the lane start now? Every finding, errors first (run before each activation too)."""
         return await front.preflight(lane)
 
     @api.post("/lanes/{lane}/check")
+    @access(Access.MUTATE)
     async def check(
         lane: str,
         gate: Annotated[
@@ -85,18 +100,17 @@ def router(front: Front) -> APIRouter:
 
     @api.get("/lanes/{lane}/activate", status_code=202, operation_id="activate_get")
     @api.post("/lanes/{lane}/activate", status_code=202, operation_id="activate_post")
+    @access(Access.MUTATE, peers=True)
     async def activate(
         lane: str,
         request: Request,
+        rank_only: Annotated[bool, Depends(ranked)],
         wait: bool = Query(False, description="answer when the lane is ready (or failed)"),
         timeout: float | None = Query(None, gt=0, le=86400, description="seconds to wait at most"),
         force: bool = Query(
             False,
             description="start even when preflight finds errors; stop the others without "
             "draining the requests in flight through laned's OpenAI endpoint",
-        ),
-        rank_only: bool = Query(
-            False, description="a lane over several hosts: this host's rank only (peers' call)"
         ),
     ) -> JSONResponse:
         """Make the lane the running lane of its group (stopping the others, after their
@@ -107,15 +121,14 @@ def router(front: Front) -> APIRouter:
 
     @api.get("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_get")
     @api.post("/lanes/{lane}/deactivate", status_code=202, operation_id="deactivate_post")
+    @access(Access.MUTATE, peers=True)
     async def deactivate(
         lane: str,
         request: Request,
+        rank_only: Annotated[bool, Depends(ranked)],
         wait: bool = Query(False, description="answer when the lane has stopped"),
         timeout: float | None = Query(None, gt=0, le=86400),
         force: bool = Query(False, description=NO_DRAIN),
-        rank_only: bool = Query(
-            False, description="a lane over several hosts: this host's rank only (peers' call)"
-        ),
     ) -> JSONResponse:
         """Stop the lane (never counted as a failure), after the requests in flight through
         laned's OpenAI endpoint end (the lane's drain_timeout at most)."""
@@ -123,21 +136,21 @@ def router(front: Front) -> APIRouter:
         return await answer(lane, future, wait, timeout, request)
 
     @api.post("/lanes/{lane}/restart", status_code=202)
+    @access(Access.MUTATE, peers=True)
     async def restart(
         lane: str,
         request: Request,
+        rank_only: Annotated[bool, Depends(ranked)],
         wait: bool = Query(False),
         timeout: float | None = Query(None, gt=0, le=86400),
         force: bool = Query(False, description=NO_DRAIN),
-        rank_only: bool = Query(
-            False, description="a lane over several hosts: this host's rank only (peers' call)"
-        ),
     ) -> JSONResponse:
         """Stop and start the lane again, after its requests at laned's OpenAI endpoint end."""
         future = await front.restart(lane, force, rank_only=rank_only)
         return await answer(lane, future, wait, timeout, request)
 
     @api.get("/lanes/{lane}/logs")
+    @access(Access.READ)
     async def logs(
         lane: str,
         lines: int = Query(100, ge=1, le=10000),
@@ -145,5 +158,3 @@ def router(front: Front) -> APIRouter:
     ) -> dict[str, Any]:
         """The engine's last log lines, from journald (or the running container's own log)."""
         return {"lane": lane, "lines": await front.logs(lane, lines, source)}
-
-    return api

@@ -15,6 +15,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from laned.api.guard import Access, access
 from laned.api.proxy import Proxy
 
 
@@ -28,18 +29,17 @@ class Raw(Response):
         await self.app(scope, receive, send)
 
 
-def router(proxy: Proxy) -> APIRouter:
-    """The /v1 endpoints over one proxy."""
-    api = APIRouter()
+def routes(api: APIRouter, proxy: Proxy) -> None:
+    """The /v1 endpoints over one proxy, added to `api` (the application's own router)."""
 
     @api.get("/v1/models")
+    @access(Access.PUBLIC)  # the engine judges the lane's API key
     async def models() -> dict[str, Any]:
         """Every configured model with its lane's state (an extra `laned` field)."""
         return proxy.models()
 
     @api.post("/v1/{path:path}", response_model=None)
+    @access(Access.PUBLIC)  # the engine judges the lane's API key
     async def forward(path: str) -> Response:
         """Routed by the body's `model` to its lane; the engine's answer passes through."""
         return Raw(proxy.asgi)
-
-    return api

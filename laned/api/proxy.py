@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -183,6 +184,13 @@ class Proxy:
             parsed = json.loads(body) if body else None
         except ValueError:
             parsed = None
+        except RecursionError:  # nested past the parser's depth (sys.getrecursionlimit())
+            message = (
+                f"the body's JSON nests deeper than laned reads ({sys.getrecursionlimit()} levels)"
+            )
+            return self._answer(
+                "none", openai_error(400, "BadRequestError", message, limit="json depth")
+            )
         model = parsed.get("model") if isinstance(parsed, dict) else None
         config = self.front.config
         if not isinstance(model, str) or not model:
@@ -192,9 +200,10 @@ class Proxy:
             message = f"The model `{model}` does not exist. laned serves: {', '.join(known_models(config))}."  # fmt: skip
             return self._answer("none", openai_error(404, "NotFoundError", message))
         spec = config.lanes[lane]
-        if model != spec.served_model_name and isinstance(parsed, dict):
+        served = self.front.engine_spec(lane).served_model_name  # as its engine started
+        if model != served and isinstance(parsed, dict):
             # An alias is laned's name: the engine knows the lane's served model name.
-            body = json.dumps({**parsed, "model": spec.served_model_name}).encode()
+            body = json.dumps({**parsed, "model": served}).encode()
         admission = self.front.admission(lane, self.traffic.clock())
         if admission.verdict is Verdict.WAIT and spec.loading_state and path == "/v1/chat/completions" and isinstance(parsed, dict) and parsed.get("stream") is True:  # fmt: skip
             stream = self._loading(lane, model, target, body, headers)
@@ -215,7 +224,7 @@ class Proxy:
     ) -> Answer | JSONResponse:
         """Send the request to the lane's engine (`target`: the path and query as the client
         sent them): its answer (counted), or a 502."""
-        port = self.front.config.lanes[lane].port
+        port = self.front.engine_spec(lane).port  # a reload's new port waits for its restart
         try:
             answer = await self.pool.post(port, target, body, headers)
         except (OSError, asyncio.TimeoutError) as exc:

@@ -10,7 +10,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from laned.config.model import LaneConfig
 from laned.config.names import container_name
 from laned.config.ranks import PLACEHOLDER
-from laned.config.secrecy import SECRET_FLAGS, looks_secret, secrets_file_line
+from laned.config.secrecy import (
+    SECRET_FLAGS,
+    engine_flag,
+    looks_secret,
+    secret_flag,
+    secrets_file_line,
+    short_option,
+)
 from laned.errors import Finding, Severity
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -91,7 +98,7 @@ def _argv_sources(base: str, lane: LaneConfig) -> Iterator[tuple[str, str]]:
 
 
 def _flag_of(text: str) -> str:
-    return text.split("=", 1)[0] if text.startswith("--") else text
+    return engine_flag(text)  # `--served_model_name=x` is vLLM's --served-model-name
 
 
 def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Finding]:
@@ -117,6 +124,11 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
     engine_parts: list[tuple[str, str]] = [
         (f"{base}.args[{i}]", a.flag) for i, a in enumerate(lane.args)
     ]
+    engine_parts += [
+        (f"{base}.rank.{r}.args[{i}]", a.flag)
+        for r, table in lane.rank.items()
+        for i, a in enumerate(table.args)
+    ]
     if lane.exec is not None:
         engine_parts += [(f"{base}.exec.command[{i}]", p) for i, p in enumerate(lane.exec.command)]
     if lane.container is not None:
@@ -133,8 +145,8 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
                 f"{flag} is set by laned from {base}.{key}",
                 f"remove it here; {base}.{key} is the single source of truth",
             )
-        if flag in SECRET_FLAGS:
-            yield secret_in_config(base, lane, where, SECRET_FLAGS[flag], flag)
+        if (secret := secret_flag(text)) is not None:
+            yield secret_in_config(base, lane, where, SECRET_FLAGS[secret], flag)
         if flag == "--override-generation-config" and lane.sampling is not None:
             yield Finding(
                 where,
@@ -173,9 +185,12 @@ def _podman_flags(args: Iterable[str]) -> list[tuple[str, str | None]]:
     i = 0
     while i < len(items):
         item = items[i]
+        attached = short_option(item)
         if item.startswith("--") and "=" in item:
             flag, value = item.split("=", 1)
             out.append((flag, value))
+        elif attached is not None:  # `-eNAME=VALUE`, as podman reads it
+            out.append(attached)
         elif item.startswith("-") and i + 1 < len(items) and not items[i + 1].startswith("-"):
             out.append((item, items[i + 1]))
             i += 1

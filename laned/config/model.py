@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     ConfigDict,
@@ -19,8 +19,10 @@ from pydantic import (
 )
 
 from laned.config import paths
+from laned.config.applied import LIVE, NEXT_START, RESTART
 from laned.config.base import ArgText, Duration, scalar_to_str
 from laned.config.base import StrictModel as _Model
+from laned.config.listener import LimitsConfig
 from laned.config.scheduling import GroupConfig, PrefetchConfig, ProxyConfig
 from laned.errors import Finding, UnknownLane
 
@@ -33,22 +35,27 @@ def _expand_path(value: str | None, info: ValidationInfo) -> str | None:
 class DaemonConfig(_Model):
     """`[daemon]`: where laned listens and where it writes what it renders."""
 
-    listen: str = "127.0.0.1:9000"
-    unit_dir: str = ""
-    bin_dir: str = ""
-    state_dir: str = ""
-    cache_dir: str = ""
-    podman: str = "podman"
-    podman_socket: str | None = None
-    token_file: str | None = None
-    token_for_reads: bool = False
-    host: str = ""  # this host's name in lanes' `nodes` (default: the hostname)
-    peer_token_file: str | None = None  # the token laned's peers present (0600)
-    default_lane: str | None = None
-    idle_return: Duration | None = None  # every group with a default lane (docs/proxy.md)
-    schedule: Literal["laned", "fifo"] = "laned"  # how requests share a group's GPUs
-    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
-    prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
+    listen: Annotated[str, RESTART] = "127.0.0.1:9000"
+    unit_dir: Annotated[str, RESTART] = ""
+    bin_dir: Annotated[str, RESTART] = ""
+    state_dir: Annotated[str, RESTART] = ""
+    cache_dir: Annotated[str, RESTART] = ""
+    podman: Annotated[str, RESTART] = "podman"
+    podman_socket: Annotated[str | None, LIVE] = None
+    token_file: Annotated[str | None, LIVE] = None
+    token_for_reads: Annotated[bool, LIVE] = False
+    host: Annotated[str, RESTART] = ""  # this host's name in lanes' `nodes` (default: the hostname)
+    peer_token_file: Annotated[str | None, LIVE] = None  # the token laned's peers present (0600)
+    default_lane: Annotated[str | None, LIVE] = None
+    idle_return: Annotated[Duration | None, LIVE] = (
+        None  # every group with a default lane (docs/proxy.md)
+    )
+    schedule: Annotated[Literal["laned", "fifo"], LIVE] = (
+        "laned"  # how requests share a group's GPUs
+    )
+    proxy: Annotated[ProxyConfig, LIVE] = Field(default_factory=ProxyConfig)
+    prefetch: Annotated[PrefetchConfig, LIVE] = Field(default_factory=PrefetchConfig)
+    limits: Annotated[LimitsConfig, RESTART] = Field(default_factory=LimitsConfig)  # the listener's
 
     @field_validator(
         "unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket",
@@ -259,52 +266,72 @@ class RankConfig(_Model):
 class LaneConfig(_Model):
     """`[lanes.X]`: one engine with its exact flags, environment, mounts and API key."""
 
-    description: str = ""
-    unit: str | None = None
-    group: str = "gpu"
-    port: int = Field(ge=1, le=65535)
-    health_path: str = "/health"
-    served_model_name: str
-    aliases: tuple[str, ...] = ()  # more model names laned's OpenAI endpoint routes here
-    proxy: ProxyConfig | None = None  # this lane's queue, instead of daemon.proxy
-    on_demand: bool = False  # a request for its model at laned's OpenAI endpoint activates it
-    pinned: bool = False  # requests never swap it out: only an operator does
-    priority: int = 0  # among the lanes requests wait for: one point weighs a minute of waiting
-    min_residency: Duration | None = None  # kept this long while others wait (default: measured)
-    loading_state: bool = False  # a streaming chat request that waits hears the progress
-    drain_timeout: Duration = 120.0  # a stop waits this long for the endpoint's requests to end
+    description: Annotated[str, NEXT_START] = ""  # rendered into the unit
+    unit: Annotated[str | None, NEXT_START] = None
+    group: Annotated[str, LIVE] = "gpu"
+    port: Annotated[int, NEXT_START] = Field(ge=1, le=65535)
+    health_path: Annotated[str, NEXT_START] = "/health"
+    served_model_name: Annotated[str, NEXT_START]
+    aliases: Annotated[
+        tuple[str, ...], LIVE
+    ] = ()  # more model names laned's OpenAI endpoint routes here
+    proxy: Annotated[ProxyConfig | None, LIVE] = None  # this lane's queue, instead of daemon.proxy
+    on_demand: Annotated[bool, LIVE] = (
+        False  # a request for its model at laned's OpenAI endpoint activates it
+    )
+    pinned: Annotated[bool, LIVE] = False  # requests never swap it out: only an operator does
+    priority: Annotated[int, LIVE] = (
+        0  # among the lanes requests wait for: one point weighs a minute of waiting
+    )
+    min_residency: Annotated[Duration | None, LIVE] = (
+        None  # kept this long while others wait (default: measured)
+    )
+    loading_state: Annotated[bool, LIVE] = (
+        False  # a streaming chat request that waits hears the progress
+    )
+    drain_timeout: Annotated[Duration, LIVE] = (
+        120.0  # a stop waits this long for the endpoint's requests to end
+    )
     # NAME=VALUE lines, mode 0600: each reaches the engine by name only (laned.config.secrecy).
-    secrets_file: str | None = None
-    secrets: tuple[str, ...] = ()  # the names the secrets file must define (never values)
-    api_key_file: str | None = None  # the older name of secrets_file: it must define VLLM_API_KEY
-    start_timeout: Duration = 3600.0
-    stop_timeout: Duration = 120.0
-    restart_sec: Duration = 15.0
-    restart_max_delay: Duration = 300.0
-    start_limit_burst: int = Field(default=5, ge=1)
-    start_limit_interval: Duration = 1800.0
-    sampling: Sampling | None = None
-    env: dict[str, EnvVar] = Field(default_factory=dict)
-    args: tuple[Arg, ...] = ()
-    probe: ProbeConfig = Field(default_factory=ProbeConfig)
-    model_dir: str | None = None
-    gpus: tuple[int, ...] | None = None
-    needs: Needs = Field(default_factory=Needs)
-    gpu_gate: GpuGate = Field(default_factory=GpuGate)
-    prepare: tuple[PrepareStep, ...] = ()
-    checks: ChecksConfig = Field(default_factory=ChecksConfig)
-    container: ContainerSpec | None = None
-    exec: ExecSpec | None = None
+    secrets_file: Annotated[str | None, NEXT_START] = None
+    secrets: Annotated[
+        tuple[str, ...], NEXT_START
+    ] = ()  # the names the secrets file must define (never values)
+    api_key_file: Annotated[str | None, NEXT_START] = (
+        None  # the older name of secrets_file: it must define VLLM_API_KEY
+    )
+    start_timeout: Annotated[Duration, NEXT_START] = 3600.0
+    stop_timeout: Annotated[Duration, NEXT_START] = 120.0
+    restart_sec: Annotated[Duration, NEXT_START] = 15.0
+    restart_max_delay: Annotated[Duration, NEXT_START] = 300.0
+    start_limit_burst: Annotated[int, NEXT_START] = Field(default=5, ge=1)
+    start_limit_interval: Annotated[Duration, NEXT_START] = 1800.0
+    sampling: Annotated[Sampling | None, NEXT_START] = None
+    env: Annotated[dict[str, EnvVar], NEXT_START] = Field(default_factory=dict)
+    args: Annotated[tuple[Arg, ...], NEXT_START] = ()
+    probe: Annotated[ProbeConfig, NEXT_START] = Field(default_factory=ProbeConfig)
+    model_dir: Annotated[str | None, NEXT_START] = None
+    gpus: Annotated[tuple[int, ...] | None, NEXT_START] = None
+    needs: Annotated[Needs, LIVE] = Field(default_factory=Needs)
+    gpu_gate: Annotated[GpuGate, NEXT_START] = Field(default_factory=GpuGate)
+    prepare: Annotated[tuple[PrepareStep, ...], NEXT_START] = ()
+    checks: Annotated[ChecksConfig, LIVE] = Field(default_factory=ChecksConfig)
+    container: Annotated[ContainerSpec | None, NEXT_START] = None
+    exec: Annotated[ExecSpec | None, NEXT_START] = None
     # A lane over several hosts (rank = position, rank 0 the head that serves the API); the
     # values fill `${NAME}` placeholders on every rank, `rank` tables per rank.
-    nodes: tuple[Node, ...] = ()
-    values: dict[str, ArgText] = Field(default_factory=dict)
-    rank: dict[str, RankConfig] = Field(default_factory=dict)
+    nodes: Annotated[tuple[Node, ...], RESTART] = ()
+    values: Annotated[dict[str, ArgText], NEXT_START] = Field(default_factory=dict)
+    rank: Annotated[dict[str, RankConfig], NEXT_START] = Field(default_factory=dict)
     # How a swap takes the lane off its GPUs: 0 stops it; 1 and 2 are vLLM's sleep levels
     # (docs/sleep.md; laned.config.sleep holds the rules).
-    sleep_level: Literal[0, 1, 2] = 0
-    prefetch: bool = True  # its weights read in while a swap to it waits ([daemon.prefetch])
-    dev_mode_exposed: str = ""  # why vLLM's dev routes may be reached from other hosts
+    sleep_level: Annotated[Literal[0, 1, 2], NEXT_START] = 0
+    prefetch: Annotated[bool, LIVE] = (
+        True  # its weights read in while a swap to it waits ([daemon.prefetch])
+    )
+    dev_mode_exposed: Annotated[str, NEXT_START] = (
+        ""  # why vLLM's dev routes may be reached from other hosts
+    )
 
     @field_validator("secrets_file", "api_key_file", "model_dir")
     @classmethod

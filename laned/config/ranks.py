@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from urllib.parse import urlsplit
 
 from laned.config.model import Arg, Config, ContainerSpec, EnvVar, ExecSpec, LaneConfig
+from laned.config.sleep import loopback
 from laned.errors import Finding, Severity
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -118,6 +120,17 @@ def check_nodes(config: Config) -> Iterator[Finding]:
             )
         for host in {h for h in hosts if hosts.count(h) > 1}:
             yield Finding(f"{base}.nodes", f"host {host!r} is listed twice", "one entry per host")
+        for i, node in enumerate(spec.nodes):
+            where = urlsplit(node.laned)
+            if where.scheme == "http" and not loopback(where.hostname or ""):
+                yield Finding(
+                    f"{base}.nodes[{i}].laned",
+                    f"{node.laned} is plain http off this host: the peer token, which opens each "
+                    "rank's activate, deactivate and restart, crosses the network in clear",
+                    "carry the peers' link over a private fabric only the hosts share, or put TLS "
+                    "in front of laned (docs/multinode.md)",
+                    Severity.WARNING,
+                )
         for key in spec.rank:
             if not key.isdigit() or int(key) >= len(spec.nodes):
                 yield Finding(

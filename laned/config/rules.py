@@ -110,10 +110,24 @@ def api_address(listen: str) -> str:
 
 
 def _check_path(key: str, value: str) -> Iterator[Finding]:
+    """A path laned reads, and may write on a unit's line (EnvironmentFile=, ExecStart=)."""
     if CONTROL.search(value):
         yield Finding(key, f"{value!r} contains a control character", "remove it")
     elif not value.startswith("/"):
         yield Finding(key, f"{value!r} is not an absolute path", "start it with /, ~ or $XDG_*")
+    elif value.endswith("\\"):
+        yield Finding(
+            key,
+            f"{value!r} ends with a backslash, which would continue its unit line (the next "
+            "line, ExecStart= say, would become part of it)",
+            "remove the trailing backslash",
+        )
+    elif value != value.strip():
+        yield Finding(
+            key,
+            f"{value!r} starts or ends with whitespace, which systemd drops from a unit line",
+            "remove it (or rename the file)",
+        )
 
 
 def _check_lane(name: str, lane: LaneConfig) -> Iterator[Finding]:

@@ -27,12 +27,19 @@ SECRET_NAMES = frozenset(
         "GITHUB_TOKEN",
     }
 )
-# Endings and parts of a name that make it look secret (a name that only looks so takes
-# `secret = false` in the config).
-SECRET_ENDINGS = ("_TOKEN", "_API_KEY", "_APIKEY", "_SECRET", "_SECRET_KEY", "_ACCESS_KEY")
+# Words that make a name look secret, alone (`API_KEY`, `TOKEN`) or as its last words
+# (`MY_API_KEY`), and parts anywhere in it (a name that only looks so takes `secret = false`
+# in the config).
+SECRET_WORDS = ("TOKEN", "API_KEY", "APIKEY", "SECRET", "SECRET_KEY", "ACCESS_KEY")
+SECRET_ENDINGS = tuple("_" + word for word in SECRET_WORDS)
 SECRET_PARTS = ("PASSWORD", "PASSWD", "SECRET", "CREDENTIAL")
 # Engine flags whose value is a secret, and the variable the engine reads instead.
 SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+# The shortest abbreviation of each that vLLM's parser takes (argparse's allow_abbrev: a
+# prefix no other `vllm serve` flag shares; --api-server-count, --hf-overrides, --hf-config-path).
+SHORTEST = {"--api-key": "--api-k", "--hf-token": "--hf-t"}
+# podman/docker run's short options that take a value, which may be attached (`-eNAME=V`).
+VALUED_SHORT = frozenset("epvwumchl")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -42,9 +49,40 @@ def looks_secret(name: str) -> bool:
     upper = name.upper()
     return (
         upper in SECRET_NAMES
+        or upper in SECRET_WORDS
         or upper.endswith(SECRET_ENDINGS)
         or any(part in upper for part in SECRET_PARTS)
     )
+
+
+def engine_flag(text: str) -> str:
+    """An engine argument's flag as vLLM's parser reads it: `--api_key=X` is `--api-key`
+    (FlexibleArgumentParser turns underscores into dashes from `--` to the first `.`,
+    vllm/utils/argparse_utils.py); anything else as written."""
+    if not text.startswith("--"):
+        return text
+    name = text.split("=", 1)[0]
+    head, dot, rest = name[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + rest
+
+
+def secret_flag(text: str) -> str | None:
+    """The secret engine flag (SECRET_FLAGS) that `text` sets as vLLM reads it: any spelling
+    of its name (engine_flag), with or without `=VALUE`, or an abbreviation argparse takes
+    for it; None when it sets none."""
+    name = engine_flag(text)
+    for flag, shortest in SHORTEST.items():
+        if flag.startswith(name) and name.startswith(shortest):
+            return flag
+    return None
+
+
+def short_option(text: str) -> tuple[str, str] | None:
+    """A podman/docker short option with its value attached (`-eHF_TOKEN=x`, `-p8000:8000`)
+    as (option, value), the way podman reads it; None for anything else."""
+    if len(text) > 2 and text[0] == "-" and text[1] in VALUED_SHORT:
+        return text[:2], text[2:]
+    return None
 
 
 def secrets_file_line(name: str) -> str:

@@ -21,10 +21,11 @@ LOOPBACK = "127.0.0.1"
 
 
 def loopback(host: str) -> bool:
+    """Whether a host name or address only reaches this machine ([::1] bracketed or not)."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from laned.config.model import Config, LaneConfig
+from laned.config.applied import Applied, Change, applied_of, changed_keys
+from laned.config.model import Config, DaemonConfig, LaneConfig
 from laned.config.names import unit_name
 from laned.core.exits import ExitFacts, judge_exit
 from laned.core.lanes import Desired, LaneState, Verdict
@@ -272,7 +273,26 @@ def plan_exit(
 
 # --- reload ---------------------------------------------------------------------------------
 
-RESTART_ONLY_DAEMON_KEYS = ("listen", "token_file", "state_dir")
+
+def reload_changes(old: Config, new: Config) -> list[Change]:
+    """Every daemon and lane key a reload changes, with how it is applied (declared on the
+    field: laned.config.applied); a lane added or removed is one change of its own."""
+    out = [
+        Change(f"daemon.{key}", applied_of(DaemonConfig, key))
+        for key in changed_keys(DaemonConfig, old.daemon, new.daemon)
+    ]
+    if old.groups != new.groups:
+        out.append(Change("groups", Applied.LIVE))
+    for lane in sorted(old.lanes.keys() | new.lanes.keys()):
+        before, after = old.lanes.get(lane), new.lanes.get(lane)
+        if before is None or after is None:
+            out.append(Change(f"lanes.{lane}", Applied.LIVE, lane))
+            continue
+        out.extend(
+            Change(f"lanes.{lane}.{key}", applied_of(LaneConfig, key), lane)
+            for key in changed_keys(LaneConfig, before, after)
+        )
+    return out
 
 
 def reload_problems(
@@ -281,13 +301,19 @@ def reload_problems(
     states: Mapping[str, LaneState],
     under_way: Iterable[str] = (),
 ) -> list[str]:
-    """Why a new config cannot be applied while laned runs ([] when it can): daemon settings
-    only a restart applies, or a lane that runs, or has an operation or restart under way,
-    removed or renamed."""
+    """Why a new config cannot be applied while laned runs ([] when it can): settings only
+    a restart of laned applies, or a lane that runs, or has an operation or restart under
+    way, removed or renamed."""
     problems = [
-        f"daemon.{key} changed: restart laned to apply it"
-        for key in RESTART_ONLY_DAEMON_KEYS
-        if getattr(new.daemon, key) != getattr(old.daemon, key)
+        f"{change.key} changed: only a restart of laned applies it (systemctl --user restart laned)"
+        for change in reload_changes(old, new)
+        if change.applied is Applied.RESTART and (change.lane is None or change.lane in new.lanes)
+    ]
+    problems += [
+        f"lanes.{lane} is a new lane over several hosts: only a restart of laned starts "
+        "coordinating it (systemctl --user restart laned)"
+        for lane, spec in new.lanes.items()
+        if spec.nodes and lane not in old.lanes
     ]
     busy = set(under_way)
     for lane, state in states.items():
@@ -303,10 +329,15 @@ def reload_problems(
 
 
 def restart_needed(old: Config, new: Config, states: Mapping[str, LaneState]) -> list[str]:
-    """The running lanes (sleeping ones too) whose config changed: a restart applies the
-    change (a sleeping lane is started cold at its next activation instead of woken)."""
+    """The running lanes (sleeping ones too) whose changed keys only their next start
+    applies: a restart applies them (a sleeping lane is started cold at its next activation
+    instead of woken); until then the engine runs, and is reached, as it started."""
     return sorted(
-        lane
-        for lane, state in states.items()
-        if lane in new.lanes and state in PORT_STATES and new.lanes[lane] != old.lanes[lane]
+        {
+            change.lane
+            for change in reload_changes(old, new)
+            if change.applied is Applied.NEXT_START
+            and change.lane is not None
+            and states.get(change.lane) in PORT_STATES
+        }
     )

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from laned.config.secrecy import looks_secret
+from laned.config.secrecy import looks_secret, short_option
 from laned.errors import BadImport
 from laned.importer.cmdline import PLACEHOLDER, Word, shown
 
@@ -103,9 +103,12 @@ def split_run(words: list[Word]) -> tuple[list[Option], Word, list[Word]]:
         if not text.startswith("-") or text == "-":
             return options, word, words[i + 1 :]
         why = comment_of(words, i)
+        attached = short_option(text)
         if text.startswith("--") and "=" in text:
             flag, value = text.split("=", 1)
             options.append(Option(ALIASES.get(flag, flag), value, word, why))
+        elif attached is not None:  # `-eHF_TOKEN=...`, `-p8000:8000`: the value attached
+            options.append(Option(ALIASES.get(attached[0], attached[0]), attached[1], word, why))
         elif text in BOOL_OPTIONS:
             options.append(Option(ALIASES.get(text, text), None, word, why))
         elif re.fullmatch(r"-[dit]{2,3}", text):  # -it, -dit

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from laned.config.secrecy import SECRET_FLAGS, looks_secret, secrets_file_line
+from laned.config.secrecy import SECRET_FLAGS, looks_secret, secret_flag, secrets_file_line
 from laned.errors import BadImport
 from laned.importer.cmdline import CLOSE, OPEN, PLACEHOLDER, Word, command_at
 from laned.importer.run_options import (
@@ -65,8 +65,7 @@ def import_run(
     out = Imported(name="")
     engine = [
         w.text  # a secret flag's value leaves the argv: its placeholder needs no value
-        if i
-        and (rest[i - 1].text in SECRET_FLAGS or rest[i - 1].text.split("=")[0] in SECRET_FLAGS)
+        if i and secret_flag(rest[i - 1].text) is not None
         else resolve(
             w,
             f"{rest[i - 1].shown()} {w.shown()}"
@@ -213,8 +212,8 @@ def _engine(out: Imported, engine: list[str], words: list[Word]) -> None:
             names.append(value)
         elif flag == "--port" and value is not None:
             port = value
-        elif flag in SECRET_FLAGS:
-            secret(out, SECRET_FLAGS[flag], f"engine flag {flag}")
+        elif (secret_name := secret_flag(flag)) is not None:  # --api_key, --api-k too
+            secret(out, SECRET_FLAGS[secret_name], f"engine flag {flag}")
         else:
             kept.append((flag, value, why))
     out.args = kept

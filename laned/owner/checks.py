@@ -34,7 +34,9 @@ class Checks:
         LaneNotRunning at once when the lane is not serving, and when it stopped (a swap, a
         restart) while the gates ran: a gate cut short by a stop says nothing of the engine."""
         r = self.records
-        spec, status = r.spec(lane), r.statuses[lane]
+        # The engine as it runs (its port, its model), the gates' demands as configured now.
+        spec = r.engine_spec(lane).model_copy(update={"checks": r.spec(lane).checks})
+        status = r.statuses[lane]
         if status.state not in (LaneState.READY, LaneState.DEGRADED):
             raise LaneNotRunning(
                 f"lane {lane} is {status.state.value}, not serving: no gate can run",

@@ -187,7 +187,7 @@ class Reactions:
     async def _follow(self, lane: str, run: int) -> None:
         """Readiness (fast probing backing off over a long cold start), then liveness."""
         r = self.records
-        spec = r.config.lanes[lane]
+        spec = r.engine_spec(lane)  # the engine as its run started, whatever a reload changed
         report = functools.partial(self._observe, lane, run)
         expected = r.statuses[lane].last_cold_start
         if not await watchers.await_ready(self.probe, spec, r.runs[lane].poke, report, expected):

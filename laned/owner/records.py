@@ -33,6 +33,7 @@ class LaneRun:
     """What the owner keeps of a lane's runs, besides its LaneStatus: one record per lane."""
 
     number: int = 0  # each start adds one: reports about an older run are dropped
+    spec: LaneConfig | None = None  # the config the current run started with (reload: kept)
     started_at: float | None = None  # when the current run started
     ready_at: float = 0.0  # when the lane last became ready
     follow: asyncio.Task[None] | None = None  # the watcher of the current run
@@ -93,6 +94,15 @@ class Records:
         """The lane's config; UnknownLane with the known names otherwise."""
         return self.config.lane(lane)
 
+    def engine_spec(self, lane: str) -> LaneConfig:
+        """The config of the lane's engine as it runs: what its current run started with
+        while its process is there (a reload's new port or model name waits for its next
+        start), else the lane's config."""
+        run, spec = self.runs.get(lane), self.spec(lane)
+        if run is None or run.spec is None or self.statuses[lane].state not in policy.PORT_STATES:
+            return spec
+        return run.spec
+
     def serving(self, lane: str) -> bool:
         """Ready, or degraded only by a failed acceptance check (it still serves; watch it)."""
         now = self.statuses[lane].state
@@ -125,6 +135,7 @@ class Records:
         """A new run of the lane: its number, its clock and its phase timeline begin again."""
         now, run, status = self.clock(), self.runs[lane], self.statuses[lane]
         run.number += 1
+        run.spec = self.config.lanes[lane]
         run.started_at = status.started_at = now
         run.check_degraded = run.waking = False
         status.phases, status.notes = [], []

@@ -43,7 +43,7 @@ class Sleeping:
         """Drain the lane's requests, put its engine to sleep, confirm it sleeps (then the
         lane is `sleeping`); Refused (the lane left `stopping`) when it cannot."""
         r = self.records
-        spec, ledger = r.config.lanes[lane], r.ledger
+        spec, ledger = r.engine_spec(lane), r.ledger
         r.cancel_restart(lane)
         self.reactions.unfollow(lane)  # a sleeping engine is not probed for progress
         ledger.fail_waiters(lane, reason, superseded=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
@@ -34,7 +35,7 @@ from laned.adapters.host import Host
 from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.config.model import GATES, Config, LaneConfig
-from laned.config.names import unit_name
+from laned.config.names import podman_socket, unit_name
 from laned.core import policy, resume
 from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
 from laned.core.liveness import engine_summary
@@ -149,9 +150,12 @@ class Supervisor:
     async def reload(self, new: Config) -> dict[str, Any]:
         """Apply a new, already validated config; nothing running is disturbed.
 
-        Refused (ConfigRefused, the running config stays in force): removing or renaming
-        the unit of a lane that runs or has an operation under way, or changing daemon
-        settings only a restart applies."""
+        Each changed key is applied as its field declares (laned.config.applied): live ones
+        now (the podman socket here; the API's own by the caller), next-start ones at the
+        lane's next start (`restart_needed` names the running lanes they wait for; their
+        engines are reached as they started meanwhile). Refused (ConfigRefused, the running
+        config stays in force): removing or renaming the unit of a lane that runs or has an
+        operation under way, or changing settings only a restart of laned applies."""
         r = self.records
         under_way = {op.lane for op in r.ops.current.values()}
         under_way |= {name for name, run in r.runs.items() if run.restart is not None}
@@ -163,6 +167,9 @@ class Supervisor:
         # No await from the check to the switch: nothing can start a lane in between.
         changes = render.apply(new, r.systemd_version)
         restart_needed = policy.restart_needed(r.config, new, r.ledger.states())
+        keys = policy.reload_changes(r.config, new)
+        if self.host is not None:
+            self.host.podman.use(podman_socket(new, os.environ))
         old, r.config = r.config, new
         r.units = {unit_name(n, spec): n for n, spec in new.lanes.items()}
         for lane in old.lanes.keys() - new.lanes.keys():
@@ -180,6 +187,7 @@ class Supervisor:
             "applied": True,
             "changed": [path for action, path in changes if action is not render.Action.UNCHANGED],
             "restart_needed": restart_needed,
+            "keys": {change.key: change.applied.value for change in keys},
         }
 
     # --- requests (each answers with a future: ready, stopped, or why not) -------------------
@@ -251,6 +259,10 @@ class Supervisor:
     def spec(self, lane: str) -> LaneConfig:
         """The lane's config; UnknownLane with the known names otherwise."""
         return self.records.spec(lane)
+
+    def engine_spec(self, lane: str) -> LaneConfig:
+        """The lane's engine as it runs (Records.engine_spec): where to reach it."""
+        return self.records.engine_spec(lane)
 
     @property
     def statuses(self) -> Mapping[str, LaneStatus]:

@@ -29,6 +29,8 @@ def lane_config(
     """
     text = (
         f'[daemon]\nunit_dir = "{harness.unit_dir}"\nbin_dir = "{tmp}/bin"\nstate_dir = "{tmp}/state"\n'
+        # Every folder named: a reload reads the file with laned's own environment.
+        + ("" if "cache_dir =" in daemon else f'cache_dir = "{tmp}/cache"\n')
         + ("" if "listen =" in daemon else 'listen = "127.0.0.1:1"\n')
         + f"{daemon}\n"
     )

@@ -128,6 +128,22 @@ def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
                 403,
                 "cross-site",
             )
+            # The path as an attacker spells it (Starlette's `$` matches before a trailing
+            # newline), from another site, without the token; rank_only in FastAPI's other
+            # spellings with laned's token but not the peer's. Sent as written, by curl.
+            for crafted, headers in (
+                ("/lanes/a/activate%0A?force=true", ["-H", "Origin: http://evil.example", "-H", "Sec-Fetch-Site: cross-site"]),
+                ("/lanes/a/activate%0a", []),
+                ("/lanes/a%0A/activate", []),
+                ("/lanes/a/activate?rank_only=yes", ["-H", "Authorization: Bearer s3cret-token"]),
+                ("/lanes/a/activate?rank%5Fonly=true", ["-H", "Authorization: Bearer s3cret-token"]),
+            ):  # fmt: skip
+                sent = await asyncio.to_thread(
+                    subprocess.run,
+                    ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *headers, base + crafted],
+                    capture_output=True, text=True, timeout=30,
+                )  # fmt: skip
+                assert sent.stdout in ("400", "403"), (crafted, sent.stdout)
             assert sup.statuses["a"].desired.value == "inactive", (
                 "refused requests must change nothing"
             )

@@ -75,7 +75,7 @@ def figures(name: str, **values: object) -> None:
 
 @pytest.fixture
 def daemon(harness: Harness, units: Units, tmp_path: Path) -> Iterator[object]:
-    """A factory: daemon(lanes, daemon_toml="", ready=1, headers=None, **lane_config's) -> a
+    """A factory: daemon(lanes, daemon_toml="", ready=1, headers=None, api=None, **lane_config's) -> a
     running LanedServe (laned serve on tmp_path/laned.toml, its log in tmp_path/laned.log)."""
     started: list[LanedServe] = []
 
@@ -84,9 +84,10 @@ def daemon(harness: Harness, units: Units, tmp_path: Path) -> Iterator[object]:
         daemon_toml: str = "",
         ready: int = 1,
         headers: dict[str, str] | None = None,
+        api: int | None = None,
         **kw: object,
     ) -> LanedServe:
-        api = free_port()
+        api = api or free_port()
         lane_config(harness, units, tmp_path, lanes, free_port(), **kw)  # type: ignore[arg-type]
         path = tmp_path / "laned.toml"
         text = path.read_text().replace(

@@ -1,6 +1,7 @@
-"""Any config that validates renders what systemd and bash accept: hypothesis builds configs of
+r"""Any config that validates renders what systemd and bash accept: hypothesis builds configs of
 one to three lanes (exec and container, groups, free text with `%`, `$`, quotes and any
-printable Unicode, env, args, volumes, durations), and every unit passes
+printable Unicode, env, args, volumes, durations, secrets files whose paths end in `\`, a
+space or `%`), and every unit passes
 `systemd-analyze --user verify`, every wrapper `bash -n`; no unit holds a `%` that is not
 `%%` or laned's own `%h`, and no value spills onto a line of its own."""
 
@@ -47,6 +48,10 @@ def configs(draw: st.DrawFn, tmp: str) -> str:
             f"description = {quoted(draw(free_text))}\nrestart_sec = {quoted(draw(durations))}\n"
             f"args = [{', '.join(quoted(w) for w in draw(words))}]\n"
         )
+        if draw(st.booleans()):
+            # A path on a unit line (EnvironmentFile=): `%`, spaces, a trailing backslash.
+            ending = draw(st.sampled_from(("", "\\", " ", "%", "%h", "\\\\")))
+            text += f"secrets_file = {quoted(f'{tmp}/secrets/{draw(free_text)}{ending}')}\n"
         env = draw(
             st.dictionaries(
                 st.from_regex(r"\A[A-Z][A-Z0-9_]{0,8}\Z", fullmatch=True), free_text, max_size=3

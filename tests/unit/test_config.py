@@ -155,6 +155,40 @@ def test_a_secret_in_the_config_is_refused_with_the_file_to_move_it_to() -> None
     assert "~/.config/laned/a.env, set as lanes.a.secrets_file" in info.value.problems[0].hint
 
 
+@pytest.mark.parametrize(
+    ("lane_toml", "where"),
+    [
+        ('args = ["--api_key=sk-s3cret"]', "lanes.a.args[0]"),  # vLLM: `_` is `-`
+        ('args = [{ flag = "--hf_token", value = "hf_s3cret" }]', "lanes.a.args[0]"),
+        ('args = ["--api-k", "sk-s3cret"]', "lanes.a.args[0]"),  # argparse's abbreviation
+        ('args = ["--api-key=sk-s3cret"]', "lanes.a.args[0]"),
+        ('env = { API_KEY = "sk-s3cret" }', "lanes.a.env.API_KEY"),
+        ('env = { TOKEN = "s3cret" }', "lanes.a.env.TOKEN"),
+        (
+            'container = { image = "img", podman_args = ["-eHF_TOKEN=hf_s3cret"] }',
+            "lanes.a.container.podman_args",
+        ),
+        (
+            'container = { image = "img", podman_args = ["--env=HF_TOKEN=hf_s3cret"] }',
+            "lanes.a.container.podman_args",
+        ),
+        ('secrets_file = "/home/op/a.env\\\\"', "lanes.a.secrets_file"),  # continues its unit line
+        ('secrets_file = "/home/op/a.env "', "lanes.a.secrets_file"),
+    ],
+)
+def test_a_secret_or_a_unit_breaking_path_is_refused_in_every_spelling(
+    lane_toml: str, where: str
+) -> None:
+    text = textwrap.dedent(MINIMAL).replace('served_model_name = "m"', f'served_model_name = "m"\n{lane_toml}')  # fmt: skip
+    if "container =" in lane_toml:
+        text = text.split("[lanes.a.exec]")[0]
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "t.toml", ENV)
+    found = [p for p in info.value.problems if p.severity is Severity.ERROR and p.where == where]
+    assert found, [p.render() for p in info.value.problems]
+    assert all("s3cret" not in p.render() for p in info.value.problems)
+
+
 def test_env_file_in_podman_args_is_a_warning_naming_the_secrets_file() -> None:
     config = parse_config(
         textwrap.dedent(

@@ -215,6 +215,28 @@ def test_api_keys_leave_every_argv_and_never_reach_the_output() -> None:
     assert "--api-key" not in engine_argv(config, lane)
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    ["-eHF_TOKEN=hf_s3cret", "--env=HF_TOKEN=hf_s3cret", "-e HF_TOKEN=hf_s3cret"],
+)
+def test_a_secret_in_any_spelling_of_e_leaves_the_argv_and_the_next_option_stays_one(
+    spelling: str,
+) -> None:
+    # An attached short option is one word: the `-p` after it is an option, not the image.
+    line = f"docker run {spelling} -p 8000:8000 img serve /m --api_key=sk-s3cret --hf_token hf_s3cret2 --api-k sk-s3cret3"  # fmt: skip
+    imported = import_run(line)
+    text = render_import(imported, "test")
+    said = " ".join(imported.warnings + imported.changes + list(imported.secrets.values()))
+    assert "s3cret" not in text and "s3cret" not in said, said
+    config, lane = lane_config(text)
+    spec = config.lanes[lane]
+    assert spec.container is not None and spec.container.image == "img"
+    assert set(spec.required_secrets) == {"HF_TOKEN", "VLLM_API_KEY"}
+    argv = engine_argv(config, lane)
+    assert not any(a.startswith(("--api", "--hf")) for a in argv), argv
+    assert "8000:8000" in spec.container.podman_args
+
+
 RECIPES = ROOT / "tests" / "recipes"
 SECRET_RECIPES = {
     "import-secrets-vllm-docker-page.toml": ("vllm-docker-page.txt", ["HUGGING_FACE_HUB_TOKEN"]),

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from laned.config.applied import Applied, applied_of
 from laned.config.load import Config, parse_config
+from laned.config.model import DaemonConfig, LaneConfig
 from laned.core import exits, policy, resume
 from laned.core.exits import ExitFacts, ExitRecord
 from laned.core.lanes import Desired, LaneState, Verdict
@@ -331,7 +333,7 @@ def test_a_reload_may_not_remove_or_rename_a_lane_that_runs_or_is_under_way() ->
         update={"daemon": CONFIG.daemon.model_copy(update={"listen": "127.0.0.1:9999"})}
     )
     assert policy.reload_problems(CONFIG, moved, idle) == [
-        "daemon.listen changed: restart laned to apply it"
+        "daemon.listen changed: only a restart of laned applies it (systemctl --user restart laned)"
     ]
 
 
@@ -340,6 +342,38 @@ def test_a_running_lane_whose_config_changed_needs_a_restart() -> None:
     states = {"a": LaneState.READY, "b": LaneState.INACTIVE, "c": LaneState.RESTARTING}
     assert policy.restart_needed(CONFIG, new, states) == ["a", "c"]
     assert policy.restart_needed(CONFIG, CONFIG, states) == []
+
+
+def test_every_daemon_and_lane_setting_declares_how_a_reload_applies_it() -> None:
+    for model in (DaemonConfig, LaneConfig):
+        for key in model.model_fields:
+            assert isinstance(applied_of(model, key), Applied), f"{model.__name__}.{key}"
+    # What the issue named: the guard's and the peers' settings live, the listener and the
+    # folders only at a restart of laned, an engine's port at its next start.
+    assert applied_of(DaemonConfig, "token_for_reads") is Applied.LIVE
+    assert applied_of(DaemonConfig, "podman_socket") is Applied.LIVE
+    assert applied_of(DaemonConfig, "unit_dir") is Applied.RESTART
+    assert applied_of(LaneConfig, "port") is Applied.NEXT_START
+
+
+def test_a_reload_sorts_each_changed_key_by_its_declaration() -> None:
+    new = config('restart_sec = "2s"\npriority = 3\n')
+    changes = {c.key: c.applied for c in policy.reload_changes(CONFIG, new)}
+    assert changes == {
+        **{f"lanes.{lane}.restart_sec": Applied.NEXT_START for lane in "abc"},
+        **{f"lanes.{lane}.restart_max_delay": Applied.NEXT_START for lane in "abc"},
+        **{f"lanes.{lane}.start_limit_burst": Applied.NEXT_START for lane in "abc"},
+        **{f"lanes.{lane}.priority": Applied.LIVE for lane in "abc"},
+    }
+    live_only = config('restart_sec = "1s"\nrestart_max_delay = "8s"\nstart_limit_burst = 3\npriority = 3\n')  # fmt: skip
+    states = {"a": LaneState.READY, "b": LaneState.INACTIVE, "c": LaneState.SLEEPING}
+    assert policy.restart_needed(CONFIG, live_only, states) == []  # priority is read live
+    moved = CONFIG.model_copy(update={"daemon": CONFIG.daemon.model_copy(update={"unit_dir": "/elsewhere", "token_for_reads": True})})  # fmt: skip
+    assert policy.reload_problems(
+        CONFIG, moved, dict.fromkeys(CONFIG.lanes, LaneState.INACTIVE)
+    ) == [
+        "daemon.unit_dir changed: only a restart of laned applies it (systemctl --user restart laned)"
+    ]
 
 
 def test_reconcile_adopts_what_runs_and_starts_what_is_desired() -> None:

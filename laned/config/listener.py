@@ -1,0 +1,22 @@
+"""`[daemon.limits]`: what one request may send laned's listener, how long it may take, and
+how many connections may be open (laned.api.limits applies them; docs/configuration.md)."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field
+
+from laned.config.base import Duration, StrictModel
+
+
+class LimitsConfig(StrictModel):
+    """Bounded input at every listener; the defaults fit a 512K-token prompt (as token ids,
+    up to 8 bytes a token in JSON: 4 MiB) four times over."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    max_body_mib: float = Field(default=16.0, gt=0)  # one request's body
+    max_header_kib: float = Field(default=64.0, gt=0)  # its request line and headers
+    head_timeout: Duration = 10.0  # from the connection (or its last answer) to a whole head
+    body_timeout: Duration = 120.0  # from the head to the whole body
+    max_connections: int = Field(default=4096, ge=16)  # in all (kept below the fd limit)
+    max_connections_per_client: int = Field(default=1024, ge=1)  # from one address

@@ -33,6 +33,9 @@ CONNECT_TIMEOUT = 5.0
 # Hands a piece of the body on (the relay: an ASGI `send` of it). Called from the engine
 # connection's data_received and stepped there; see Answer.pour.
 Deliver = Callable[[bytes], Awaitable[None]]
+# A request body up to this size goes out in one write with its head; a larger one is
+# written apart (joining would copy it: a body at the listener's limit is 16 MiB).
+ONE_WRITE = 64 * 1024
 
 
 class EngineBrokeOff(ConnectionError):
@@ -265,7 +268,11 @@ class _Connection(asyncio.Protocol):
         lines = [b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-length: %d\r\n" % (target, self.port, len(body))]  # fmt: skip
         lines.extend(b"%s: %s\r\n" % pair for pair in headers)
         lines.append(b"\r\n")
-        self.transport.write(b"".join(lines) + body)
+        if len(body) <= ONE_WRITE:
+            self.transport.write(b"".join(lines) + body)  # one segment for the usual request
+        else:  # a large body is not copied once more to join it to its head
+            self.transport.write(b"".join(lines))
+            self.transport.write(body)
         try:
             return await self.head
         except BaseException:

@@ -96,10 +96,11 @@ class Records:
 
     def engine_spec(self, lane: str) -> LaneConfig:
         """The config of the lane's engine as it runs: what its current run started with
-        while its process is there (a reload's new port or model name waits for its next
-        start), else the lane's config."""
+        while its process may be there (any state but inactive or failed: a reload's new
+        port, model name or container name waits for its next start), else the lane's
+        config."""
         run, spec = self.runs.get(lane), self.spec(lane)
-        if run is None or run.spec is None or self.statuses[lane].state not in policy.PORT_STATES:
+        if run is None or run.spec is None or self.statuses[lane].state in policy.SETTLED_STATES:
             return spec
         return run.spec
 

@@ -379,7 +379,8 @@ class Requests:
         """Stop the lane's unit and confirm it is gone (for containers, ExecStopPost removed it).
         `stopping` first, so laned's OpenAI endpoint sends it no new request; the requests in
         flight end before the stop (drain_timeout at most) unless `force`."""
-        status, spec = self.ledger.statuses[lane], self.records.config.lanes[lane]
+        # The engine as it runs (its container's name among the rest), whatever a reload changed.
+        status, spec = self.ledger.statuses[lane], self.records.engine_spec(lane)
         self.records.cancel_restart(lane)
         self.reactions.unfollow(lane)
         self.ledger.fail_waiters(lane, reason, superseded=True)

@@ -119,3 +119,11 @@ def test_the_latency_bench_follows_each_request_on_both_legs(
     # Every request found on both legs, both of laned's parts measured (no timing asserted).
     assert figures["followed"] == figures["requests"] == 4 and figures["lost"] == 0, figures
     assert figures["before_forward_ms"]["p50"] > 0 and figures["first_event_relay_ms"]["p50"] > 0
+
+
+def test_the_input_limits_bench_runs(harness: Harness, tmp_path: Path) -> None:
+    out = tmp_path / "input.json"
+    run_bench(harness, "bench/input_limits.py", "--bodies", "2", "--body-mib", "0.5", "--huge-mib", "20", "--slow", "0", "--json", str(out))  # fmt: skip
+    figures = json.loads(out.read_text())
+    assert figures["over_limit"]["statuses"] == [413], figures  # laned's default limit: 16 MiB
+    assert figures["at_limit"]["rss_peak_mib"] > 0

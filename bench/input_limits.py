@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.proxy import one_lane  # noqa: E402
+from bench.proxy import one_lane
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:

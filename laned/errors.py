@@ -3,12 +3,20 @@
     LanedError                      root: what went wrong, and a hint for what to do
     ├── ConfigError                 the config file is unreadable or invalid (carries every Finding)
     ├── ConfigRefused               a valid new config cannot be applied while laned runs
+    ├── UnsafeApi                   the control API would listen unguarded as configured
+    ├── SecretFileRefused           a token file laned reads is missing, empty or readable by others
+    ├── SecretsFileError            a lane's secrets file has a line systemd would not read
+    ├── UsageError                  (CLI) the command's arguments do not say what to do
+    ├── EngineParserFailed          vLLM's own argument parser could not be asked for its flags
+    ├── BadRequest                  (API) a parameter the endpoint cannot take
+    ├── WaitTimedOut                (API) a request asked to wait is not done by its timeout
     ├── RenderError                 generated files could not be read back or differ on disk
     ├── WriteFailed                 a file laned writes (unit, wrapper, state) could not be written
     ├── CommandFailed               a command laned runs could not start or exited non-zero
     ├── CommandLineError            (laned import) a command line laned cannot read without a shell
     │   └── BadImport               ... or that cannot become a lane as it stands
     ├── EngineError                 the simulated engine was started with bad arguments
+    │   └── EngineDead              its engine core died (vLLM's EngineDeadError): every request fails
     ├── SystemdError                a call to the systemd user manager failed (D-Bus)
     │   └── BusUnavailable          the user bus cannot be reached at all
     ├── PodmanError                 a call to the podman API service failed
@@ -25,7 +33,8 @@
         ├── LaneNotRunning          the lane does not serve, so no acceptance gate can run
         ├── NotAContainer           a container's own log asked of a lane that runs none
         ├── EngineUnreachable       the engine does not answer (check, bench)
-        └── EngineRefused           the engine answered a request with an error
+        ├── EngineRefused           the engine answered a request with an error
+        └── EngineBrokeOff          the engine's answer ended before its end (also a ConnectionError)
 
 Every class has a `code`, the word the API's error envelope carries; `laned.api.errors`
 maps each class to its HTTP status in one table.
@@ -120,6 +129,51 @@ class ConfigRefused(LanedError):
     code = "reload-refused"
 
 
+class UnsafeApi(LanedError):
+    """The control API would be reachable without a guard as configured (a listener off
+    loopback without a token, reads behind a token that is not set)."""
+
+    code = "unsafe-api"
+
+
+class SecretFileRefused(LanedError):
+    """A token file laned reads (daemon.token_file, peer_token_file) is missing, empty or
+    readable by others."""
+
+    code = "secret-file"
+
+
+class SecretsFileError(LanedError):
+    """A line of a lane's secrets file that systemd would not read as NAME=VALUE (the message
+    names the line by its number, never its text: it may hold a value)."""
+
+    code = "secrets-file"
+
+
+class UsageError(LanedError):
+    """(CLI) The command's arguments do not say what to do."""
+
+    code = "usage"
+
+
+class EngineParserFailed(LanedError):
+    """vLLM's own argument parser could not be run or gave no flag list."""
+
+    code = "engine-parser"
+
+
+class BadRequest(LanedError):
+    """(API) A parameter the endpoint cannot take."""
+
+    code = "bad-request"
+
+
+class WaitTimedOut(LanedError):
+    """(API) A request that asked to wait is not done by its timeout; it goes on."""
+
+    code = "timeout"
+
+
 class RenderError(LanedError):
     """Generated files could not be written, or (with --check) differ from what is on disk."""
 
@@ -154,6 +208,13 @@ class EngineError(LanedError):
     """The simulated engine was given arguments it cannot run with."""
 
     code = "engine-error"
+
+
+class EngineDead(EngineError):
+    """The simulated engine's core died, as vLLM's EngineDeadError: every request fails from
+    now on (the simulator answers each with vLLM's error)."""
+
+    code = "engine-dead"
 
 
 class SystemdError(LanedError):
@@ -269,3 +330,11 @@ class NotAContainer(LaneError):
     """Something only a container lane has was asked of a lane that runs no container."""
 
     code = "not-a-container"
+
+
+class EngineBrokeOff(LaneError, ConnectionError):
+    """The engine's answer ended before its end: it closed the connection, sent bytes that
+    are not HTTP, or the answer was given up. A ConnectionError too, as any broken
+    connection is to the code that sends requests."""
+
+    code = "engine-broke-off"

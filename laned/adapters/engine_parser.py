@@ -7,7 +7,7 @@ import os
 
 from laned.adapters import commands
 from laned.config.engine_flags import PARSER_PROBE, KnownFlags, Source, parse_probe
-from laned.errors import CommandFailed, LanedError
+from laned.errors import CommandFailed, EngineParserFailed
 
 # Importing vLLM imports torch: seconds on a warm page cache, a minute on a cold one.
 PROBE_TIMEOUT = 300.0
@@ -35,7 +35,7 @@ def read_flags(source: Source, podman: str = "podman") -> KnownFlags:
             if " exited with " in exc.message
             else exc.message
         )
-        raise LanedError(
+        raise EngineParserFailed(
             f"{source}: vLLM's argument parser did not run ({what})", exc.hint
         ) from exc
     return parse_probe(text, source)

@@ -9,7 +9,7 @@ import os
 import stat
 
 from laned.config import secrecy
-from laned.errors import LanedError
+from laned.errors import SecretFileRefused, SecretsFileError
 from laned.preflight.facts import KeyFile
 
 
@@ -22,16 +22,16 @@ def read_token(path: str | None, key: str = "daemon.token_file") -> str | None:
         with open(path, encoding="utf-8") as handle:
             token = handle.read().strip()
     except OSError as exc:
-        raise LanedError(
+        raise SecretFileRefused(
             f"{key} {path}: {exc.strerror}", "create it with a random token, mode 0600"
         ) from exc
     if mode & 0o077:
-        raise LanedError(
+        raise SecretFileRefused(
             f"{key} {path} is mode {mode:04o}: others can read the token",
             f"chmod 600 {path}",
         )
     if not token:
-        raise LanedError(
+        raise SecretFileRefused(
             f"{key} {path} is empty",
             "put a random token in it, e.g. `openssl rand -hex 32`",
         )
@@ -59,7 +59,7 @@ def key_file(path: str) -> KeyFile:
     try:
         with open(path, encoding="utf-8") as handle:
             names = tuple(secrecy.names_in(handle.read()))
-    except (OSError, UnicodeDecodeError, secrecy.SecretsFileError) as exc:
-        why = str(exc) if isinstance(exc, secrecy.SecretsFileError) else type(exc).__name__
+    except (OSError, UnicodeDecodeError, SecretsFileError) as exc:
+        why = exc.message if isinstance(exc, SecretsFileError) else type(exc).__name__
         return KeyFile(exists=True, mode=mode, unreadable=why)
     return KeyFile(exists=True, mode=mode, names=names)

@@ -24,6 +24,7 @@ from typing import Any, cast
 import httptools
 
 from laned.adapters.probes import ENGINE_KEEP_ALIVE
+from laned.errors import EngineBrokeOff
 
 IDLE = ENGINE_KEEP_ALIVE / 2  # seconds a connection waits in the pool for its next request
 HIGH_WATER = 1 << 20  # bytes of an answer held before the engine's socket is read no more
@@ -36,10 +37,6 @@ Deliver = Callable[[bytes], Awaitable[None]]
 # A request body up to this size goes out in one write with its head; a larger one is
 # written apart (joining would copy it: a body at the listener's limit is 16 MiB).
 ONE_WRITE = 64 * 1024
-
-
-class EngineBrokeOff(ConnectionError):
-    """The engine's connection ended before its answer did."""
 
 
 class _Rest:

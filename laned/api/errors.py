@@ -22,6 +22,13 @@ STATUS: tuple[tuple[type[errors.LanedError], int], ...] = (
     (errors.ConfigRefused, 409),  # the running config stays in force
     (errors.NotAContainer, 400),
     (errors.ConfigError, 400),
+    (errors.BadRequest, 400),
+    (errors.SecretsFileError, 400),
+    (errors.UsageError, 400),
+    (errors.WaitTimedOut, 504),  # the request goes on
+    (errors.UnsafeApi, 409),
+    (errors.SecretFileRefused, 409),
+    (errors.EngineParserFailed, 503),
     (errors.ActivationFailed, 502),  # the engine failed: upstream of laned
     (errors.EngineUnreachable, 502),
     (errors.EngineRefused, 502),
@@ -47,14 +54,6 @@ def envelope(
     return JSONResponse({"error": error}, status_code=status)
 
 
-class ApiError(Exception):
-    """An error of the HTTP layer itself (a bad parameter), answered with the envelope."""
-
-    def __init__(self, status: int, code: str, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.hint = status, code, message, hint
-
-
 def laned_error(exc: errors.LanedError) -> JSONResponse:
     """A LanedError as the envelope, with its status from the table."""
     extra = None
@@ -74,10 +73,6 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(errors.LanedError)
     async def _laned(_: Request, exc: errors.LanedError) -> JSONResponse:
         return laned_error(exc)
-
-    @app.exception_handler(ApiError)
-    async def _api(_: Request, exc: ApiError) -> JSONResponse:
-        return envelope(exc.status, exc.code, exc.message, exc.hint)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:

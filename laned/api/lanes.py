@@ -8,11 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
-from laned.api.errors import ApiError
 from laned.api.front import Front
 from laned.api.guard import Access, Call, access
 from laned.config.model import GATES
 from laned.core.lanes import LaneStatus
+from laned.errors import BadRequest, WaitTimedOut
 
 NO_DRAIN = "stop without draining the requests in flight through laned's OpenAI endpoint"
 
@@ -48,9 +48,7 @@ def routes(api: APIRouter, front: Front) -> None:
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
-            raise ApiError(
-                504,
-                "timeout",
+            raise WaitTimedOut(
                 f"lane {lane} is not done after {timeout:g}s",
                 f"it goes on; see GET /lanes/{lane}",
             ) from None
@@ -90,9 +88,7 @@ def routes(api: APIRouter, front: Front) -> None:
         wanted = gate or list(GATES)
         unknown = [g for g in wanted if g not in GATES]
         if unknown:
-            raise ApiError(
-                400,
-                "bad-request",
+            raise BadRequest(
                 f"gate: unknown gate {unknown[0]!r}",
                 "gates: " + ", ".join(GATES),
             )

@@ -30,7 +30,7 @@ from urllib.parse import unquote
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from laned.adapters.upstream import Answer, EngineBrokeOff, Pool
+from laned.adapters.upstream import Answer, Pool
 from laned.api.front import Front
 from laned.api.loading import EVERY, Progress, error_event, progress_line
 from laned.config.model import Config
@@ -39,6 +39,7 @@ from laned.core import policy
 from laned.core.lanes import Desired, LaneStatus
 from laned.core.recorder import Recorder
 from laned.core.schedule import Admission, Verdict
+from laned.errors import EngineBrokeOff
 from laned.owner.traffic import Flight
 
 # Request headers that travel to the engine; hop-by-hop ones and Host do not. The answer's

@@ -11,7 +11,7 @@ from laned.api.guard import ApiSettings
 from laned.config.model import Config
 from laned.config.rules import parse_listen
 from laned.config.sleep import loopback
-from laned.errors import LanedError
+from laned.errors import UnsafeApi
 
 
 def api_settings(config: Config) -> ApiSettings:
@@ -21,13 +21,13 @@ def api_settings(config: Config) -> ApiSettings:
     host, port = listen
     token = read_token(config.daemon.token_file)
     if not loopback(host) and token is None:
-        raise LanedError(
+        raise UnsafeApi(
             f"daemon.listen {config.daemon.listen} is reachable from other machines and no token is set",
             "set daemon.token_file to a 0600 file holding a random token (`openssl rand -hex 32 > FILE`), "
             'or listen on "127.0.0.1:9000"',
         )
     if config.daemon.token_for_reads and token is None:
-        raise LanedError(
+        raise UnsafeApi(
             "daemon.token_for_reads is set but daemon.token_file is not", "set daemon.token_file"
         )
     peer_hosts = frozenset(

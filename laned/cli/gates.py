@@ -11,7 +11,7 @@ from laned.cli.args import EXIT_FAILED, EXIT_OK, config_path
 from laned.cli.args import client as api_client
 from laned.config.durations import parse_count
 from laned.config.model import GATES, ChecksConfig
-from laned.errors import ApiUnavailable, LanedError
+from laned.errors import ApiUnavailable, EngineRefused, LaneNotRunning, UsageError
 from laned.gates.engine_api import EngineClient
 
 
@@ -24,11 +24,11 @@ def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig
 
     if args.base_url:
         if not args.model:
-            raise LanedError("--base-url needs --model", "name the model the server serves")
+            raise UsageError("--base-url needs --model", "name the model the server serves")
         key = read_api_key(args.api_key_file) if args.api_key_file else None
         return EngineClient(args.base_url, args.model, key), ChecksConfig(), args.base_url
     if not args.lane:
-        raise LanedError("name a LANE (or give --base-url and --model)", "see laned status")
+        raise UsageError("name a LANE (or give --base-url and --model)", "see laned status")
     config = load_config(config_path(args))
     spec = config.lane(args.lane)
     client = EngineClient(
@@ -49,7 +49,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     run: dict[str, Any] | None = None
     if not args.base_url:  # a configured lane: through laned, which keeps the results
         if not args.lane:
-            raise LanedError("name a LANE (or give --base-url and --model)", "see laned status")
+            raise UsageError("name a LANE (or give --base-url and --model)", "see laned status")
         client = api_client(args)
         client.http.timeout = None  # type: ignore[assignment]  # a context gate takes minutes
         try:
@@ -86,7 +86,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         concurrency = [parse_count(c) for c in args.concurrency.split(",")]
         contexts = [parse_count(c) for c in args.contexts.split(",")]
     except ValueError as exc:
-        raise LanedError(
+        raise UsageError(
             f"--concurrency {args.concurrency!r} / --contexts {args.contexts!r}: {exc}",
             "e.g. --concurrency 1,2,4,8 --contexts 8K,16K,32K (K = 1024, k = 1000, as vLLM reads them)",
         ) from None
@@ -96,13 +96,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             served = await engine.served()
             if served is None:
-                raise LanedError(
+                raise LaneNotRunning(
                     f"{engine.base_url} does not serve {engine.model}: is the lane running?",
                     f"laned activate {label} --wait",
                 )
             window = int(served.get("max_model_len") or 0)
             if window <= 0:
-                raise LanedError(
+                raise EngineRefused(
                     f"{engine.base_url}/v1/models gives no max_model_len", "is it a vLLM server?"
                 )
             return await run_bench(

@@ -193,14 +193,10 @@ def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
 async def _running_on_port(config: Config, lane: str) -> str | None:
     """The lane (itself or a group peer on its port) whose unit runs, asked of systemd."""
     from laned.adapters.systemd import Systemd
+    from laned.config.groups import port_sharers
     from laned.config.names import unit_name
 
-    spec = config.lanes[lane]
-    candidates = [lane] + [
-        n
-        for n, other in sorted(config.lanes.items())
-        if n != lane and other.group == spec.group and other.port == spec.port
-    ]
+    candidates = [lane, *port_sharers(config, lane)]
     systemd = Systemd()
     try:
         await systemd.connect()

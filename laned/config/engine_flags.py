@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from laned.config.model import Config, LaneConfig
-from laned.errors import Finding, LanedError, Severity
+from laned.errors import EngineParserFailed, Finding, Severity
 
 # Runs in the target Python: prints vLLM's version and every option string of the parser
 # `vllm serve` builds (vllm/entrypoints/cli/serve.py: make_arg_parser). Module paths moved
@@ -116,12 +116,12 @@ def parse_probe(text: str, source: Source) -> KnownFlags:
         version = str(data["version"])
         abbrev = bool(data.get("abbrev", True))
     except (ValueError, IndexError, KeyError, TypeError) as exc:
-        raise LanedError(
+        raise EngineParserFailed(
             f"{source}: vLLM's argument parser gave no flag list ({exc})",
             "is vLLM installed there? `python -c 'import vllm'` says",
         ) from exc
     if not flags:
-        raise LanedError(f"{source}: vLLM's argument parser has no flags", "")
+        raise EngineParserFailed(f"{source}: vLLM's argument parser has no flags", "")
     return KnownFlags(version, flags, source, abbrev)
 
 

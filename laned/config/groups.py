@@ -16,6 +16,22 @@ def groups(config: Config) -> list[str]:
     return sorted({spec.group for spec in config.lanes.values()})
 
 
+def lanes_of(config: Config, group: str) -> list[str]:
+    """The lanes of a group, sorted (they take turns on its GPUs)."""
+    return sorted(n for n, spec in config.lanes.items() if spec.group == group)
+
+
+def group_peers(config: Config, lane: str) -> list[str]:
+    """The other lanes of the lane's group (they conflict with it), sorted."""
+    return [n for n in lanes_of(config, config.lanes[lane].group) if n != lane]
+
+
+def port_sharers(config: Config, lane: str) -> list[str]:
+    """The lane's group peers on its port: only one of them can listen at a time."""
+    port = config.lanes[lane].port
+    return [n for n in group_peers(config, lane) if config.lanes[n].port == port]
+
+
 def default_lane(config: Config, group: str) -> str | None:
     """The lane the group returns to: `[groups.X] default_lane`, else daemon.default_lane
     where that lane is of the group."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from laned.errors import SecretsFileError
+
 # Names that are secrets wherever they appear.
 SECRET_NAMES = frozenset(
     {
@@ -88,10 +90,6 @@ def short_option(text: str) -> tuple[str, str] | None:
 def secrets_file_line(name: str) -> str:
     """The line a person writes in the secrets file for `name` (never a value)."""
     return f"{name}=<the value>"
-
-
-class SecretsFileError(ValueError):
-    """A line of a secrets file that systemd would not read as NAME=VALUE."""
 
 
 def names_in(text: str) -> list[str]:

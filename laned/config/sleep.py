@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator
 
+from laned.config.groups import port_sharers
 from laned.config.model import Config
 from laned.errors import Finding, Severity
 
@@ -67,11 +68,10 @@ def check_sleep(config: Config) -> Iterator[Finding]:
                 "a lane over several hosts cannot sleep (its ranks would sleep one by one)",
                 "set sleep_level = 0",
             )
-        for peer, other in config.lanes.items():
-            if peer != name and other.group == spec.group and other.port == spec.port:
-                yield Finding(
-                    f"{base}.port",
-                    f"lane {peer} of group {spec.group} has the same port {spec.port}, which "
-                    f"{name} keeps while it sleeps",
-                    "give each lane of the group its own port",
-                )
+        for peer in port_sharers(config, name):
+            yield Finding(
+                f"{base}.port",
+                f"lane {peer} of group {spec.group} has the same port {spec.port}, which "
+                f"{name} keeps while it sleeps",
+                "give each lane of the group its own port",
+            )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from laned.config.applied import Applied, Change, applied_of, changed_keys
+from laned.config.groups import port_sharers
 from laned.config.model import Config, DaemonConfig, LaneConfig
 from laned.config.names import unit_name
 from laned.core.exits import ExitFacts, judge_exit
@@ -54,12 +55,6 @@ class SwapResult(str, Enum):
     FAILED = "failed"
 
 
-def peers(config: Config, lane: str) -> list[str]:
-    """The other lanes of the lane's group (they conflict with it), sorted."""
-    group = config.lanes[lane].group
-    return sorted(n for n, s in config.lanes.items() if s.group == group and n != lane)
-
-
 def already_active(state: LaneState, desired: Desired) -> bool:
     """Activating this lane changes nothing: it is desired and holds its GPUs (or will).
     The one rule for "already running" (an activation joins instead; preflight is skipped)."""
@@ -69,9 +64,8 @@ def already_active(state: LaneState, desired: Desired) -> bool:
 def port_peer(config: Config, lane: str, states: Mapping[str, LaneState]) -> str | None:
     """The lane of the group (itself included) that holds the lane's port now, if any:
     preflight does not call a port busy that a swap is about to free."""
-    port = config.lanes[lane].port
-    for name in (lane, *peers(config, lane)):
-        if config.lanes[name].port == port and states[name] in PORT_STATES:
+    for name in (lane, *port_sharers(config, lane)):
+        if states[name] in PORT_STATES:
             return name
     return None
 

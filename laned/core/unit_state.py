@@ -96,3 +96,14 @@ class UnitSnapshot:
                 value = props[key]
                 values[attr] = value.hex() if isinstance(value, (bytes, bytearray)) else value
         return UnitSnapshot(**values)
+
+
+# RestartSteps= and RestartMaxDelaySec= came with systemd 254: from there the user manager
+# restarts a failed lane itself, with backoff; before, laned does.
+RESTART_STEPS_SINCE = 254
+
+
+def systemd_restarts(systemd_version: int) -> bool:
+    """Whether a user manager of this version restarts a failed lane itself (its unit has
+    Restart=on-failure with RestartSteps=), or laned does."""
+    return systemd_version >= RESTART_STEPS_SINCE

@@ -25,13 +25,12 @@ from laned.core import canary, exits, policy
 from laned.core.lanes import Desired, EventKind, LaneState, LastExit, Verdict, phase_durations
 from laned.core.phases import ALMOST_READY, Seen, add_mark
 from laned.core.policy import ExitAction, OpKind, RestartKind
-from laned.core.unit_state import UnitSnapshot
+from laned.core.unit_state import UnitSnapshot, systemd_restarts
 from laned.errors import LanedError
 from laned.owner import steps, watchers
 from laned.owner.checks import Checks
 from laned.owner.records import Records
 from laned.render import plan as render
-from laned.render.units import RESTART_STEPS_SINCE
 
 log = logging.getLogger("laned.supervisor")
 
@@ -63,7 +62,7 @@ class Reactions:
     ) -> None:
         self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
         self.checks, self.restarts = checks, restarts
-        self.systemd_restarts = records.systemd_version >= RESTART_STEPS_SINCE
+        self.systemd_restarts = systemd_restarts(records.systemd_version)
 
     # --- what systemd tells ---------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 
 from laned.adapters import state
+from laned.config.groups import group_peers
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name
 from laned.core import policy
@@ -128,7 +129,7 @@ class Records:
 
     def desire_only(self, lane: str) -> None:
         """`lane` desired active and its group peers not."""
-        for peer in policy.peers(self.config, lane):
+        for peer in group_peers(self.config, lane):
             self.ledger.desire(peer, Desired.INACTIVE)
         self.ledger.desire(lane, Desired.ACTIVE)
 
@@ -170,7 +171,7 @@ class Records:
         with what each kept on its GPUs at its last sleep ({}: not measured yet)."""
         return {
             peer: dict(self.runs[peer].residual)
-            for peer in policy.peers(self.config, lane)
+            for peer in group_peers(self.config, lane)
             if self.config.lanes[peer].sleep_level and self.serving(peer)
         }
 

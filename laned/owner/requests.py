@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from laned.adapters.host import Host
 from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
+from laned.config.groups import group_peers
 from laned.config.names import unit_name
 from laned.core import policy
 from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus
@@ -53,11 +54,12 @@ class Requests:
         host: Host | None,
         traffic: Traffic,
         reactions: Reactions,
+        sleeping: Sleeping,
+        prefetches: Prefetches,
     ) -> None:
         self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
         self.traffic, self.reactions = traffic, reactions
-        self.sleeping = Sleeping(records, systemd, probe, host, traffic, reactions)
-        self.prefetches = Prefetches(records)
+        self.sleeping, self.prefetches = sleeping, prefetches
         self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
 
     # --- requests from outside ---------------------------------------------------------------
@@ -83,7 +85,7 @@ class Requests:
             return self.ledger.wait_ready(lane)  # idempotent: nothing is restarted
         if current is not None:
             self.ops.supersede(current, spec.group, f"superseded by activate {lane}")
-        peers = policy.peers(self.records.config, lane)
+        peers = group_peers(self.records.config, lane)
         before = {n: self.ledger.statuses[n].desired for n in (lane, *peers)}
         self.records.desire_only(lane)
         status.failures.clear()
@@ -177,7 +179,7 @@ class Requests:
         await self._preflight(op)
         if op.from_lane != "none":  # the weights read in while the running lane goes
             self.prefetches.begin(lane, [op.from_lane])
-        for peer in policy.peers(self.records.config, lane):
+        for peer in group_peers(self.records.config, lane):
             await self._take_off(peer, f"swap to {lane}", op.force)
             self._ensure_current(op)
         asleep = self.ledger.statuses[lane].state is LaneState.SLEEPING
@@ -306,7 +308,10 @@ class Requests:
         try:
             await self._drain(op.lane, op.force)
             self._ensure_current(op)
-            await self.systemd.stop_unit(unit_name(op.lane, self.records.config.lanes[op.lane]))
+            unit = unit_name(op.lane, self.records.engine_spec(op.lane))
+            refused = await steps.stop(self.systemd, unit)  # the one confirmed stop
+            if refused is not None:
+                raise ActivationFailed(f"lane {op.lane}: {refused.reason}", refused.hint)
         finally:
             self.records.runs[op.lane].stopping = False
         self._ensure_current(op)
@@ -413,16 +418,15 @@ class Requests:
             self.traffic, lane, self.records.config.lanes[lane], force, note, self.records.clock
         )
 
-    def _fail_start(self, lane: str, reason: str) -> None:
-        self.ledger.transition(lane, LaneState.FAILED, reason)
-        self.ledger.fail_waiters(lane, reason)
-
     async def give_up(self, lane: str, run: int, reason: str) -> None:
         """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
         self.records.runs[lane].stopping = True
         try:
-            await self.systemd.stop_unit(unit_name(lane, self.records.config.lanes[lane]))
+            unit = unit_name(lane, self.records.engine_spec(lane))
+            refused = await steps.stop(self.systemd, unit)  # the one confirmed stop
         finally:
             self.records.runs[lane].stopping = False
+        if refused is not None:
+            reason = f"{reason}; and {refused.reason}"
         if self.records.runs[lane].number == run:  # not if a newer start owns the lane by now
             self.records.fail_start(lane, reason)

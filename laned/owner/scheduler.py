@@ -16,8 +16,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from laned.config.groups import default_lane, groups, idle_return
-from laned.core import policy, schedule
+from laned.config.groups import default_lane, group_peers, groups, idle_return, lanes_of
+from laned.core import schedule
 from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
 from laned.core.schedule import Admission, LaneView, Verdict
 from laned.errors import LanedError, Superseded
@@ -80,7 +80,7 @@ class Scheduler:
         dismissed = self._dismissed.get(lane)
         if dismissed is not None and arrived <= dismissed[0]:
             return Admission(Verdict.REFUSE, dismissed[1], dismissed[2])
-        peers = [self.view(p) for p in policy.peers(r.config, lane)]
+        peers = [self.view(p) for p in group_peers(r.config, lane)]
         return schedule.admit(self.view(lane), peers, r.config.daemon.schedule, arrived)
 
     async def turn(self, lane: str, arrived: float, timeout: float) -> Admission:
@@ -146,7 +146,7 @@ class Scheduler:
         config = r.config
         if r.ops.of(group) is not None:
             return None  # an operation runs to its end first
-        lanes = sorted(n for n, spec in config.lanes.items() if spec.group == group)
+        lanes = lanes_of(config, group)
         last = [t for n in lanes if (t := self.traffic.last_request(n)) is not None]
         decision = schedule.decide(
             [self.view(n) for n in lanes],

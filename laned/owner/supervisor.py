@@ -48,10 +48,12 @@ from laned.owner.bus import BusKeeper
 from laned.owner.checks import Checks
 from laned.owner.ledger import Listener
 from laned.owner.outages import Outages
+from laned.owner.prefetching import Prefetches
 from laned.owner.reactions import Reactions
 from laned.owner.records import LaneRun, Records
 from laned.owner.requests import Requests
 from laned.owner.scheduler import Scheduler
+from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.render import plan as render
 
@@ -75,7 +77,11 @@ class Supervisor:
         self.traffic = Traffic(clock)  # laned's OpenAI endpoint counts its requests here
         self.checks = Checks(records, probe)
         self.reactions = Reactions(records, systemd, probe, host, self.checks, restarts=self)
-        self.requests = Requests(records, systemd, probe, host, self.traffic, self.reactions)
+        sleeping = Sleeping(records, systemd, probe, host, self.traffic, self.reactions)
+        self.prefetches = Prefetches(records)
+        self.requests = Requests(
+            records, systemd, probe, host, self.traffic, self.reactions, sleeping, self.prefetches
+        )
         self.outages = Outages(records, self.reactions, self.requests)
         self.scheduler = Scheduler(records, self.traffic, self.requests.activate)
         self.bus = BusKeeper(
@@ -106,7 +112,7 @@ class Supervisor:
 
     async def close(self) -> None:
         """Stop watching (the lanes keep running: they are systemd's units)."""
-        self.requests.prefetches.end_all()
+        self.prefetches.end_all()
         tasks = self.records.cancel_all()
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=10)

@@ -15,13 +15,16 @@ import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from laned.errors import EngineDead
 from laned.sim import answers, faults, gpu, responses, sleep
 from laned.sim.http import Request, Response
 from laned.sim.metrics import Metrics
-from laned.sim.responses import EngineDead, Job, error
+from laned.sim.responses import Job, error
 from laned.sim.settings import Settings
 from laned.sim.startup import log
 from laned.sim.steps import DecodeSteps
+
+DEAD = "EngineCore encountered an issue. See stack trace for the root cause."
 
 VERSION = "0.11.0+laned.sim"
 BLOCK = 16  # tokens per KV block, for prefix-cache accounting
@@ -364,7 +367,7 @@ class Engine:
             while todo > 0:  # chunked prefill: one engine step per --max-num-batched-tokens
                 await self._hold_if_stalled()
                 if self.dead:
-                    raise EngineDead
+                    raise EngineDead(DEAD, "restart the engine (laned does)")
                 chunk = min(todo, s.max_num_batched_tokens)
                 await asyncio.sleep(chunk / s.prefill_tps)
                 todo -= chunk
@@ -376,7 +379,7 @@ class Engine:
             for index, piece in enumerate(pieces):
                 await self._hold_if_stalled()
                 if self.dead:
-                    raise EngineDead
+                    raise EngineDead(DEAD, "restart the engine (laned does)")
                 if self.aborts != aborts:
                     return  # put to sleep with mode=abort: finished as "abort"
                 step = self.steps.next(step, time.monotonic())

@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from laned.errors import EngineDead
 from laned.sim.http import Response
 
 Run = AsyncGenerator[tuple[str, str], None]  # (kind, text) pieces: reasoning, content, tool
@@ -33,10 +34,6 @@ class Job:
         if self.tool_calls:
             return "tool_calls"
         return "length" if self.truncated else "stop"
-
-
-class EngineDead(Exception):
-    """The engine core died: every request fails from now on."""
 
 
 def token_id(piece: str) -> int:

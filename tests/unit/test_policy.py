@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laned.config.applied import Applied, applied_of
+from laned.config.groups import group_peers
 from laned.config.load import Config, parse_config
 from laned.config.model import DaemonConfig, LaneConfig
 from laned.core import exits, policy, resume
@@ -38,8 +39,8 @@ ALL_STATES = list(LaneState)
 
 
 def test_peers_are_the_other_lanes_of_the_group() -> None:
-    assert policy.peers(CONFIG, "a") == ["b"]
-    assert policy.peers(CONFIG, "c") == []
+    assert group_peers(CONFIG, "a") == ["b"]
+    assert group_peers(CONFIG, "c") == []
 
 
 @pytest.mark.parametrize("state", ALL_STATES)

@@ -24,8 +24,19 @@ def read_flags(source: Source, podman: str = "podman") -> KnownFlags:
         assert source.image is not None
         quiet = [part for key, value in QUIET.items() for part in ("-e", f"{key}={value}")]
         # --pull=never: checking flags never downloads an image of tens of GB.
-        argv = [podman, "run", "--rm", "--pull=never", "--network=none", *quiet,
-                "--entrypoint", "python3", source.image, "-c", PARSER_PROBE]  # fmt: skip
+        argv = [
+            podman,
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network=none",
+            *quiet,
+            "--entrypoint",
+            "python3",
+            source.image,
+            "-c",
+            PARSER_PROBE,
+        ]
     try:
         text = commands.run(argv, {**os.environ, **QUIET}, timeout=PROBE_TIMEOUT)
     except CommandFailed as exc:

@@ -77,10 +77,18 @@ async def follow(
     process = await commands.start(
         # --all: without it journalctl's JSON gives a field over 4096 bytes as null, and a
         # closed tqdm bar (DeepGEMM's warmup redraws thousands of times) is far longer.
-        [journalctl(), "--follow", f"--since=@{time.time() if since is None else since:.6f}",
-         "--output=json", "--all", "--no-pager", *matches],
-        limit=1024 * 1024, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        [
+            journalctl(),
+            "--follow",
+            f"--since=@{time.time() if since is None else since:.6f}",
+            "--output=json",
+            "--all",
+            "--no-pager",
+            *matches,
+        ],
+        limit=1024 * 1024,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert process.stdout is not None
     if opened is not None:  # still running a moment later: it follows
         timer = asyncio.get_running_loop().call_later(

@@ -194,7 +194,12 @@ class Answer:
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        if self._done or self._error or self._pending is not None or (self._parts and not self._eager):  # fmt: skip
+        if (
+            self._done
+            or self._error
+            or self._pending is not None
+            or (self._parts and not self._eager)
+        ):
             waiter.set_result(None)
 
 
@@ -258,11 +263,16 @@ class _Connection(asyncio.Protocol):
         self.answer._done = True
 
     # the pool's and the answer's
-    async def send(self, target: bytes, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:  # fmt: skip
+    async def send(
+        self, target: bytes, body: bytes, headers: Iterable[tuple[bytes, bytes]]
+    ) -> Answer:
         assert self.transport is not None
         self.answer = Answer(self)
         self.head = asyncio.get_running_loop().create_future()
-        lines = [b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-length: %d\r\n" % (target, self.port, len(body))]  # fmt: skip
+        lines = [
+            b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-length: %d\r\n"
+            % (target, self.port, len(body))
+        ]
         lines.extend(b"%s: %s\r\n" % pair for pair in headers)
         lines.append(b"\r\n")
         if len(body) <= ONE_WRITE:
@@ -316,7 +326,9 @@ class Pool:
     def __init__(self) -> None:
         self._idle: dict[int, list[_Connection]] = {}
 
-    async def post(self, port: int, target: bytes, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:  # fmt: skip
+    async def post(
+        self, port: int, target: bytes, body: bytes, headers: Iterable[tuple[bytes, bytes]]
+    ) -> Answer:
         """Send POST `target` (path and query, as the client sent them) with `body` and
         `headers` to the engine on 127.0.0.1:`port`: its answer once its head has come
         (OSError or EngineBrokeOff when it does not answer)."""

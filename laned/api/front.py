@@ -102,7 +102,10 @@ class Front:
 
     async def views(self, host: str = "127.0.0.1") -> dict[str, Any]:
         """GET /lanes: every lane's view; `notices`: what laned itself meets (as in /healthz)."""
-        return {"lanes": [await self.view(n, host) for n in self.lanes()], "notices": self.notices()}  # fmt: skip
+        return {
+            "lanes": [await self.view(n, host) for n in self.lanes()],
+            "notices": self.notices(),
+        }
 
     async def view(self, lane: str, host: str = "127.0.0.1") -> dict[str, Any]:
         """Everything about one lane: state, desired, phase, restarts, where to reach it."""

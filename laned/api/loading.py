@@ -57,7 +57,11 @@ class Progress:
 
     def chunk(self, line: str) -> bytes:
         """A chat.completion.chunk whose delta is one line of reasoning text."""
-        delta = {"role": "assistant", "reasoning": line + "\n"} if not self.sent else {"reasoning": line + "\n"}  # fmt: skip
+        delta = (
+            {"role": "assistant", "reasoning": line + "\n"}
+            if not self.sent
+            else {"reasoning": line + "\n"}
+        )
         self.sent += 1
         body = {
             "id": self.id,

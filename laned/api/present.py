@@ -93,11 +93,19 @@ def render_present(source: LaneSource) -> bytes:
                 if "reachable" in peer:
                     up = 1.0 if peer["reachable"] else 0.0
                     host, rank = _label(peer["host"]), peer["rank"]
-                    lines["laned_peer_up"].append(f'laned_peer_up{{host="{host}",{lane},rank="{rank}"}} {value(up)}')  # fmt: skip
+                    lines["laned_peer_up"].append(
+                        f'laned_peer_up{{host="{host}",{lane},rank="{rank}"}} {value(up)}'
+                    )
         counts = source.proxy_counts(name)
-        lines["laned_requests_in_flight"].append(f"laned_requests_in_flight{{{lane}}} {value(counts['in_flight'])}")  # fmt: skip
-        lines["laned_requests_queued"].append(f"laned_requests_queued{{{lane}}} {value(counts['queued'])}")  # fmt: skip
-        lines["laned_requests_oldest_wait_seconds"].append(f"laned_requests_oldest_wait_seconds{{{lane}}} {value(counts['oldest_wait'])}")  # fmt: skip
+        lines["laned_requests_in_flight"].append(
+            f"laned_requests_in_flight{{{lane}}} {value(counts['in_flight'])}"
+        )
+        lines["laned_requests_queued"].append(
+            f"laned_requests_queued{{{lane}}} {value(counts['queued'])}"
+        )
+        lines["laned_requests_oldest_wait_seconds"].append(
+            f"laned_requests_oldest_wait_seconds{{{lane}}} {value(counts['oldest_wait'])}"
+        )
         lines["laned_lane_state"] += [
             f'laned_lane_state{{{lane},state="{each.value}"}} {"1.0" if status.state is each else "0.0"}'
             for each in STATES
@@ -105,12 +113,18 @@ def render_present(source: LaneSource) -> bytes:
         desired = "1.0" if status.desired is Desired.ACTIVE else "0.0"
         lines["laned_lane_desired_active"].append(f"laned_lane_desired_active{{{lane}}} {desired}")
         for phase, seconds in sorted(status.last_phases.items()):
-            lines["laned_cold_start_phase_seconds"].append(f'laned_cold_start_phase_seconds{{{lane},phase="{_label(phase)}"}} {value(seconds)}')  # fmt: skip
+            lines["laned_cold_start_phase_seconds"].append(
+                f'laned_cold_start_phase_seconds{{{lane},phase="{_label(phase)}"}} {value(seconds)}'
+            )
         if status.checks:
-            lines["laned_check_last_run_timestamp_seconds"].append(f"laned_check_last_run_timestamp_seconds{{{lane}}} {value(float(status.checks.get('at', 0.0)))}")  # fmt: skip
+            lines["laned_check_last_run_timestamp_seconds"].append(
+                f"laned_check_last_run_timestamp_seconds{{{lane}}} {value(float(status.checks.get('at', 0.0)))}"
+            )
             for gate, result in sorted(status.checks.get("gates", {}).items()):
                 passed = "1.0" if result.get("passed") else "0.0"
-                lines["laned_check_passed"].append(f'laned_check_passed{{gate="{_label(gate)}",{lane}}} {passed}')  # fmt: skip
+                lines["laned_check_passed"].append(
+                    f'laned_check_passed{{gate="{_label(gate)}",{lane}}} {passed}'
+                )
         ready = "1.0" if status.state is LaneState.READY else "0.0"
         lines["laned_lane_ready"].append(f"laned_lane_ready{{{lane}}} {ready}")
         summary = source.engine_summary(name)

@@ -162,7 +162,9 @@ class Proxy:
         path = scope["path"]
         if not under_v1(path[4:]):
             message = f"{path} is not an endpoint laned forwards"
-            await self._answer("none", openai_error(404, "NotFoundError", message))(scope, receive, send)  # fmt: skip
+            await self._answer("none", openai_error(404, "NotFoundError", message))(
+                scope, receive, send
+            )
             return
         body = await _body(receive)
         began = time.perf_counter()
@@ -197,10 +199,18 @@ class Proxy:
         model = parsed.get("model") if isinstance(parsed, dict) else None
         config = self.front.config
         if not isinstance(model, str) or not model:
-            return self._answer("none", openai_error(400, "BadRequestError", "the request names no `model`", models=known_models(config)))  # fmt: skip
+            return self._answer(
+                "none",
+                openai_error(
+                    400,
+                    "BadRequestError",
+                    "the request names no `model`",
+                    models=known_models(config),
+                ),
+            )
         lane = route(config, self.front.statuses, model)
         if lane is None:
-            message = f"The model `{model}` does not exist. laned serves: {', '.join(known_models(config))}."  # fmt: skip
+            message = f"The model `{model}` does not exist. laned serves: {', '.join(known_models(config))}."
             return self._answer("none", openai_error(404, "NotFoundError", message))
         spec = config.lanes[lane]
         served = self.front.engine_spec(lane).served_model_name  # as its engine started
@@ -212,7 +222,12 @@ class Proxy:
         # limit is held once as bytes, not twice (bench/input_limits.py).
         del parsed
         admission = self.front.admission(lane, self.traffic.clock())
-        if admission.verdict is Verdict.WAIT and spec.loading_state and path == "/v1/chat/completions" and streamed:  # fmt: skip
+        if (
+            admission.verdict is Verdict.WAIT
+            and spec.loading_state
+            and path == "/v1/chat/completions"
+            and streamed
+        ):
             stream = self._loading(lane, model, target, body, headers)
             return StreamingResponse(stream, media_type="text/event-stream")
         outcome, waited = await self._admit(lane, admission)
@@ -402,7 +417,9 @@ async def _relay(answer: Answer, flight: Flight, receive: Receive, send: Send) -
     try:
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         try:
-            await answer.pour(lambda body: send({"type": "http.response.body", "body": body, "more_body": True}))  # fmt: skip
+            await answer.pour(
+                lambda body: send({"type": "http.response.body", "body": body, "more_body": True})
+            )
         except EngineBrokeOff:
             if not gone.done():
                 raise  # the engine broke off: so does the answer

@@ -186,8 +186,11 @@ def _lane_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     preflight.add_argument("lane", metavar="LANE")
     preflight.add_argument("--json", action="store_true", help="print the findings as JSON")
-    for name, verb in (("activate", "make LANE the running lane of its group"),
-                       ("deactivate", "stop LANE"), ("restart", "stop and start LANE again")):  # fmt: skip
+    for name, verb in (
+        ("activate", "make LANE the running lane of its group"),
+        ("deactivate", "stop LANE"),
+        ("restart", "stop and start LANE again"),
+    ):
         command = _api_command(sub, name, verb, f"{verb[0].upper()}{verb[1:]} through laned's API.")
         command.add_argument("lane", metavar="LANE")
         command.add_argument(

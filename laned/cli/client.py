@@ -89,7 +89,20 @@ def ready_in_cell(lane: dict[str, Any]) -> str:
 
 def table(lanes: list[dict[str, Any]], colour: bool = False) -> str:
     """The `laned status` table (its state column coloured, for a terminal)."""
-    rows = [("LANE", "STATE", "DESIRED", "PORT", "MODEL", "REQUESTS", "RESTARTS", "CHECKS", "READY IN", "REASON")]  # fmt: skip
+    rows = [
+        (
+            "LANE",
+            "STATE",
+            "DESIRED",
+            "PORT",
+            "MODEL",
+            "REQUESTS",
+            "RESTARTS",
+            "CHECKS",
+            "READY IN",
+            "REASON",
+        )
+    ]
     for lane in lanes:
         state = lane["state"]
         if lane.get("phase"):
@@ -100,9 +113,20 @@ def table(lanes: list[dict[str, Any]], colour: bool = False) -> str:
                 + "".join(f"; {note}" for note in notes)
                 + ")"
             )
-        rows.append((lane["name"], state, lane["desired"], str(lane["port"]), lane["served_model_name"],
-                     _requests_cell(lane.get("proxy")), str(lane["restarts"]), _checks_cell(lane.get("checks")),
-                     ready_in_cell(lane), lane.get("reason") or ""))  # fmt: skip
+        rows.append(
+            (
+                lane["name"],
+                state,
+                lane["desired"],
+                str(lane["port"]),
+                lane["served_model_name"],
+                _requests_cell(lane.get("proxy")),
+                str(lane["restarts"]),
+                _checks_cell(lane.get("checks")),
+                ready_in_cell(lane),
+                lane.get("reason") or "",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
 
     def paint(row: int, column: int, text: str) -> str:

@@ -58,8 +58,10 @@ def _engine_flags(config: Config, python: str | None) -> list[Finding]:
         base = f"lanes.{lane}"
         source = engine_flags.source_of(spec, python) if engine_flags.is_vllm(spec) else None
         if source is None:
-            print(f"{base}: engine flags not checked: not a vLLM lane, or no Python to ask "
-                  "(give one: --python PATH)")  # fmt: skip
+            print(
+                f"{base}: engine flags not checked: not a vLLM lane, or no Python to ask "
+                "(give one: --python PATH)"
+            )
             continue
         if source not in known:
             print(f"{base}: reading vLLM's flags from {source} ...", file=sys.stderr)
@@ -72,13 +74,16 @@ def _engine_flags(config: Config, python: str | None) -> list[Finding]:
             hint = "give an interpreter with vLLM: --python PATH" + (
                 f" (or `podman pull {source.image}`)" if source.image else ""
             )
-            found.append(Finding(base, f"engine flags not checked: {flags.message}", hint,
-                                 Severity.WARNING))  # fmt: skip
+            found.append(
+                Finding(base, f"engine flags not checked: {flags.message}", hint, Severity.WARNING)
+            )
             continue
         said = engine_flags.unknown_flags(config, lane, flags)
         unknown = sum(p.severity is Severity.WARNING for p in said)
-        print(f"{base}: {unknown} unknown engine flag(s), {len(said) - unknown} note(s), for "
-              f"vLLM {flags.version} ({source})")  # fmt: skip
+        print(
+            f"{base}: {unknown} unknown engine flag(s), {len(said) - unknown} note(s), for "
+            f"vLLM {flags.version} ({source})"
+        )
         found += said
     return found
 

@@ -58,13 +58,19 @@ def check_groups(config: Config) -> Iterator[Finding]:
         where = f"groups.{group}"
         if group not in named:
             close = difflib.get_close_matches(group, named, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"lanes' groups: {', '.join(named) or 'none'}"  # fmt: skip
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else f"lanes' groups: {', '.join(named) or 'none'}"
+            )
             yield Finding(where, f"no lane is of group {group!r}", hint)
         lane = table.default_lane
         if lane is not None:
             if lane not in config.lanes:
                 close = difflib.get_close_matches(lane, list(config.lanes), n=1)
-                hint = f"did you mean {close[0]!r}?" if close else "name one of the [lanes.*] tables"  # fmt: skip
+                hint = (
+                    f"did you mean {close[0]!r}?" if close else "name one of the [lanes.*] tables"
+                )
                 yield Finding(f"{where}.default_lane", f"no lane named {lane!r}", hint)
             elif config.lanes[lane].group != group:
                 yield Finding(
@@ -80,7 +86,9 @@ def check_groups(config: Config) -> Iterator[Finding]:
                 Severity.WARNING,
             )
     returns = [(config.daemon.idle_return, "daemon.idle_return")]
-    returns += [(t.idle_return, f"groups.{g}.idle_return") for g, t in sorted(config.groups.items())]  # fmt: skip
+    returns += [
+        (t.idle_return, f"groups.{g}.idle_return") for g, t in sorted(config.groups.items())
+    ]
     for value, where in returns:
         if value is not None and value <= 0:
             yield Finding(where, f"is {value:g} s", 'give a duration, e.g. "30m"')

@@ -137,7 +137,8 @@ def parse_config(
             source, [Finding("", f"not valid TOML: {exc}", "check quoting and brackets there")]
         ) from exc
     try:
-        config = Config.model_validate(data, context={"env": env})
+        # The environment and the host name are read here, and handed to the model.
+        config = Config.model_validate(data, context={"env": env, "hostname": os.uname().nodename})
     except ValidationError as exc:
         raise ConfigError(source, [_problem_from(err, data) for err in exc.errors()]) from None
     except ValueError as exc:  # e.g. $XDG_RUNTIME_DIR used but unset

@@ -6,7 +6,6 @@ that span keys are `laned.config.rules`. This module knows neither, so both can 
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Annotated, Any, Literal
 
@@ -27,9 +26,17 @@ from laned.config.scheduling import GroupConfig, PrefetchConfig, ProxyConfig
 from laned.errors import Finding, UnknownLane
 
 
+def _context(info: ValidationInfo) -> dict[str, Any]:
+    """What laned.config.load hands the model: the environment (`env`) and this host's name
+    (`hostname`). The model reads neither itself."""
+    context = info.context or {}
+    if "env" not in context or "hostname" not in context:
+        raise ValueError("the config is read by laned.config.load, which passes env and hostname")
+    return context
+
+
 def _expand_path(value: str | None, info: ValidationInfo) -> str | None:
-    env = (info.context or {}).get("env", os.environ)
-    return None if value is None else paths.expand(value, env)
+    return None if value is None else paths.expand(value, _context(info)["env"])
 
 
 class DaemonConfig(_Model):
@@ -58,9 +65,14 @@ class DaemonConfig(_Model):
     limits: Annotated[LimitsConfig, RESTART] = Field(default_factory=LimitsConfig)  # the listener's
 
     @field_validator(
-        "unit_dir", "bin_dir", "state_dir", "cache_dir", "token_file", "podman_socket",
+        "unit_dir",
+        "bin_dir",
+        "state_dir",
+        "cache_dir",
+        "token_file",
+        "podman_socket",
         "peer_token_file",
-    )  # fmt: skip
+    )
     @classmethod
     def _expand(cls, value: str | None, info: ValidationInfo) -> str | None:
         return _expand_path(value, info)
@@ -71,13 +83,14 @@ class DaemonConfig(_Model):
         # Defaults follow the XDG variables the way systemd itself does.
         if not isinstance(data, dict):
             return data
-        env = (info.context or {}).get("env", os.environ)
+        context = _context(info)
+        env = context["env"]
         data = dict(data)
         data.setdefault("unit_dir", paths.default_unit_dir(env))
         data.setdefault("bin_dir", paths.default_bin_dir(env))
         data.setdefault("state_dir", paths.default_state_dir(env))
         data.setdefault("cache_dir", paths.default_cache_dir(env))
-        data.setdefault("host", (info.context or {}).get("hostname") or os.uname().nodename)
+        data.setdefault("host", context["hostname"])
         return data
 
 
@@ -152,7 +165,7 @@ class ContainerSpec(_Model):
     @classmethod
     def _expand_sources(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         # Only the host side of SRC:DST[:OPTS] is a path on this machine.
-        env = (info.context or {}).get("env", os.environ)
+        env = _context(info)["env"]
         out = []
         for volume in value:
             src, sep, rest = volume.partition(":")

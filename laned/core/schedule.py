@@ -117,7 +117,7 @@ def decide(
     if policy == "fifo":
         return _fifo(resident, lanes, waiting)
     best = max(waiting, key=lambda v: (now - v.arrivals[0] + v.priority * PRIORITY_STEP, v.name))
-    asked = f"swap to {best.name}: {len(best.arrivals)} request(s) waiting {now - best.arrivals[0]:.0f} s"  # fmt: skip
+    asked = f"swap to {best.name}: {len(best.arrivals)} request(s) waiting {now - best.arrivals[0]:.0f} s"
     if resident is None:
         return Decision(best.name, f"{asked}; nothing runs in group", "empty")
     grace = resident.min_residency * IDLE_GRACE
@@ -171,7 +171,9 @@ def _idle_return(
         return Decision()
     if not any(v.name == default_lane for v in lanes):
         return Decision()
-    since = max(t for t in (last_request, resident.ready_since, resident.quiet_since) if t is not None)  # fmt: skip
+    since = max(
+        t for t in (last_request, resident.ready_since, resident.quiet_since) if t is not None
+    )
     if now - since >= idle_return:
         return Decision(
             default_lane,

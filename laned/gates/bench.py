@@ -115,13 +115,19 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         f"{result.get('lane', result['model'])}: {result['model']}, window {result['max_model_len']}"
     ]
-    lines.append("  decode, aggregate tok/s: " + ", ".join(
-        f"C{k} {v:,.1f}" for k, v in result["decode_tok_s"].items()
-    ))  # fmt: skip
-    lines.append("  prefill tok/s:           " + ", ".join(
-        f"{int(k) // 1024}k {v:,.0f}" for k, v in result["prefill_tok_s"].items()
-    ))  # fmt: skip
-    lines.append("  decode at long context:  " + ", ".join(
-        f"C1 at {int(k) // 1024}k {v:,.1f}" for k, v in result["decode_long_context_tok_s"].items()
-    ))  # fmt: skip
+    lines.append(
+        "  decode, aggregate tok/s: "
+        + ", ".join(f"C{k} {v:,.1f}" for k, v in result["decode_tok_s"].items())
+    )
+    lines.append(
+        "  prefill tok/s:           "
+        + ", ".join(f"{int(k) // 1024}k {v:,.0f}" for k, v in result["prefill_tok_s"].items())
+    )
+    lines.append(
+        "  decode at long context:  "
+        + ", ".join(
+            f"C1 at {int(k) // 1024}k {v:,.1f}"
+            for k, v in result["decode_long_context_tok_s"].items()
+        )
+    )
     return "\n".join(lines)

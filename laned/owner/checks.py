@@ -54,7 +54,9 @@ class Checks:
 
         r.runs[lane].checking += 1  # busy: the scheduler does not take it for idle meanwhile
         try:
-            results = await steps.run_checks(self.probe, spec, gates, status.last_cold_start, on_result)  # fmt: skip
+            results = await steps.run_checks(
+                self.probe, spec, gates, status.last_cold_start, on_result
+            )
         finally:
             r.runs[lane].checking -= 1
         if not still_serving():

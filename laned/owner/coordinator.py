@@ -134,10 +134,13 @@ class Coordinator:
                 trouble = trouble or f"peer {node.host} (rank {rank}) unreachable: {exc.message}"
                 continue
             seen[rank] = {
-                "rank": rank, "host": node.host, "reachable": True,
-                "state": view.get("state"), "desired": view.get("desired"),
+                "rank": rank,
+                "host": node.host,
+                "reachable": True,
+                "state": view.get("state"),
+                "desired": view.get("desired"),
                 "phase": view.get("phase"),
-            }  # fmt: skip
+            }
             desired = status.desired  # as it is now, after the await
             if lane in self._asking:
                 return  # a coordinated request is under way: it sets every rank itself

@@ -98,7 +98,9 @@ class Prefetches:
         if done is not None:
             self.last[lane] = done
 
-    async def _read(self, lane: str, keep: Collection[str], stop: threading.Event) -> Prefetched | None:  # fmt: skip
+    async def _read(
+        self, lane: str, keep: Collection[str], stop: threading.Event
+    ) -> Prefetched | None:
         config = self.records.config
         settings = config.daemon.prefetch
         note = self.records.ledger.note
@@ -119,9 +121,17 @@ class Prefetches:
         if missing <= 0:
             return None
         if budget <= 0:
-            note(lane, EventKind.PREFETCH, f"no prefetch: MemAvailable {size(available)} less the margin ({settings.margin_gib:g} GiB) and the page cache the running lanes keep ({size(theirs.resident_bytes)}) leaves no room")  # fmt: skip
+            note(
+                lane,
+                EventKind.PREFETCH,
+                f"no prefetch: MemAvailable {size(available)} less the margin ({settings.margin_gib:g} GiB) and the page cache the running lanes keep ({size(theirs.resident_bytes)}) leaves no room",
+            )
             return None
-        note(lane, EventKind.PREFETCH, f"prefetch: reading up to {size(min(missing, budget))} of its weights while the swap waits ({mine.fraction:.0%} of {size(mine.total_bytes)} resident)")  # fmt: skip
+        note(
+            lane,
+            EventKind.PREFETCH,
+            f"prefetch: reading up to {size(min(missing, budget))} of its weights while the swap waits ({mine.fraction:.0%} of {size(mine.total_bytes)} resident)",
+        )
 
         def memory_left() -> float:
             return meminfo().get("MemAvailable", 0.0) * GIB - margin
@@ -129,5 +139,9 @@ class Prefetches:
         done = await asyncio.to_thread(
             prefetch, files, budget, settings.max_gibps * GIB, stop, memory_left
         )
-        note(lane, EventKind.PREFETCH, f"prefetch {done.ended}: {size(done.read_bytes)} read in {done.seconds:.1f}s")  # fmt: skip
+        note(
+            lane,
+            EventKind.PREFETCH,
+            f"prefetch {done.ended}: {size(done.read_bytes)} read in {done.seconds:.1f}s",
+        )
         return done

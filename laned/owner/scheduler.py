@@ -104,7 +104,9 @@ class Scheduler:
         spec, status, run = r.config.lanes[lane], r.statuses[lane], r.runs[lane]
         serving = status.state in SERVING
         if status.state is LaneState.FAILED:  # a crash loop is not restarted by retries
-            blocked = f"it failed ({status.reason}), and a request does not start a failed lane again"  # fmt: skip
+            blocked = (
+                f"it failed ({status.reason}), and a request does not start a failed lane again"
+            )
         elif not spec.on_demand:
             blocked = "on_demand is off for it"
         else:

@@ -195,7 +195,11 @@ async def sleep(
     """Put the lane's engine to sleep at `level` (its requests drained first) and confirm
     it: /is_sleeping, and where NVML lists processes, less GPU memory held by the engine's
     processes than before (what stays is its residual, said in a note)."""
-    pids = set() if host is None or seen is None else await host.engine_pids(lane, spec, seen.control_group)  # fmt: skip
+    pids = (
+        set()
+        if host is None or seen is None
+        else await host.engine_pids(lane, spec, seen.control_group)
+    )
     before = None if host is None else await host.gpu_memory_of(spec, pids)
     try:
         await probe.sleep(spec.port, level, timeout=spec.stop_timeout)
@@ -214,7 +218,10 @@ async def sleep(
             "memory, no less than before",
             "is --enable-sleep-mode in its wrapper? (laned render)",
         )
-    note(EventKind.SLEEP, f"asleep: {(held - kept) / GIB:.2f} GiB of GPU memory released, {kept / GIB:.2f} GiB stay")  # fmt: skip
+    note(
+        EventKind.SLEEP,
+        f"asleep: {(held - kept) / GIB:.2f} GiB of GPU memory released, {kept / GIB:.2f} GiB stay",
+    )
     return Asleep(frozenset(pids), after)
 
 
@@ -329,6 +336,8 @@ async def drain(
     began = clock()
     left = await traffic.drain(lane, spec.drain_timeout)
     if left:
-        note(f"drain_timeout {spec.drain_timeout:g} s passed: cutting {left} request(s) still in flight")  # fmt: skip
+        note(
+            f"drain_timeout {spec.drain_timeout:g} s passed: cutting {left} request(s) still in flight"
+        )
     else:
         note(f"drained {count} request(s) in {clock() - began:.1f} s")

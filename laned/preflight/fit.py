@@ -160,15 +160,24 @@ def sleep_fit(
     level, why = sleep_level_for(spec.sleep_level, weights_gib, host.mem_available_gib)
     where = f"lanes.{lane}.sleep_level"
     if host.gpus is None:
-        return [Finding(
-            "sleep",
-            f"{where} = {spec.sleep_level}: vLLM's sleep mode runs on CUDA, ROCm and XPU only "
-            f"(vllm/platforms/interface.py) and laned sees no GPU here ({host.gpu_note or 'no NVML'})",
-            "vLLM refuses --enable-sleep-mode at start on a host without them; set sleep_level = 0",
-            severity=Severity.WARNING,
-        )]  # fmt: skip
+        return [
+            Finding(
+                "sleep",
+                f"{where} = {spec.sleep_level}: vLLM's sleep mode runs on CUDA, ROCm and XPU only "
+                f"(vllm/platforms/interface.py) and laned sees no GPU here ({host.gpu_note or 'no NVML'})",
+                "vLLM refuses --enable-sleep-mode at start on a host without them; set sleep_level = 0",
+                severity=Severity.WARNING,
+            )
+        ]
     if level != spec.sleep_level:
-        return [Finding("sleep", f"{where} = 1: it would sleep at level 2 now: {why}", "free host RAM, or set sleep_level = 2", severity=Severity.NOTE)]  # fmt: skip
+        return [
+            Finding(
+                "sleep",
+                f"{where} = 1: it would sleep at level 2 now: {why}",
+                "free host RAM, or set sleep_level = 2",
+                severity=Severity.NOTE,
+            )
+        ]
     return []
 
 
@@ -202,17 +211,21 @@ def beside_sleepers(
         if not kept or free >= gpu.total_bytes * wanted:
             continue
         fits = int((free / gpu.total_bytes) * 100) / 100 - 0.01
-        also = ", ".join(f"{peer}: {used / GIB:.1f} GiB at its last sleep" for peer, used in soon.items())  # fmt: skip
-        out.append(Finding(
-            "sleepers",
-            f"GPU {gpu.index}: laned's sleeping lanes keep {kept / GIB:.1f} GiB of it"
-            + (f" (with the lanes this swap puts to sleep: {also})" if soon else "")
-            + f"; vLLM starts only with {wanted:g} × {gpu.total_bytes / GIB:.0f} GiB free "
-            f"(--gpu-memory-utilization) and would find {free / GIB:.1f} GiB",
-            f"lower lanes.{lane}'s --gpu-memory-utilization to {fits:.2f} or less, or stop a "
-            "sleeping lane (laned deactivate LANE)"
-            + (f", or set lanes.{next(iter(soon))}.sleep_level = 0" if soon else ""),
-        ))  # fmt: skip
+        also = ", ".join(
+            f"{peer}: {used / GIB:.1f} GiB at its last sleep" for peer, used in soon.items()
+        )
+        out.append(
+            Finding(
+                "sleepers",
+                f"GPU {gpu.index}: laned's sleeping lanes keep {kept / GIB:.1f} GiB of it"
+                + (f" (with the lanes this swap puts to sleep: {also})" if soon else "")
+                + f"; vLLM starts only with {wanted:g} × {gpu.total_bytes / GIB:.0f} GiB free "
+                f"(--gpu-memory-utilization) and would find {free / GIB:.1f} GiB",
+                f"lower lanes.{lane}'s --gpu-memory-utilization to {fits:.2f} or less, or stop a "
+                "sleeping lane (laned deactivate LANE)"
+                + (f", or set lanes.{next(iter(soon))}.sleep_level = 0" if soon else ""),
+            )
+        )
     return out
 
 

@@ -122,7 +122,11 @@ def _page_cache(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Findi
         return
     resident, total = facts.weights_resident
     rest = "" if resident >= total else "; a cold start reads the rest off disk"
-    hint = "" if resident >= total or not spec.prefetch else "a swap to it reads them in while the running lane drains ([daemon.prefetch])"  # fmt: skip
+    hint = (
+        ""
+        if resident >= total or not spec.prefetch
+        else "a swap to it reads them in while the running lane drains ([daemon.prefetch])"
+    )
     yield Finding(
         "weights",
         f"{size(resident)} of {size(total)} of its weight files are in the page cache "
@@ -270,13 +274,15 @@ def _beside_sleepers(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Find
     found = beside_sleepers(lane, spec, gpus, sleepers.pids, sleepers.coming)
     unmeasured = sorted(peer for peer, kept in sleepers.coming.items() if not kept)
     if unmeasured:
-        found.append(Finding(
-            "sleepers",
-            f"{', '.join(unmeasured)} goes to sleep in this swap and has not slept since laned "
-            "started: what it keeps on the GPUs is not known yet",
-            "the start gate checks the lane beside it once it sleeps",
-            severity=Severity.NOTE,
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                "sleepers",
+                f"{', '.join(unmeasured)} goes to sleep in this swap and has not slept since laned "
+                "started: what it keeps on the GPUs is not known yet",
+                "the start gate checks the lane beside it once it sleeps",
+                severity=Severity.NOTE,
+            )
+        )
     return found
 
 

@@ -18,7 +18,7 @@ from laned.api.guard import Access, ApiSettings, access
 from laned.api.metrics import METRICS_MEDIA, LanedMetrics
 from laned.api.settings import api_settings
 from laned.core.lanes import Event
-from laned.errors import ConfigError, ConfigRefused, LanedError
+from laned.errors import ConfigError, ConfigRefused, SecretFileRefused, UnsafeApi
 
 # One file shipped in the package: no build step, nothing fetched from elsewhere.
 PAGE = resources.files("laned.api").joinpath("static/status.html").read_text(encoding="utf-8")
@@ -96,7 +96,7 @@ def routes(
             new = await front.load()
             try:
                 settings = api_settings(new)
-            except LanedError as exc:
+            except (UnsafeApi, SecretFileRefused) as exc:  # as `laned serve` refuses to start
                 raise ConfigRefused(exc.message, exc.hint) from None
             result = await front.reload(new, settings.peer_token)
         except ConfigError:

@@ -84,12 +84,10 @@ def grant_of(route: BaseRoute) -> Grant:
 
 @dataclass(frozen=True)
 class Call:
-    """The guard's reading of one request: the route it resolves to, its grant, the lane it
-    names, and `rank_only` as the handler will use it (parsed once, here)."""
+    """The guard's reading of one request: the route it resolves to (the door picks its fast
+    paths by it) and `rank_only` as the handler will use it (parsed once, here)."""
 
     route: BaseRoute
-    grant: Grant
-    lane: str | None
     rank_only: bool
 
     @staticmethod
@@ -278,7 +276,7 @@ class Guard:
                     else "the bearer token is wrong",
                     "use the token in daemon.token_file",
                 )
-        scope[CALL] = Call(route, grant, lane, rank_only)
+        scope[CALL] = Call(route, rank_only)
         return None
 
 

@@ -24,8 +24,6 @@ from laned.sim.settings import Settings
 from laned.sim.startup import log
 from laned.sim.steps import DecodeSteps
 
-DEAD = "EngineCore encountered an issue. See stack trace for the root cause."
-
 VERSION = "0.11.0+laned.sim"
 BLOCK = 16  # tokens per KV block, for prefix-cache accounting
 LONG_ANSWER_TOKENS = 200
@@ -367,7 +365,9 @@ class Engine:
             while todo > 0:  # chunked prefill: one engine step per --max-num-batched-tokens
                 await self._hold_if_stalled()
                 if self.dead:
-                    raise EngineDead(DEAD, "restart the engine (laned does)")
+                    raise EngineDead(
+                        "the engine core is dead (fault injected)", "restart the engine"
+                    )
                 chunk = min(todo, s.max_num_batched_tokens)
                 await asyncio.sleep(chunk / s.prefill_tps)
                 todo -= chunk
@@ -379,7 +379,9 @@ class Engine:
             for index, piece in enumerate(pieces):
                 await self._hold_if_stalled()
                 if self.dead:
-                    raise EngineDead(DEAD, "restart the engine (laned does)")
+                    raise EngineDead(
+                        "the engine core is dead (fault injected)", "restart the engine"
+                    )
                 if self.aborts != aborts:
                     return  # put to sleep with mode=abort: finished as "abort"
                 step = self.steps.next(step, time.monotonic())

@@ -51,15 +51,15 @@ def supervisor_on(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
     from laned.adapters.probes import Probe
     from laned.adapters.systemd import Systemd
     from laned.config.load import parse_config
+    from laned.owner.steps import HostSeam
     from laned.owner.supervisor import Supervisor
     from laned.render import plan as render
 
     config = parse_config(text, "bench", {"HOME": tmp})
     render.apply(config)
     subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
-    return Supervisor(
-        config, Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe(), systemd_version=252
-    )
+    seam = HostSeam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe())
+    return Supervisor(config, seam, systemd_version=252)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -13,12 +13,12 @@ three only to import laned's owner steps; neither D-Bus nor podman is reached).
    with --enable-sleep-mode: at level 1 it really copies that memory to pinned host memory
    and back (laned/sim/gpu.py `offload`/`restore`), at level 2 it really gives it back and
    takes it again (the reload of the weights off disk is simulated at --reload-gibps).
-   Each round, laned's own steps in the order the owner runs them: `steps.sleep` (the
+   Each round, laned's own steps in the order the owner runs them: `HostSeam.sleep` (the
    sleep, /is_sleeping, NVML's per-process confirmation that the memory went down),
-   then for the wake `steps.clear_for_start(waking=True)` (the GPU-memory gate, which
-   knows the sleeper as its own), `steps.wake` (/wake_up; level 2: reload_weights,
+   then for the wake `HostSeam.clear_for_start(waking=True)` (the GPU-memory gate, which
+   knows the sleeper as its own), `HostSeam.wake` (/wake_up; level 2: reload_weights,
    /reset_prefix_cache), the readiness probes (/health, /v1/models) and
-   `steps.canary_check` (the canary against the answer kept at the first start).
+   `reactions.canary_check` (the canary against the answer kept at the first start).
    An observer thread reads NVML every 2 ms throughout, so each sleep and wake shows when
    the memory really went and came back.
 
@@ -50,10 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from laned.adapters.gpus import Nvml
 from laned.adapters.host import Host
 from laned.adapters.probes import Probe
+from laned.adapters.systemd import Systemd
 from laned.config.load import parse_config
 from laned.config.model import LaneConfig
 from laned.core.recorder import Recorder
-from laned.owner import steps
+from laned.owner.reactions import canary_check
+from laned.owner.seam import Refused
+from laned.owner.steps import HostSeam
 from laned.preflight.facts import GIB
 
 PORT = 18101
@@ -183,30 +186,31 @@ async def rounds_at(level: int, gib: float, rounds: int, reload_gibps: float, nv
         spec = config.lanes["sleepy"]
         engine = start_engine(gib, reload_gibps)
         probe, host = Probe(), BenchHost(nvml, engine.pid)
+        seam = HostSeam(Systemd(), probe, host)  # the owner's seam; its D-Bus side unused
         seen = Observer(nvml)
         seen.start()
         rows = []
         try:
             await serving(probe, engine)
-            first, _ = await steps.canary_check(probe, config, "sleepy", spec, "bench")
+            first, _ = await canary_check(seam, config, "sleepy", spec, "bench")
             notes.append(f"first canary: {first}")
             for _ in range(rounds):
                 avail_awake = mem_available_gib()
                 t0 = time.monotonic()
-                asleep = await steps.sleep(probe, host, "sleepy", spec, SimpleNamespace(control_group=""), lambda _k, m: notes.append(m), level)  # type: ignore[arg-type]  # fmt: skip
+                asleep = await seam.sleep("sleepy", spec, SimpleNamespace(control_group=""), lambda _k, m: notes.append(m), level)  # type: ignore[arg-type]  # fmt: skip
                 t1 = time.monotonic()
-                if isinstance(asleep, steps.Refused):
+                if isinstance(asleep, Refused):
                     raise RuntimeError(asleep.reason)
                 avail_asleep = mem_available_gib()
                 woke_from = engine_wake_seconds()
                 t2 = time.monotonic()
-                gate = await steps.clear_for_start(host, "sleepy", spec, None, lambda _k, m: notes.append(m), Recorder(), waking=True, sleepers=asleep.pids)  # fmt: skip
+                gate = await seam.clear_for_start("sleepy", spec, None, lambda _k, m: notes.append(m), Recorder(), waking=True, sleepers=asleep.pids)  # fmt: skip
                 t3 = time.monotonic()
-                refused = gate or await steps.wake(probe, spec, level)
+                refused = gate or await seam.wake(spec, level)
                 t4 = time.monotonic()
                 await serving(probe, engine)
                 t5 = time.monotonic()
-                outcome, detail = await steps.canary_check(probe, config, "sleepy", spec, "bench")
+                outcome, detail = await canary_check(seam, config, "sleepy", spec, "bench")
                 t6 = time.monotonic()
                 engine_wake = engine_wake_seconds() - woke_from
                 avail_woken = mem_available_gib()

@@ -21,14 +21,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from laned.adapters import state
-from laned.core.lanes import LaneState
+from laned.core.machine import Ev
 from laned.owner.ledger import Ledger
 
 
 def filled(changed: object = lambda: None) -> Ledger:
     ledger = Ledger(["a", "b"], time.time, changed)  # type: ignore[arg-type]
     for i in range(state.EVENTS_KEPT):
-        ledger.transition("a", LaneState.STARTING if i % 2 else LaneState.READY, f"event {i}")
+        ledger.fire("a", Ev.READY if i % 2 else Ev.START, f"event {i}")
     return ledger
 
 
@@ -39,7 +39,7 @@ async def main(transitions: int) -> None:
         blocked = []
         for i in range(transitions):
             started = time.perf_counter()
-            ledger.transition("b", LaneState.STARTING if i % 2 else LaneState.READY, "swap")
+            ledger.fire("b", Ev.READY if i % 2 else Ev.START, "swap")
             state.save(tmp, ledger.saved())
             blocked.append(time.perf_counter() - started)
         # Now: the writer marks, writes off the loop, gathers bursts.
@@ -50,7 +50,7 @@ async def main(transitions: int) -> None:
         started_burst = time.perf_counter()
         for i in range(transitions):
             started = time.perf_counter()
-            now.transition("b", LaneState.STARTING if i % 2 else LaneState.READY, "swap")
+            now.fire("b", Ev.READY if i % 2 else Ev.START, "swap")
             marks.append(time.perf_counter() - started)
             if i % 20 == 19:
                 await asyncio.sleep(0)  # let the loop breathe, as a storm of requests would

@@ -30,6 +30,7 @@ from laned.config.listener import LimitsConfig
 from laned.config.model import Config
 from laned.config.names import podman_socket
 from laned.owner.coordinator import Coordinator
+from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
 from laned.render import plan as render
 
@@ -53,7 +54,8 @@ async def start_supervisor(
         await systemd.reload()
     # The supervisor keeps this connection (one bus connection per laned).
     host = Host(Podman(podman_socket(config, os.environ)))
-    supervisor = Supervisor(config, systemd, Probe(), systemd_version=version, host=host)
+    seam = HostSeam(systemd, Probe(), host)  # the owner's one way to the host
+    supervisor = Supervisor(config, seam, systemd_version=version)
     coordinator = None
     if any(spec.nodes for spec in config.lanes.values()):
         coordinator = Coordinator(supervisor, peer_token)
@@ -126,8 +128,6 @@ async def serve(config: Config) -> int:
     metrics = LanedMetrics()
     front = await start_supervisor(config, recorder=metrics, peer_token=settings.peer_token)
     supervisor, coordinator = front.supervisor, front.coordinator
-    host = supervisor.host
-    assert host is not None
     app = create_app(front, settings, metrics)
     server = api_server(app, settings, config.daemon.limits)
     loop = asyncio.get_running_loop()
@@ -151,6 +151,5 @@ async def serve(config: Config) -> int:
         if coordinator is not None:
             await coordinator.close()
         await supervisor.close()
-        await supervisor.probe.close()
-        host.close()
+        await supervisor.seam.close()
     return 0

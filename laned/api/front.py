@@ -13,22 +13,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from laned.adapters import journal
-from laned.adapters.host import meminfo, weights_gib
-from laned.adapters.pagecache import residency, weight_files
 from laned.config.load import load_config
 from laned.config.model import GATES, Config, LaneConfig
-from laned.config.names import container_name, unit_name
+from laned.config.names import unit_name
 from laned.config.ranks import rank_here
 from laned.core import policy
 from laned.core.lanes import Event, LaneState, LaneStatus
 from laned.core.schedule import Admission
-from laned.errors import BusUnavailable, LanedError, NotAContainer, PreflightFailed
+from laned.errors import BusUnavailable, PreflightFailed
 from laned.owner.supervisor import Supervisor
 from laned.owner.traffic import Traffic
-from laned.preflight.facts import HostFacts, blocking
+from laned.preflight.facts import blocking
 from laned.preflight.fit import fit_report
-from laned.preflight.rules import model_path, refusal, report
+from laned.preflight.rules import refusal, report
 
 if TYPE_CHECKING:
     from laned.owner.coordinator import Coordinator
@@ -47,7 +44,7 @@ class Front:
         """What laned met since it started and recovered from, or meets now; journald's
         liveness is read as asked (one connect to its socket)."""
         notices = list(self.supervisor.notices.values())
-        down = journal.journald_down()
+        down = self.supervisor.journald_down()
         if down is not None:
             notices.append(
                 f"{down}: the engines' log lines are lost until it is back, startup phases are "
@@ -154,17 +151,7 @@ class Front:
         }
 
     async def _container(self, lane: str) -> dict[str, Any] | None:
-        spec = self.supervisor.config.lanes[lane]
-        host = self.supervisor.host
-        if spec.container is None or host is None:
-            return None
-        name = container_name(lane, spec)
-        try:
-            found = await host.podman.container(name)
-        except LanedError as exc:
-            # Only the view suffers: the lane itself runs under systemd, not through the API.
-            return {"name": name, "status": "unknown", "error": exc.message, "hint": exc.hint}
-        return {"name": name, "status": "absent"} if found is None else found.to_json()
+        return await self.supervisor.container(lane)
 
     def sd_targets(self, host: str = "127.0.0.1") -> list[dict[str, Any]]:
         """Prometheus HTTP service discovery: the running lanes' engine /metrics endpoints."""
@@ -204,52 +191,23 @@ class Front:
     async def logs(self, lane: str, lines: int, source: str = "journal") -> list[str]:
         """The engine's last log lines, from journald or the running container's own log."""
         self.status(lane)
-        spec = self.supervisor.config.lanes[lane]
-        if source == "journal":
-            return await journal.tail(unit_name(lane, spec), lines)
-        host = self.supervisor.host
-        if spec.container is None or host is None:
-            raise NotAContainer(f"lane {lane} is not a container lane", "use source=journal")
-        return await host.podman.logs(container_name(lane, spec), lines)
+        return await self.supervisor.log_lines(lane, lines, source)
 
     async def fit(self) -> dict[str, Any]:
         """Which configured lanes this host can run at all (needs against GPUs, memory, disks)."""
-        host = self.supervisor.host
-        if host is None:
-            memory = meminfo()
-            facts = HostFacts(
-                None, "not read: laned runs without its host adapter", memory.get("MemTotal")
-            )
-        else:
-            facts = await host.facts()
+        facts = await self.supervisor.host_facts()
         lanes = self.supervisor.config.lanes
-        weights = {
-            name: await asyncio.to_thread(weights_gib, model_path(spec))
-            for name, spec in lanes.items()
-            if spec.sleep_level
-        }
+        weights = await self.supervisor.weights_gib([n for n, s in lanes.items() if s.sleep_level])
         return fit_report(lanes, facts, weights)
 
     async def weights(self) -> dict[str, Any]:
         """Each lane with local weight files: how much of them is in the page cache now."""
-
-        def look() -> dict[str, Any]:
-            found = {}
-            for name, spec in self.supervisor.config.lanes.items():
-                files = weight_files(model_path(spec))
-                if files:
-                    found[name] = {"model": model_path(spec), **residency(files).to_json()}
-            return found
-
-        return {"lanes": await asyncio.to_thread(look)}
+        return {"lanes": await self.supervisor.weights_resident()}
 
     async def gpus(self) -> dict[str, Any]:
         """Each GPU's memory as NVML reads it, and which lane's engine each process is of
         (`lane` null: not one of laned's); `note` says why there are none."""
-        host = self.supervisor.host
-        if host is None:
-            return {"gpus": [], "note": "not read: laned runs without its host adapter"}
-        facts = await host.facts()
+        facts = await self.supervisor.host_facts()
         if facts.gpus is None:
             return {"gpus": [], "note": facts.gpu_note or "no NVML"}
         holders = await self.supervisor.gpu_holders()

@@ -6,24 +6,19 @@ LaneStatus, and the API, metrics and state file read it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from laned.core.liveness import EngineSample
+from laned.core.machine import LaneState, Mode
 
-class LaneState(str, Enum):
-    """Where a lane is. `degraded`: running but unhealthy or stalled; `failed`: given up;
-    `sleeping`: its engine runs, off the GPUs (vLLM's sleep mode), until a wake or a stop."""
+if TYPE_CHECKING:
+    from laned.config.model import LaneConfig
 
-    INACTIVE = "inactive"
-    STARTING = "starting"
-    READY = "ready"
-    DEGRADED = "degraded"
-    RESTARTING = "restarting"
-    STOPPING = "stopping"
-    FAILED = "failed"
-    SLEEPING = "sleeping"
+__all__ = ["LaneState", "Mode"]  # their home is laned.core.machine
 
 
 class Desired(str, Enum):
@@ -127,10 +122,13 @@ class Event:
 
 @dataclass
 class LaneStatus:
-    """Everything laned knows about one lane; owned and mutated by the supervisor alone."""
+    """Everything laned knows about one lane, its current run included: one record per lane,
+    changed by the lane machine's runner alone (laned.owner.ledger.Ledger); everyone else
+    reads it. `state` is what users see of `mode` (laned.core.machine)."""
 
     name: str
     state: LaneState = LaneState.INACTIVE
+    mode: Mode = Mode.INACTIVE
     desired: Desired = Desired.INACTIVE
     since: float = 0.0
     reason: str = ""
@@ -148,6 +146,22 @@ class LaneStatus:
     weights_at_start: dict[str, Any] | None = None  # page-cache residency as the last start began
     image_id: str | None = None  # container lanes: the image of the last good start
     checks: dict[str, Any] | None = None  # the last acceptance run (see laned.gates.acceptance)
+    # The current run (not served; state.json keeps none of it).
+    run: int = 0  # each start adds one: reports about an older run are dropped
+    spec: LaneConfig | None = None  # the config the current run started with (reload: kept)
+    ready_at: float = 0.0  # when the lane last became ready
+    # The run whose failure is counted already, and what saw it: a run fails once,
+    # whichever path (its exit, health probes, a stall, a timeout) saw it first.
+    failed: tuple[int, str] | None = None
+    stopping: bool = False  # a stop laned asked for is under way (its exit is not a failure)
+    woke: bool = False  # the current run became ready from a wake (its swap-in cost)
+    checking: int = 0  # acceptance checks running against it now (they keep it busy)
+    samples: deque[tuple[float, EngineSample]] = field(default_factory=deque)  # /metrics, 60 s
+    sleepers: frozenset[int] = frozenset()  # asleep: its engine's processes (the GPU gate)
+    slept_as: str = ""  # asleep: the digest of its unit and wrapper when it went to sleep
+    slept_level: int = 0  # asleep: the level it sleeps at (0: its own, not known better)
+    pinned: bool = False  # its engine slept at level 1: it keeps those pinned buffers (fit.py)
+    residual: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes, its last sleep
 
     def to_json(self) -> dict[str, Any]:
         """As served by the API and stored in state_dir."""

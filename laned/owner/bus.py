@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from laned.adapters.systemd import Systemd, UnitCallback
+from laned.adapters.systemd import UnitCallback
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import LanedError, SystemdError
+from laned.owner.seam import Seam
 
 log = logging.getLogger("laned.supervisor")
 QUIET = 60.0  # seconds between two log lines about a reconnect that keeps failing
@@ -28,13 +29,13 @@ class BusKeeper:
 
     def __init__(
         self,
-        systemd: Systemd,
+        seam: Seam,
         units: Callable[[], Iterable[str]],
         on_change: UnitCallback,
         on_resync: Resync,
         trouble: Callable[[str | None], None] = lambda why: None,
     ) -> None:
-        self.systemd = systemd
+        self.seam = seam
         self.units = units  # the lane units of the config in force
         self.on_change = on_change
         self.on_resync = on_resync  # (why, every lane unit's snapshot, a new manager?)
@@ -47,14 +48,11 @@ class BusKeeper:
 
     async def connect(self) -> None:
         """Connect (unless connected), route signals, and hold a reference on every lane unit."""
-        self.systemd.on_unit_change = self._changed
-        self.systemd.on_manager_restart = self._manager_restarted
-        if self.systemd.bus is None or not self.systemd.bus.connected:
-            await self.systemd.connect()
+        await self.seam.connect(self._changed, self._manager_restarted)
         await self.ref_units()
         if self.started is None:
             with contextlib.suppress(SystemdError):
-                self.started = await self.systemd.manager_started()
+                self.started = await self.seam.manager_started()
 
     def _changed(self, unit: str, props: dict[str, Any]) -> None:
         self._signals[unit] = self._signals.get(unit, 0) + 1
@@ -69,7 +67,7 @@ class BusKeeper:
         phantom exit of a unit that just started). Read again when a signal came between."""
         for _ in range(5):
             seen = self._signals.get(unit, 0)
-            snap = await self.systemd.snapshot(unit)
+            snap = await self.seam.snapshot(unit)
             if self._signals.get(unit, 0) == seen:
                 break
         return snap
@@ -78,7 +76,7 @@ class BusKeeper:
         """Ref() every lane unit, so systemd keeps an exited one (and its status) loaded."""
         for unit in self.units():
             with contextlib.suppress(SystemdError):
-                await self.systemd.ref_unit(unit)
+                await self.seam.ref_unit(unit)
 
     def _manager_restarted(self) -> None:
         if self.reconnecting:
@@ -92,10 +90,10 @@ class BusKeeper:
     async def keep(self) -> None:
         """Reconnect when the bus connection drops, and catch up with what changed meanwhile."""
         while not self.closing:
-            await self.systemd.wait_closed()
+            await self.seam.wait_closed()
             if self.closing:
                 return
-            lost, where = time.monotonic(), self.systemd.address
+            lost, where = time.monotonic(), self.seam.address
             self.reconnecting = True
             log.warning("lost the user bus (%s); reconnecting", where)
             self.trouble(
@@ -131,7 +129,7 @@ class BusKeeper:
         delay, deadline = 0.02, time.monotonic() + 30
         while True:
             try:
-                await self.systemd.subscribe()
+                await self.seam.subscribe()
                 break
             except SystemdError as exc:
                 if time.monotonic() > deadline:
@@ -141,7 +139,7 @@ class BusKeeper:
                 delay = min(delay * 2, 1.0)
         before = self.started
         with contextlib.suppress(SystemdError):
-            self.started = await self.systemd.manager_started()
+            self.started = await self.seam.manager_started()
         replaced = before is not None and self.started != before
         if replaced:
             why += " (a new manager: the one before is gone, and what it ran with it)"
@@ -151,7 +149,7 @@ class BusKeeper:
         snaps = {}
         for unit in list(self.units()):
             try:
-                await self.systemd.ref_unit(unit)  # a re-exec forgets clients' references
+                await self.seam.ref_unit(unit)  # a re-exec forgets clients' references
                 snaps[unit] = await self.snapshot(unit)
             except SystemdError:
                 continue
@@ -162,4 +160,4 @@ class BusKeeper:
         self.closing = True
         for task in list(self._tasks):
             task.cancel()
-        self.systemd.disconnect()
+        self.seam.disconnect()

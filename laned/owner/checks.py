@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from laned.adapters import state
-from laned.adapters.probes import Probe
 from laned.config.model import GATES
 from laned.core.lanes import EventKind, LaneState
+from laned.core.machine import Ev
 from laned.errors import LanedError, LaneNotRunning
 from laned.gates.acceptance import GateResult, merge_run
-from laned.owner import steps
 from laned.owner.records import Records
+from laned.owner.seam import Seam
 from laned.render import plan as render
 
 log = logging.getLogger("laned.supervisor")
@@ -25,8 +25,8 @@ log = logging.getLogger("laned.supervisor")
 class Checks:
     """The acceptance gates run against a serving lane, and what their results do to it."""
 
-    def __init__(self, records: Records, probe: Probe) -> None:
-        self.records, self.probe = records, probe
+    def __init__(self, records: Records, seam: Seam) -> None:
+        self.records, self.seam = records, seam
 
     async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
         """Run acceptance gates against the lane; keep, show and export the results.
@@ -42,23 +42,21 @@ class Checks:
                 f"lane {lane} is {status.state.value}, not serving: no gate can run",
                 f"activate it first: laned activate {lane} --wait",
             )
-        run = r.runs[lane].number
+        run = status.run
 
         def still_serving() -> bool:
-            return r.runs[lane].number == run and r.serving(lane)
+            return status.run == run and r.serving(lane)
 
         def on_result(result: GateResult) -> None:
             if still_serving():
                 verdict = "passed" if result.passed else f"failed: {result.reason}"
                 r.ledger.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
 
-        r.runs[lane].checking += 1  # busy: the scheduler does not take it for idle meanwhile
+        r.ledger.checking(lane, +1)  # busy: the scheduler does not take it for idle meanwhile
         try:
-            results = await steps.run_checks(
-                self.probe, spec, gates, status.last_cold_start, on_result
-            )
+            results = await self.seam.run_checks(spec, gates, status.last_cold_start, on_result)
         finally:
-            r.runs[lane].checking -= 1
+            r.ledger.checking(lane, -1)
         if not still_serving():
             raise LaneNotRunning(
                 f"lane {lane} stopped serving while its gates ran ({status.state.value}): "
@@ -72,21 +70,18 @@ class Checks:
         status = r.statuses[lane]
         digest = render.lane_digest(r.config, lane, r.systemd_version)
         run = merge_run(lane, status.checks, digest, results, r.clock())
-        status.checks = run
+        r.ledger.checked(lane, run)
         try:
             state.save_checks(r.config.daemon.state_dir, lane, run)
         except LanedError as exc:
             log.error("cannot save the check results of %s: %s", lane, exc)
         failed = [result for result in results if not result.passed]
-        if failed and status.state is LaneState.READY:
+        if failed:
             # It serves, but not as it should (word salad, a broken tool parser...): a
-            # restart would not fix that, so the lane is degraded and left running.
-            r.runs[lane].check_degraded = True
-            reason = f"check {failed[0].gate}: {failed[0].reason}"
-            r.ledger.transition(lane, LaneState.DEGRADED, reason)
-        elif not failed and r.runs[lane].check_degraded and status.state is LaneState.DEGRADED:
-            r.runs[lane].check_degraded = False
-            r.ledger.transition(lane, LaneState.READY, "the acceptance checks pass again")
+            # restart would not fix that, so a ready lane is degraded and left running.
+            r.fire(lane, Ev.CHECK_FAILED, f"check {failed[0].gate}: {failed[0].reason}")
+        else:
+            r.fire(lane, Ev.CHECK_PASSED, "the acceptance checks pass again")
         return run
 
     async def after_activate(self, lane: str) -> None:

@@ -13,6 +13,7 @@ import time
 
 from laned.core import exits, resume
 from laned.core.lanes import EventKind, LaneState
+from laned.core.machine import Ev
 from laned.core.resume import CatchUp
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import JournalUnavailable
@@ -20,6 +21,7 @@ from laned.owner import watchers
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
 from laned.owner.requests import Requests
+from laned.owner.seam import Seam
 
 log = logging.getLogger("laned.supervisor")
 JOURNAL_RETRY = 30.0  # seconds between two tries to follow the lanes' logs without journald
@@ -28,8 +30,11 @@ JOURNAL_RETRY = 30.0  # seconds between two tries to follow the lanes' logs with
 class Outages:
     """Notices of what is away; catching the lanes up when systemd is back."""
 
-    def __init__(self, records: Records, reactions: Reactions, requests: Requests) -> None:
-        self.records, self.reactions, self.requests = records, reactions, requests
+    def __init__(
+        self, records: Records, seam: Seam, reactions: Reactions, requests: Requests
+    ) -> None:
+        self.records, self.seam = records, seam
+        self.reactions, self.requests = reactions, requests
 
     # --- the user manager ----------------------------------------------------------------------
 
@@ -61,31 +66,25 @@ class Outages:
         r = self.records
         lanes = {}
         for lane, status in r.statuses.items():
-            run = r.runs[lane]
             busy = (
                 r.ops.of(r.config.lanes[lane].group) is not None
-                or run.restart is not None
-                or (run.follow is not None and not run.follow.done())
+                or r.restart_waiting(lane)
+                or r.watching(lane)
             )
             running = r.snapshots.get(lane, UnitSnapshot("")).running
             lanes[lane] = resume.LaneNow(status.state, status.desired, running, busy)
         for lane, plan in resume.plan_catch_up(r.config, lanes).items():
             if plan is CatchUp.ADOPT:
-                r.begin_start(lane)
-                r.ledger.transition(lane, LaneState.STARTING, f"adopted again after {why}")
-                self.reactions.follow(lane)
-            elif plan is CatchUp.RESTART:
-                r.ledger.transition(lane, LaneState.RESTARTING, f"started again after {why}")
-                r.runs[lane].restart = asyncio.get_running_loop().call_later(
-                    0, self.requests.restart_after_failure, lane
-                )
+                r.fire(lane, Ev.ADOPT, f"adopted again after {why}")
+            elif plan is CatchUp.RESTART:  # at once, as a restart after a failure
+                r.fire(lane, Ev.RESTART_LATER, f"started again after {why}", delay=0)
             elif plan is CatchUp.ACTIVATE:
                 self.requests.spawn_activation(lane, f"activated again after {why}")
             elif plan is CatchUp.STOP:
                 log.info("%s: stopped again after %s (not desired, and its unit runs)", lane, why)
                 self.requests.deactivate(lane)
             elif plan is CatchUp.SETTLE:
-                r.ledger.transition(lane, LaneState.INACTIVE, f"found stopped after {why}")
+                r.fire(lane, Ev.FOUND_STOPPED, f"found stopped after {why}")
 
     # --- journald ------------------------------------------------------------------------------
 
@@ -98,6 +97,7 @@ class Outages:
         while not r.closing:
             try:
                 await watchers.follow_phases(
+                    self.seam,
                     lambda: r.units,
                     self.reactions.phase_seen,
                     since,

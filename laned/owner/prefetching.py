@@ -18,10 +18,10 @@ import asyncio
 import threading
 from collections.abc import Collection
 
-from laned.adapters.host import meminfo
-from laned.adapters.pagecache import Prefetched, Residency, prefetch, residency, weight_files
+from laned.adapters.pagecache import Prefetched, Residency
 from laned.core.lanes import EventKind, LaneState
 from laned.owner.records import Records
+from laned.owner.seam import Seam
 from laned.preflight.facts import GIB, size
 from laned.preflight.rules import model_path
 
@@ -29,8 +29,8 @@ from laned.preflight.rules import model_path
 class Prefetches:
     """At most one prefetch per lane."""
 
-    def __init__(self, records: Records) -> None:
-        self.records = records
+    def __init__(self, records: Records, seam: Seam) -> None:
+        self.records, self.seam = records, seam
         self.running: dict[str, threading.Event] = {}  # lane -> the flag that stops its read
         self.last: dict[str, Prefetched] = {}  # each lane's last prefetch, for its start note
 
@@ -41,8 +41,8 @@ class Prefetches:
         settings = config.daemon.prefetch
         if not settings.enabled or not config.lanes[lane].prefetch or lane in self.running:
             return
-        run = self.records.runs[lane]
-        if self.records.statuses[lane].state is LaneState.SLEEPING and run.slept_level == 1:
+        status = self.records.statuses[lane]
+        if status.state is LaneState.SLEEPING and status.slept_level == 1:
             return  # its weights wait in pinned host memory: the wake reads no file
         self.last.pop(lane, None)
         stop = self.running[lane] = threading.Event()
@@ -63,23 +63,23 @@ class Prefetches:
         """Record, beside the start, how much of the lane's weights is resident now (measured
         off the loop, while the engine begins its imports)."""
         model = model_path(self.records.config.lanes[lane])
-        run = self.records.runs[lane].number
-        self.records.statuses[lane].weights_at_start = None
+        run = self.records.statuses[lane].run  # its weights_at_start is reset by the new run
 
         async def measure() -> None:
             for _ in range(100):  # a prefetch stopped at the start ends within one block
                 if lane not in self.running:
                     break
                 await asyncio.sleep(0.05)
-            files = await asyncio.to_thread(weight_files, model)
-            found = await asyncio.to_thread(residency, files)
-            if not files or self.records.runs[lane].number != run:
-                return  # no local weights; or a newer start owns the lane
+            files = await asyncio.to_thread(self.seam.weight_files, model)
+            found = await asyncio.to_thread(self.seam.residency, files)
+            if not files:
+                return  # no local weights
             shown = found.to_json()
             done = self.last.pop(lane, None)
             if done is not None:
                 shown["prefetched_bytes"] = done.read_bytes
-            self.records.statuses[lane].weights_at_start = shown
+            if not self.records.ledger.weights_at_start(lane, run, shown):
+                return  # a newer start owns the lane
             self.records.ledger.note(
                 lane,
                 EventKind.PREFETCH,
@@ -106,11 +106,13 @@ class Prefetches:
         note = self.records.ledger.note
         models = [model_path(config.lanes[other]) for other in keep]
 
+        seam = self.seam
+
         def look() -> tuple[list[str], Residency, Residency, float]:
-            files = weight_files(model_path(config.lanes[lane]))
-            spared = [f for model in models for f in weight_files(model) if f not in files]
-            available = meminfo().get("MemAvailable", 0.0) * GIB
-            return files, residency(files), residency(spared), available
+            files = seam.weight_files(model_path(config.lanes[lane]))
+            spared = [f for model in models for f in seam.weight_files(model) if f not in files]
+            available = seam.mem_available() or 0.0
+            return files, seam.residency(files), seam.residency(spared), available
 
         files, mine, theirs, available = await asyncio.to_thread(look)
         if not files:
@@ -134,10 +136,10 @@ class Prefetches:
         )
 
         def memory_left() -> float:
-            return meminfo().get("MemAvailable", 0.0) * GIB - margin
+            return (seam.mem_available() or 0.0) - margin
 
         done = await asyncio.to_thread(
-            prefetch, files, budget, settings.max_gibps * GIB, stop, memory_left
+            seam.read_ahead, files, budget, settings.max_gibps * GIB, stop, memory_left
         )
         note(
             lane,

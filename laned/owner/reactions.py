@@ -17,22 +17,42 @@ import logging
 from collections.abc import Coroutine
 from typing import Protocol
 
-from laned.adapters.host import Host
-from laned.adapters.probes import Probe
-from laned.adapters.systemd import Systemd
+from laned.adapters import state
+from laned.config.model import Config, LaneConfig
 from laned.config.names import exit_record_path
 from laned.core import canary, exits, policy
-from laned.core.lanes import Desired, EventKind, LaneState, LastExit, Verdict, phase_durations
-from laned.core.phases import ALMOST_READY, Seen, add_mark
+from laned.core.lanes import Desired, EventKind, LastExit, Mode, Verdict
+from laned.core.machine import Ev
+from laned.core.phases import Seen
 from laned.core.policy import ExitAction, OpKind, RestartKind
 from laned.core.unit_state import UnitSnapshot, systemd_restarts
 from laned.errors import LanedError
-from laned.owner import steps, watchers
+from laned.owner import watchers
 from laned.owner.checks import Checks
 from laned.owner.records import Records
+from laned.owner.seam import Refused, Seam
 from laned.render import plan as render
 
 log = logging.getLogger("laned.supervisor")
+
+
+async def canary_check(
+    seam: Seam, config: Config, lane: str, spec: LaneConfig, digest: str
+) -> tuple[canary.Outcome | None, str]:
+    """Ask the canary and judge the answer against what is kept for `digest` (a first answer
+    is kept, in the state directory). (None, why) when it could not be asked."""
+    try:
+        answer = await seam.canary(spec)
+    except LanedError as exc:
+        return None, exc.message
+    path = state.canary_path(config.daemon.state_dir, lane)
+    outcome, detail = canary.judge(await asyncio.to_thread(state.load_kept, path), digest, answer)
+    if outcome is canary.Outcome.RECORDED:
+        try:
+            await asyncio.to_thread(state.save_kept, path, answer.to_json(digest))
+        except LanedError as exc:
+            return outcome, f"{detail} (not kept: {exc.message})"
+    return outcome, detail
 
 
 class Restarts(Protocol):
@@ -54,13 +74,11 @@ class Reactions:
     def __init__(
         self,
         records: Records,
-        systemd: Systemd,
-        probe: Probe,
-        host: Host | None,
+        seam: Seam,
         checks: Checks,
         restarts: Restarts,
     ) -> None:
-        self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
+        self.records, self.seam = records, seam
         self.checks, self.restarts = checks, restarts
         self.systemd_restarts = systemd_restarts(records.systemd_version)
 
@@ -80,7 +98,7 @@ class Reactions:
         previous = r.snapshots.get(lane, UnitSnapshot(snap.name))
         r.snapshots[lane] = snap
         op = r.ops.of(r.config.lanes[lane].group)
-        by_laned = r.runs[lane].restart is not None or (
+        by_laned = r.restart_waiting(lane) or (
             op is not None and op.lane == lane and op.kind is not OpKind.DEACTIVATE
         )
         change = policy.judge_unit_change(previous, snap, r.statuses[lane].state, by_laned)
@@ -88,23 +106,21 @@ class Reactions:
             self.exited(lane, snap)
         elif change is policy.UnitChange.STARTED_OUTSIDE:
             r.desire_only(lane)
-            r.begin_start(lane)
-            r.ledger.transition(lane, LaneState.STARTING, "started outside laned")
-            self.follow(lane)
+            r.fire(lane, Ev.STARTED_OUTSIDE, "started outside laned")
 
     def exited(self, lane: str, snap: UnitSnapshot, facts: exits.ExitFacts | None = None) -> None:
         """The lane's engine exited: judged (requested or a failure, whatever its status)
         and acted on (restart now, later, or never)."""
         r = self.records
-        spec, status, run, now = r.config.lanes[lane], r.statuses[lane], r.runs[lane], r.clock()
+        spec, status, now = r.config.lanes[lane], r.statuses[lane], r.clock()
         if facts is None:
-            record = steps.read_exit_record(exit_record_path(r.config, lane))
-            facts = exits.exit_facts(record, run.started_at or 0, snap)
+            record = self.seam.exit_record(exit_record_path(r.config, lane))
+            facts = exits.exit_facts(record, status.started_at or 0, snap)
         counted = r.counted(lane)
         plan = policy.plan_exit(
             spec,
             facts,
-            stopping_by_laned=run.stopping,
+            stopping_by_laned=status.stopping,
             state=status.state,
             desired=status.desired,
             failures=status.failures,
@@ -112,48 +128,49 @@ class Reactions:
             systemd_restarts=self.systemd_restarts,
             sub_state=snap.sub_state,
             counted=counted,
-            ready_at=run.ready_at,
+            ready_at=status.ready_at,
         )
-        why = plan.reason if plan.verdict is Verdict.FAILURE else ""
-        status.last_exit = LastExit(
-            facts.code, facts.signal, now, plan.verdict, facts.oom_killed, why
+        failure = plan.verdict is Verdict.FAILURE
+        last = LastExit(
+            facts.code,
+            facts.signal,
+            now,
+            plan.verdict,
+            facts.oom_killed,
+            plan.reason if failure else "",
         )
+        # The window after it: kept as it was for a requested stop and for a stop outside laned.
+        keep_window = plan.action is ExitAction.STOPPED_OUTSIDE or (
+            plan.action is ExitAction.OWN_STOP and not failure
+        )
+        counted_now = failure and counted is None
+        r.ledger.exited(lane, last, None if keep_window else plan.failures, counted_now)
         r.recorder.exit(lane, facts.code, facts.signal, plan.verdict.value)
-        self.unfollow(lane)
-        if plan.verdict is Verdict.FAILURE and counted is None:
-            run.failed = (run.number, "its exit")
+        r.unfollow(lane)
+        if counted_now:
             r.recorder.failure(lane, "exit")
         if plan.action is ExitAction.OWN_STOP:
-            if plan.verdict is Verdict.FAILURE:
-                status.failures[:] = plan.failures
+            if failure:
                 r.ledger.note(lane, EventKind.EXIT, plan.reason)
-            r.writer.mark()
             return  # laned's own stop: the operation makes the transition
         if plan.action is ExitAction.STOPPED_OUTSIDE:
             r.spawn(self._stopped_outside(lane, plan.reason))
-            return
-        status.failures[:] = plan.failures
-        if plan.action is ExitAction.SYSTEMD_RESTARTS:
-            status.restarts = max(status.restarts + 1, snap.n_restarts)
+        elif plan.action is ExitAction.SYSTEMD_RESTARTS:
+            r.ledger.restarted(lane, at_least=snap.n_restarts)
             r.recorder.restart(lane, RestartKind.FAILURE.value)
-            r.ledger.transition(lane, LaneState.RESTARTING, plan.reason)
-            r.begin_start(lane)
-            self.follow(lane)
+            r.fire(lane, Ev.SYSTEMD_RESTARTS, plan.reason)
         elif plan.action is ExitAction.RESTART_LATER:
-            r.ledger.transition(lane, LaneState.RESTARTING, plan.reason)
-            r.cancel_restart(lane)
-            loop = asyncio.get_running_loop()
-            run.restart = loop.call_later(plan.delay, self.restarts.restart_after_failure, lane)
-        else:  # FAIL (not desired) or CRASH_LOOP
-            r.ledger.transition(lane, LaneState.FAILED, plan.reason)
-            if plan.action is ExitAction.CRASH_LOOP:
-                r.ledger.fail_waiters(lane, plan.reason)
+            r.fire(lane, Ev.RESTART_LATER, plan.reason, delay=plan.delay)
+        elif plan.action is ExitAction.CRASH_LOOP:
+            r.fire(lane, Ev.CRASH_LOOP, plan.reason)
+        else:  # FAIL: not desired
+            r.fire(lane, Ev.EXIT_FAILED, plan.reason)
 
     async def _stopped_outside(self, lane: str, what: str) -> None:
         """A stop laned did not ask for: an operator's, unless the whole manager is going down."""
         r = self.records
         try:
-            stopping = await self.systemd.system_state() == "stopping"
+            stopping = await self.seam.system_state() == "stopping"
         except LanedError:
             stopping = True  # the manager is unreachable: most likely on its way down
         snap = r.snapshots.get(lane)
@@ -161,58 +178,41 @@ class Reactions:
             return  # gone from the config, laned is stopping, or it was started again meanwhile
         if stopping:
             # Logout, reboot or `systemctl --user exit`: the lane should come back with laned.
-            r.ledger.transition(lane, LaneState.INACTIVE, f"stopped with the user manager ({what})")
+            r.fire(lane, Ev.STOPPED_WITH_MANAGER, f"stopped with the user manager ({what})")
             return
         r.ledger.desire(lane, Desired.INACTIVE)
-        r.ledger.transition(lane, LaneState.INACTIVE, f"stopped outside laned ({what})")
-        r.ledger.fail_waiters(lane, "stopped outside laned")
+        r.fire(lane, Ev.STOPPED_OUTSIDE, f"stopped outside laned ({what})")
 
     # --- what the watchers observe -----------------------------------------------------------------
 
-    def follow(self, lane: str) -> None:
-        """Watch the lane's current run: readiness, then liveness."""
-        self.unfollow(lane)
-        run = self.records.runs[lane]
-        task = asyncio.get_running_loop().create_task(self._follow(lane, run.number))
-        task.add_done_callback(self.records.task_done)
-        run.follow = task
-
-    def unfollow(self, lane: str) -> None:
-        run = self.records.runs[lane]
-        task, run.follow = run.follow, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-
-    async def _follow(self, lane: str, run: int) -> None:
-        """Readiness (fast probing backing off over a long cold start), then liveness."""
+    async def watch(self, lane: str, run: int) -> None:
+        """Follow run `run` of the lane (the lane machine's FOLLOW): readiness (fast probing
+        backing off over a long cold start), then liveness."""
         r = self.records
         spec = r.engine_spec(lane)  # the engine as its run started, whatever a reload changed
         report = functools.partial(self._observe, lane, run)
         expected = r.statuses[lane].last_cold_start
-        if not await watchers.await_ready(self.probe, spec, r.runs[lane].poke, report, expected):
+        if not await watchers.await_ready(self.seam, spec, r.poke(lane), report, expected):
             return
-        image = await steps.running_image(self.host, lane, spec)
-        if spec.sleep_level and not r.runs[lane].waking:
+        image = await self.seam.running_image(lane, spec)
+        if spec.sleep_level and r.statuses[lane].mode is not Mode.WAKING:
             # Before any traffic: kept at the first good start, compared at later ones (a
             # difference after a cold start is said, and the lane serves on).
             await self.canary(lane, "start", image)
         if report(watchers.Ready(image)):
-            await watchers.watch_liveness(self.probe, spec, report)
+            await watchers.watch_liveness(self.seam, spec, report)
 
     def _observe(self, lane: str, run: int, seen: watchers.Observation) -> bool:
         """A watcher's report on one run of the lane; True: go on watching."""
         r = self.records
-        if r.closing or lane not in r.statuses or r.runs[lane].number != run:
+        if r.closing or lane not in r.statuses or r.statuses[lane].run != run:
             return False
         if isinstance(seen, watchers.Ready):
             return self._became_ready(lane, seen.image_id)
         if isinstance(seen, watchers.Tick):
             return r.serving(lane)
         if isinstance(seen, watchers.Sampled):
-            window = r.runs[lane].samples
-            window.append((seen.at, seen.sample))
-            while window and window[0][0] < seen.at - 60:
-                window.popleft()
+            r.ledger.sampled(lane, seen.at, seen.sample)
             return True
         if isinstance(seen, watchers.ProbeFailed):
             r.recorder.probe_failure(lane)
@@ -241,29 +241,16 @@ class Reactions:
 
     def _became_ready(self, lane: str, image_id: str | None) -> bool:
         r = self.records
-        spec, status = r.config.lanes[lane], r.statuses[lane]
-        if status.state is not LaneState.STARTING:
-            return False
-        now, run = r.clock(), r.runs[lane]
-        took = round(now - (now if run.started_at is None else run.started_at), 3)
-        run.woke = run.waking  # what this run's swap in cost: a wake or a cold start
-        if run.waking:  # a wake from sleep: its own figure, not the cold start's prediction
-            status.last_wake, run.waking = took, False
+        spec = r.config.lanes[lane]
+        took = r.ledger.ready(
+            lane, "health 200 and /v1/models lists " + spec.served_model_name, image_id
+        )
+        if took is None:
+            return False  # not starting any more
+        if r.statuses[lane].woke:
             r.recorder.sleep_mode(lane, "wake", took)
         else:
-            status.last_cold_start = took
             r.recorder.cold_start(lane, took)
-        if status.phases:
-            status.last_phases = dict(phase_durations(status.phases, now))
-        if image_id:
-            status.image_id = image_id  # of a good start: a different one later is drift
-        # The failures stay: an engine that dies after each good start is a crash loop too;
-        # they leave the window after start_limit_interval (or at the next activate). The
-        # backoff starts again from here.
-        r.runs[lane].ready_at = now
-        r.ledger.transition(
-            lane, LaneState.READY, "health 200 and /v1/models lists " + spec.served_model_name
-        )
         if spec.checks.after_activate:
             r.spawn(self.checks.after_activate(lane))
         return True
@@ -272,20 +259,20 @@ class Reactions:
         """The engine stopped serving (failed probes, a stall): one failure of this run,
         then a restart, or the end of a crash loop."""
         r = self.records
-        r.ledger.transition(lane, LaneState.DEGRADED, reason)
+        r.fire(lane, Ev.UNHEALTHY, reason)
         counted = r.count_failure(lane, kind.value, reason)
         if counted is not None and counted.crash_loop:
-            r.spawn(self.restarts.give_up(lane, r.runs[lane].number, counted.reason))
+            r.spawn(self.restarts.give_up(lane, r.statuses[lane].run, counted.reason))
             return
         self.restarts.restart_lane(lane, reason, kind)
 
-    async def canary(self, lane: str, after: str, image: str | None) -> steps.Refused | None:
+    async def canary(self, lane: str, after: str, image: str | None) -> Refused | None:
         """The canary after a `start` or a `wake` (laned.core.canary): an event when it is
         kept or differs, a metric when it differs; Refused when it differs."""
         r = self.records
         digest = f"{render.lane_digest(r.config, lane, r.systemd_version)}:{image or ''}"
         spec, note = r.config.lanes[lane], functools.partial(r.ledger.note, lane, EventKind.CANARY)
-        outcome, detail = await steps.canary_check(self.probe, r.config, lane, spec, digest)
+        outcome, detail = await canary_check(self.seam, r.config, lane, spec, digest)
         if outcome is None:
             note(f"the canary could not be asked after a {after}: {detail}")
         elif outcome is canary.Outcome.RECORDED:
@@ -293,7 +280,7 @@ class Reactions:
         elif outcome is canary.Outcome.DIFFERENT:
             r.recorder.canary_mismatch(lane, after)
             note(f"the canary differs after a {after}: {detail}")
-            return steps.Refused(f"the canary differs after a {after}", "see docs/runbook.md")
+            return Refused(f"the canary differs after a {after}", "see docs/runbook.md")
         return None
 
     # --- what the journal and the peers tell ----------------------------------------------------
@@ -302,45 +289,19 @@ class Reactions:
         """A startup phase or note from the engine's log line, logged at `at`."""
         r = self.records
         lane = r.units.get(unit)
-        status = r.statuses.get(lane) if lane else None
-        if lane is None or status is None or at < (status.started_at or 0):
-            return  # not a lane's, or an earlier run's
-        # journald can hand a line over after the engine already answered (a container's
-        # output arrives in bursts): what it said of this start is still this start's.
-        if seen.note and seen.note not in status.notes and status.state in policy.HOLDING_STATES:
-            status.notes.append(seen.note)
-            r.ledger.note(lane, EventKind.STARTUP, seen.note)
-        if seen.phase is None or status.state not in policy.HOLDING_STATES:
-            return
-        # A bar reaches the journal when it closes: it began its elapsed time before.
-        since = max(at - (seen.elapsed or 0.0), status.started_at or 0)
-        if status.state is LaneState.STARTING:
-            status.phase, status.progress = seen.phase, seen.progress
-            status.phases = add_mark(status.phases, seen.phase, since)
-            if seen.phase in ALMOST_READY:
-                r.runs[lane].poke.set()
-        elif status.started_at is not None and status.last_cold_start is not None:
-            ready_at = status.started_at + status.last_cold_start
-            if since < ready_at:  # late, but of this start: its timeline gets it
-                status.phases = add_mark(status.phases, seen.phase, since)
-                status.last_phases = dict(phase_durations(status.phases, ready_at))
+        if lane is None or lane not in r.statuses:
+            return  # not a lane's
+        if r.ledger.phase_seen(lane, seen, at):
+            r.poke(lane).set()
 
     def peer_trouble(self, lane: str, reason: str | None) -> None:
         """A lane over several hosts: a peer rank out of reach (`reason`), or every one back
         (None). Degraded and left serving, never restarted for it: restarting this rank
         would not bring the peer back."""
         r = self.records
-        status = r.statuses.get(lane)
-        if status is None:
+        if lane not in r.statuses:
             return
-        if reason is not None and status.state is LaneState.READY:
-            r.runs[lane].check_degraded = True
-            r.ledger.transition(lane, LaneState.DEGRADED, reason)
-        elif (
-            reason is None
-            and r.runs[lane].check_degraded
-            and status.state is LaneState.DEGRADED
-            and status.reason.startswith("peer ")
-        ):
-            r.runs[lane].check_degraded = False
-            r.ledger.transition(lane, LaneState.READY, "every peer rank answers again")
+        if reason is not None:
+            r.fire(lane, Ev.PEER_LOST, reason)
+        else:
+            r.fire(lane, Ev.PEER_BACK, "every peer rank answers again")

@@ -4,7 +4,8 @@ group (laned.owner.operations) made of steps (laned.owner.steps) that answer wit
 After every await an operation checks that it is still current, so a newer request for the
 group always wins: a deactivate that arrives while a restart waits at its start gate stops
 it. Every start is part of an operation, made by `_clear_and_start` alone. A part of the
-owner (laned.owner.supervisor); the reactions ask it for restarts (`Restarts`).
+owner (laned.owner.supervisor); the reactions ask it for restarts (`Restarts`), and the lane
+machine's timers call `restart_after_failure`.
 """
 
 from __future__ import annotations
@@ -12,15 +13,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 
-from laned.adapters.host import Host
-from laned.adapters.probes import Probe
-from laned.adapters.systemd import Systemd
 from laned.config.groups import group_peers
 from laned.config.names import unit_name
 from laned.core import policy
 from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus
+from laned.core.machine import Ev
 from laned.core.policy import Admit, OpKind, RestartKind
 from laned.errors import (
     ActivationFailed,
@@ -30,11 +29,10 @@ from laned.errors import (
     Severity,
     Superseded,
 )
-from laned.owner import steps
 from laned.owner.operations import Operation
 from laned.owner.prefetching import Prefetches
-from laned.owner.reactions import Reactions
 from laned.owner.records import Records
+from laned.owner.seam import Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.preflight.facts import Sleepers, blocking
@@ -49,16 +47,13 @@ class Requests:
     def __init__(
         self,
         records: Records,
-        systemd: Systemd,
-        probe: Probe,
-        host: Host | None,
+        seam: Seam,
         traffic: Traffic,
-        reactions: Reactions,
         sleeping: Sleeping,
         prefetches: Prefetches,
     ) -> None:
-        self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
-        self.traffic, self.reactions = traffic, reactions
+        self.records, self.seam = records, seam
+        self.traffic = traffic
         self.sleeping, self.prefetches = sleeping, prefetches
         self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
 
@@ -88,12 +83,12 @@ class Requests:
         peers = group_peers(self.records.config, lane)
         before = {n: self.ledger.statuses[n].desired for n in (lane, *peers)}
         self.records.desire_only(lane)
-        status.failures.clear()
+        self.ledger.failures_cleared(lane)
         op = self.ops.begin(lane, OpKind.ACTIVATE, spec.group)
         op.force, op.desired_before, op.findings = force, before, findings
         holding = [p for p in peers if self.ledger.statuses[p].state in policy.HOLDING_STATES]
         op.from_lane = holding[0] if holding else "none"
-        self.ops.run(op, self._operation(op, self._activation(op, reason)))
+        self.ops.run(op, self._operation(op, lambda: self._activation(op, reason)))
         return op.future
 
     def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:
@@ -113,7 +108,7 @@ class Requests:
                 self.ops.supersede(current, group, f"superseded by deactivate {lane}")
             op = self.ops.begin(lane, OpKind.DEACTIVATE, group)
         op.force = force
-        stop = self._stop_and_confirm(op.lane, "deactivate", force)
+        stop = functools.partial(self._stop_and_confirm, op.lane, "deactivate", force)
         self.ops.run(op, self._operation(op, stop))
         return op.future
 
@@ -136,8 +131,8 @@ class Requests:
         asleep = status.state is LaneState.SLEEPING
         r = self.records
         sleepers = Sleepers() if asleep else Sleepers(r.sleepers(), r.to_sleep(lane))
-        return await steps.preflight(
-            self.host, self.records.config, lane, self.ledger.states(), status.image_id, sleepers
+        return await self.seam.preflight(
+            self.records.config, lane, self.ledger.states(), status.image_id, sleepers
         )
 
     # --- operations -------------------------------------------------------------------------------
@@ -154,10 +149,13 @@ class Requests:
             error = ActivationFailed(error.message, error.hint)
         self.ops.finish(op, self._group_of(op), self.ledger.statuses[op.lane], error)
 
-    async def _operation(self, op: Operation, body: Coroutine[object, object, None]) -> None:
-        """Run the operation's body; whatever ends it, its caller hears."""
+    async def _operation(
+        self, op: Operation, body: Callable[[], Coroutine[object, object, None]]
+    ) -> None:
+        """Run the operation's body (made here: an operation superseded before its task ran
+        leaves no coroutine unawaited); whatever ends it, its caller hears."""
         try:
-            await body
+            await body()
             self._finish(op)
         except LanedError as exc:
             self._finish(op, exc)
@@ -196,7 +194,7 @@ class Requests:
                 return
             # The wake failed and the engine was stopped: a cold start, as for any lane.
         unit = unit_name(lane, self.records.config.lanes[lane])
-        if await steps.still_ending(self.systemd, unit, self.records.snapshots.get(lane)):
+        if await self.seam.still_ending(unit, self.records.snapshots.get(lane)):
             self._ensure_current(op)
             # Its own earlier run is still ending (the stop of a deactivate this request
             # superseded): that run's exit must reach laned before the new run is
@@ -228,8 +226,7 @@ class Requests:
         future: ready). A wake that fails stops the engine (None: start it cold)."""
         lane, r = op.lane, self.records
         spec = r.config.lanes[lane]
-        refused = await steps.clear_for_start(
-            self.host,
+        refused = await self.seam.clear_for_start(
             lane,
             spec,
             None,
@@ -240,16 +237,15 @@ class Requests:
         )
         self._ensure_current(op)
         if refused is not None:
-            r.fail_start(lane, refused.reason)
+            r.fire(lane, Ev.START_REFUSED, refused.reason)
             raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
         refused = await self.sleeping.wake(lane, reason)
         self._ensure_current(op)
         if refused is None:
             ready = self.ledger.wait_ready(lane)
-            self.reactions.follow(lane)
+            r.fire(lane, Ev.WOKE, f"{reason}: woken")
             return ready
         self.ledger.note(lane, EventKind.SLEEP, f"{refused.reason}: stopping it for a cold start")
-        r.runs[lane].waking = False
         await self._stop_and_confirm(lane, f"{reason}: the wake failed")
         self._ensure_current(op)
         return None
@@ -278,7 +274,7 @@ class Requests:
             self.ledger.desire(name, desired)
         message, hint = refusal(lane, findings)
         if op.unattended:
-            self.records.fail_start(lane, message.removeprefix(f"lane {lane}: "))
+            self.records.fire(lane, Ev.START_REFUSED, message.removeprefix(f"lane {lane}: "))
         raise PreflightFailed(message, hint, findings)
 
     def restart_lane(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
@@ -294,26 +290,23 @@ class Requests:
         current = self.ops.of(group)
         if current is not None:
             self.ops.supersede(current, group, f"superseded by restart {lane}")
-        status.restarts += 1
+        self.ledger.restarted(lane)
         self.records.recorder.restart(lane, kind.value)
-        self.records.cancel_restart(lane)
-        self.reactions.unfollow(lane)
         op = self.ops.begin(lane, OpKind.RESTART, group)
         op.force = force or kind is not RestartKind.REQUESTED
-        self.records.runs[lane].stopping = True
-        self.ledger.transition(lane, LaneState.RESTARTING, reason)
-        self.ops.run(op, self._operation(op, self._stop_then_start(op, reason)))
+        self.records.fire(lane, Ev.RESTART, reason)  # a stop of laned's, the watcher ended
+        self.ops.run(op, self._operation(op, lambda: self._stop_then_start(op, reason)))
 
     async def _stop_then_start(self, op: Operation, reason: str) -> None:
         try:
             await self._drain(op.lane, op.force)
             self._ensure_current(op)
             unit = unit_name(op.lane, self.records.engine_spec(op.lane))
-            refused = await steps.stop(self.systemd, unit)  # the one confirmed stop
+            refused = await self.seam.stop(unit)  # the one confirmed stop
             if refused is not None:
                 raise ActivationFailed(f"lane {op.lane}: {refused.reason}", refused.hint)
         finally:
-            self.records.runs[op.lane].stopping = False
+            self.ledger.stop_over(op.lane)
         self._ensure_current(op)
         ready = self.ledger.wait_ready(op.lane)
         await self._clear_and_start(op, f"restart: {reason}")
@@ -322,16 +315,16 @@ class Requests:
     def restart_after_failure(self, lane: str) -> None:
         """The backoff after a failure is over (a timer): start the lane again, within the
         operation that wants it ready, or as a restart operation of its own."""
-        self.records.runs[lane].restart = None
+        self.records.restarts.pop(lane, None)
         status = self.ledger.statuses.get(lane)
         if status is None or status.desired is not Desired.ACTIVE:
             return
         group = self.records.config.lanes[lane].group
         if status.state is not LaneState.RESTARTING or self.records.closing:
             return
-        status.restarts += 1
+        count = self.ledger.restarted(lane)
         self.records.recorder.restart(lane, RestartKind.FAILURE.value)
-        reason = f"restart #{status.restarts} after a failure"
+        reason = f"restart #{count} after a failure"
         current = self.ops.of(group)
         if current is not None and current.lane == lane and current.kind is not OpKind.DEACTIVATE:
             self.ops.run(current, self._start_within(current, reason))
@@ -343,7 +336,7 @@ class Requests:
             await self._clear_and_start(op, reason)
             await ready
 
-        self.ops.run(op, self._operation(op, body()))
+        self.ops.run(op, self._operation(op, body))
 
     async def _start_within(self, op: Operation, reason: str) -> None:
         """A start inside an operation that already waits for the lane to be ready."""
@@ -359,8 +352,7 @@ class Requests:
         the operation is still current, then the unit's start job."""
         lane = op.lane
         spec = self.records.config.lanes[lane]
-        refused = await steps.clear_for_start(
-            self.host,
+        refused = await self.seam.clear_for_start(
             lane,
             spec,
             self.ledger.statuses[lane].image_id,
@@ -371,62 +363,53 @@ class Requests:
         self.prefetches.end(lane)  # the GPUs are free: the engine reads the rest itself
         self._ensure_current(op)
         if refused is not None:
-            self.records.fail_start(lane, refused.reason)
+            self.records.fire(lane, Ev.START_REFUSED, refused.reason)
             raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
-        self.records.begin_start(lane)
-        self.records.runs[lane].pinned = False  # a new engine: no buffers pinned yet
+        self.records.fire(lane, Ev.START, reason)  # a new run of a new engine, watched
         self.prefetches.at_start(lane)
-        self.ledger.transition(lane, LaneState.STARTING, reason)
-        self.reactions.follow(lane)
-        await steps.start(self.systemd, unit_name(lane, spec))
+        await self.seam.start(unit_name(lane, spec))
 
     async def _stop_and_confirm(self, lane: str, reason: str, force: bool = False) -> None:
         """Stop the lane's unit and confirm it is gone (for containers, ExecStopPost removed it).
         `stopping` first, so laned's OpenAI endpoint sends it no new request; the requests in
         flight end before the stop (drain_timeout at most) unless `force`."""
         # The engine as it runs (its container's name among the rest), whatever a reload changed.
-        status, spec = self.ledger.statuses[lane], self.records.engine_spec(lane)
-        self.records.cancel_restart(lane)
-        self.reactions.unfollow(lane)
-        self.ledger.fail_waiters(lane, reason, superseded=True)
+        r, spec = self.records, self.records.engine_spec(lane)
+        r.fire(lane, Ev.STOP_ASKED, reason)  # no restart, no watcher, no waiter any more
         unit = unit_name(lane, spec)
-        if not await steps.still_ending(self.systemd, unit, self.records.snapshots.get(lane)):
+        if not await self.seam.still_ending(unit, r.snapshots.get(lane)):
             # Not running (a failed lane included: deactivating it acknowledges the failure).
-            if status.state is not LaneState.INACTIVE:
-                self.ledger.transition(lane, LaneState.INACTIVE, reason)
+            r.fire(lane, Ev.ALREADY_STOPPED, reason)
             return
-        self.records.runs[lane].stopping = True
         try:
-            self.ledger.transition(lane, LaneState.STOPPING, reason)
+            r.fire(lane, Ev.STOP, reason)
             await self._drain(lane, force)
-            refused = await steps.stop(self.systemd, unit)
+            refused = await self.seam.stop(unit)
             if refused is not None:
                 raise ActivationFailed(refused.reason, refused.hint)
             note = functools.partial(self.ledger.note, lane)
-            refused = await steps.container_gone(self.host, lane, spec, note)
+            refused = await self.seam.container_gone(lane, spec, note)
             if refused is not None:
-                self.ledger.transition(lane, LaneState.FAILED, refused.reason)  # not `stopping`
+                r.fire(lane, Ev.STOP_FAILED, refused.reason)  # not `stopping`
                 raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
         finally:
-            self.records.runs[lane].stopping = False
-        if status.state is LaneState.STOPPING:
-            self.ledger.transition(lane, LaneState.INACTIVE, reason)
+            self.ledger.stop_over(lane)
+        r.fire(lane, Ev.STOPPED, reason)
 
     async def _drain(self, lane: str, force: bool) -> None:
         note = functools.partial(self.ledger.note, lane, EventKind.DRAIN)
-        await steps.drain(
-            self.traffic, lane, self.records.config.lanes[lane], force, note, self.records.clock
-        )
+        timeout = self.records.config.lanes[lane].drain_timeout
+        await self.traffic.drain_before_stop(lane, timeout, force, note)
 
     async def give_up(self, lane: str, run: int, reason: str) -> None:
         """Stop the lane (a stop laned asked for) and leave it failed until the next activate."""
-        self.records.runs[lane].stopping = True
+        self.records.fire(lane, Ev.GIVE_UP, reason)
         try:
             unit = unit_name(lane, self.records.engine_spec(lane))
-            refused = await steps.stop(self.systemd, unit)  # the one confirmed stop
+            refused = await self.seam.stop(unit)  # the one confirmed stop
         finally:
-            self.records.runs[lane].stopping = False
+            self.ledger.stop_over(lane)
         if refused is not None:
             reason = f"{reason}; and {refused.reason}"
-        if self.records.runs[lane].number == run:  # not if a newer start owns the lane by now
-            self.records.fail_start(lane, reason)
+        if self.ledger.statuses[lane].run == run:  # not if a newer start owns the lane by now
+            self.records.fire(lane, Ev.GAVE_UP, reason)

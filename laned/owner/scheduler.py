@@ -101,7 +101,7 @@ class Scheduler:
     def view(self, lane: str) -> LaneView:
         """The lane as the policy sees it."""
         r = self.records
-        spec, status, run = r.config.lanes[lane], r.statuses[lane], r.runs[lane]
+        spec, status = r.config.lanes[lane], r.statuses[lane]
         serving = status.state in SERVING
         if status.state is LaneState.FAILED:  # a crash loop is not restarted by retries
             blocked = (
@@ -112,11 +112,11 @@ class Scheduler:
         else:
             blocked = ""
         residency, _how = schedule.min_residency(
-            spec.min_residency, run.woke, status.last_wake, status.last_cold_start
+            spec.min_residency, status.woke, status.last_wake, status.last_cold_start
         )
         dismissed = self._dismissed.get(lane, (float("-inf"),))[0]
         # Its acceptance checks are requests too (they do not go through the endpoint).
-        quiet = None if run.checking else self.traffic.quiet_since(lane)
+        quiet = None if status.checking else self.traffic.quiet_since(lane)
         return LaneView(
             name=lane,
             serving=serving,
@@ -125,9 +125,9 @@ class Scheduler:
             pinned=spec.pinned,
             priority=spec.priority,
             min_residency=residency,
-            ready_since=run.ready_at if serving else None,
-            quiet_since=None if quiet is None else max(quiet, run.ready_at),
-            in_flight=self.traffic.in_flight(lane) + run.checking,
+            ready_since=status.ready_at if serving else None,
+            quiet_since=None if quiet is None else max(quiet, status.ready_at),
+            in_flight=self.traffic.in_flight(lane) + status.checking,
             arrivals=tuple(t for t in self.traffic.arrivals(lane) if t > dismissed),
         )
 

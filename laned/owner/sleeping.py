@@ -10,16 +10,14 @@ import asyncio
 import functools
 import time
 
-from laned.adapters.host import Host
-from laned.adapters.probes import Probe
-from laned.adapters.systemd import Systemd
 from laned.config.names import unit_name
-from laned.core.lanes import EventKind, LaneState
+from laned.core.lanes import EventKind
+from laned.core.machine import Ev
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import LanedError
-from laned.owner import steps
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
+from laned.owner.seam import Refused, Seam
 from laned.owner.traffic import Traffic
 from laned.render import plan as render
 
@@ -30,67 +28,60 @@ class Sleeping:
     def __init__(
         self,
         records: Records,
-        systemd: Systemd,
-        probe: Probe,
-        host: Host | None,
+        seam: Seam,
         traffic: Traffic,
         reactions: Reactions,
     ) -> None:
-        self.records, self.systemd, self.probe, self.host = records, systemd, probe, host
+        self.records, self.seam = records, seam
         self.traffic, self.reactions = traffic, reactions
 
-    async def put_to_sleep(self, lane: str, reason: str, force: bool) -> steps.Refused | None:
+    async def put_to_sleep(self, lane: str, reason: str, force: bool) -> Refused | None:
         """Drain the lane's requests, put its engine to sleep, confirm it sleeps (then the
         lane is `sleeping`); Refused (the lane left `stopping`) when it cannot."""
         r = self.records
         spec, ledger = r.engine_spec(lane), r.ledger
-        r.cancel_restart(lane)
-        self.reactions.unfollow(lane)  # a sleeping engine is not probed for progress
-        ledger.fail_waiters(lane, reason, superseded=True)
-        run = r.runs[lane]
-        level, why = await asyncio.to_thread(steps.sleep_level_now, spec, run.pinned)
+        # No restart, no waiter any more, and no watcher: a sleeping engine makes no progress.
+        r.fire(lane, Ev.STOP_ASKED, reason)
+        level, why = await asyncio.to_thread(
+            self.seam.sleep_level_now, spec, r.statuses[lane].pinned
+        )
         if why:
             ledger.note(lane, EventKind.SLEEP, f"sleeping at level 2, not 1: {why}")
-        ledger.transition(lane, LaneState.STOPPING, f"{reason}: to sleep (level {level})")
+        r.fire(lane, Ev.SLEEP, f"{reason}: to sleep (level {level})")
         drained = functools.partial(ledger.note, lane, EventKind.DRAIN)
-        await steps.drain(self.traffic, lane, spec, force, drained, r.clock)
+        await self.traffic.drain_before_stop(lane, spec.drain_timeout, force, drained)
         note = functools.partial(ledger.note, lane)
         # Its cgroup as systemd has it now (a unit's ControlGroup comes with no signal).
         try:
-            seen: UnitSnapshot | None = await self.systemd.snapshot(unit_name(lane, spec))
+            seen: UnitSnapshot | None = await self.seam.snapshot(unit_name(lane, spec))
         except LanedError:
             seen = None  # then no per-process confirmation: /is_sleeping still decides
         began = time.monotonic()
-        slept = await steps.sleep(self.probe, self.host, lane, spec, seen, note, level)
-        if isinstance(slept, steps.Refused):
+        slept = await self.seam.sleep(lane, spec, seen, note, level)
+        if isinstance(slept, Refused):
             return slept
         r.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
-        run.pinned = run.pinned or level == 1  # torch keeps those buffers until the engine ends
-        run.sleepers, run.slept_as, run.slept_level = slept.pids, self._digest(lane), level
-        if slept.residual:  # what the next swap's preflight counts before it puts it to sleep
-            run.residual = slept.residual
-        ledger.transition(lane, LaneState.SLEEPING, f"{reason}: asleep (level {level})")
+        asleep = f"{reason}: asleep (level {level})"
+        ledger.slept(lane, asleep, slept.pids, self._digest(lane), level, slept.residual)
         return None
 
     def changed_since(self, lane: str) -> bool:
         """Whether the lane's rendered unit or wrapper changed (a reload) since it went to
         sleep: a wake would serve the old flags, so it is started cold instead."""
-        return self.records.runs[lane].slept_as != self._digest(lane)
+        return self.records.statuses[lane].slept_as != self._digest(lane)
 
     def _digest(self, lane: str) -> str:
         return render.lane_digest(self.records.config, lane, self.records.systemd_version)
 
-    async def wake(self, lane: str, reason: str) -> steps.Refused | None:
+    async def wake(self, lane: str, reason: str) -> Refused | None:
         """A new run of the lane, `starting` as a wake: the wake itself (level 2: the weights
         reloaded, the prefix cache reset), then the canary before any traffic. Refused when
         either fails; the caller stops the engine and starts it cold."""
         r = self.records
         spec = r.config.lanes[lane]
-        level = r.runs[lane].slept_level or spec.sleep_level
-        r.begin_start(lane)
-        r.runs[lane].waking = True
-        r.ledger.transition(lane, LaneState.STARTING, f"{reason}: waking (level {level})")
-        refused = await steps.wake(self.probe, spec, level)
+        level = r.statuses[lane].slept_level or spec.sleep_level
+        r.fire(lane, Ev.WAKE, f"{reason}: waking (level {level})")
+        refused = await self.seam.wake(spec, level)
         if refused is None:  # the weights came back as they were?
             refused = await self.reactions.canary(lane, "wake", r.statuses[lane].image_id)
         return refused

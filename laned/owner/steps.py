@@ -1,48 +1,42 @@
-"""The steps of a start and a stop, as I/O that answers with values and changes no lane state.
-
-The owner (laned.owner.supervisor) runs them inside an operation, checks after each one that
-its operation is still current, and makes the transitions itself.
+"""The owner's seam over the real host (laned.owner.seam.Seam): systemd over D-Bus, podman,
+NVML, the page cache and the engines' HTTP endpoints, through laned.adapters. Each method is
+I/O that answers with a value and changes no lane state; the owner (laned.owner.supervisor)
+runs them inside an operation, checks after each one that its operation is still current,
+and fires the lane machine's events itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
-from laned.adapters import state
+from laned.adapters import journal
 from laned.adapters.host import Host, meminfo, port_busy, run_prepare, weights_gib
+from laned.adapters.pagecache import Prefetched, Residency, prefetch, residency, weight_files
 from laned.adapters.probes import Probe
 from laned.adapters.secret_files import read_api_key
-from laned.adapters.systemd import Systemd
+from laned.adapters.systemd import Systemd, UnitCallback
 from laned.config.model import Config, LaneConfig
 from laned.config.names import container_name
 from laned.core import canary, policy
 from laned.core.exits import ExitRecord, parse_exit_record
 from laned.core.lanes import EventKind, LaneState
+from laned.core.liveness import EngineSample
 from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
-from laned.errors import Finding, LanedError, PodmanError
+from laned.errors import Finding, LanedError, NotAContainer, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
 from laned.gates.engine_api import EngineClient
-from laned.owner.traffic import Traffic
-from laned.preflight.facts import GIB, NO_SLEEPERS, Sleepers
+from laned.owner.seam import Asleep, Note, Refused
+from laned.preflight.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
 from laned.preflight.rules import model_path
 
 log = logging.getLogger("laned.supervisor")
-
-Note = Callable[[EventKind, str], None]
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A step that cannot be done: why (for the lane's reason) and what to do."""
-
-    reason: str
-    hint: str = ""
 
 
 def read_exit_record(path: str) -> ExitRecord | None:
@@ -54,290 +48,370 @@ def read_exit_record(path: str) -> ExitRecord | None:
         return None
 
 
-async def preflight(
-    host: Host | None,
-    config: Config,
-    lane: str,
-    states: Mapping[str, LaneState],
-    image_id: str | None,
-    sleepers: Sleepers = NO_SLEEPERS,
-) -> list[Finding]:
-    """The lane's preflight findings as of now ([] without a host adapter)."""
-    if host is None:
-        return []
-    peer = policy.port_peer(config, lane, states)
-    return await host.preflight(config, lane, peer, image_id, sleepers)
+class HostSeam:
+    """The Seam over laned's adapters (`host` None: no podman or NVML, as in the tests that
+    run plain exec lanes on a bare user manager)."""
 
+    def __init__(self, systemd: Systemd, probe: Probe, host: Host | None = None) -> None:
+        self.systemd, self.probe, self.host = systemd, probe, host
 
-async def still_ending(systemd: Systemd, unit: str, seen: UnitSnapshot | None) -> bool:
-    """Whether the unit runs or is stopping, by systemd or by what laned has seen.
+    # --- the user manager ---------------------------------------------------------------------
 
-    systemd may answer "inactive" before its signal of that change reached laned; then the
-    stop job that follows ends at once, and systemd sends a unit's pending change before the
-    end of a job (bus_job_send_removed_signal), so laned has seen the exit."""
-    snap = await systemd.snapshot(unit)
-    return snap.ending or (seen is not None and seen.ending)
+    @property
+    def address(self) -> str:
+        return self.systemd.address
 
+    def connected(self) -> bool:
+        return self.systemd.bus is not None and self.systemd.bus.connected
 
-async def stop(systemd: Systemd, unit: str) -> Refused | None:
-    """Stop the unit and confirm systemd has it stopped."""
-    await systemd.stop_unit(unit)
-    snap = await systemd.snapshot(unit)
-    if snap.running:
-        return Refused(
-            f"{unit} is still {snap.active_state} after its stop job", "see `laned logs`"
-        )
-    return None
+    async def connect(self, on_change: UnitCallback, on_restart: Callable[[], None]) -> None:
+        self.systemd.on_unit_change, self.systemd.on_manager_restart = on_change, on_restart
+        if not self.connected():
+            await self.systemd.connect()
 
+    async def subscribe(self) -> None:
+        await self.systemd.subscribe()
 
-async def container_gone(
-    host: Host | None, lane: str, spec: LaneConfig, note: Note
-) -> Refused | None:
-    """A stopped container lane's container must be gone before the next lane starts."""
-    if host is None or spec.container is None:
-        return None
-    try:
-        gone = await host.wait_container_gone(lane, spec, spec.stop_timeout)
-    except PodmanError as exc:
-        note(EventKind.GATE, f"cannot confirm the container is gone: {exc.message}")
-        return None
-    if gone:
-        return None
-    return Refused(
-        f"its container is still there {spec.stop_timeout:g}s after the stop",
-        "see `podman ps -a`; remove it with `podman rm -f` and activate again",
-    )
+    async def wait_closed(self) -> None:
+        await self.systemd.wait_closed()
 
+    def disconnect(self) -> None:
+        self.systemd.disconnect()
 
-async def clear_for_start(
-    host: Host | None,
-    lane: str,
-    spec: LaneConfig,
-    last_image: str | None,
-    note: Note,
-    recorder: Recorder,
-    waking: bool = False,
-    sleepers: Collection[int] = (),
-) -> Refused | None:
-    """Before a start: `prepare` after an image change, the GPU memory released, the port
-    free. Why the lane cannot start, or None. Before a wake from sleep only the GPU memory:
-    the engine keeps its image and holds its own port."""
-    if host is not None and spec.container is not None and spec.prepare and not waking:
-        try:
-            image = await host.image_id(spec)
-        except PodmanError:
-            image = None  # preflight already warned; podman itself will say at start
-        if image and last_image and image != last_image:
-            note(EventKind.PREPARE, "image changed: running prepare")
-            try:
-                await run_prepare(lane, spec, lambda line: note(EventKind.PREPARE, line))
-            except LanedError as exc:
-                return Refused(f"prepare: {exc.message}", exc.hint)
-    if host is not None and spec.gpu_gate.enabled:
-        result, why = await host.gpu_gate(spec, sleepers)
-        if result is None:
-            note(EventKind.GATE, f"GPU-memory gate skipped: {why}")
-        else:
-            recorder.gpu_gate(lane, result.released, result.waited)
-            if not result.released:
-                note(EventKind.GATE, "GPU-memory gate timed out")
-                return Refused(
-                    f"gpu-gate: still held after {result.waited:.1f}s: "
-                    + "; ".join(result.still_held),
-                    "see `nvidia-smi` for what holds the GPU memory",
-                )
-            note(
-                EventKind.GATE,
-                f"GPU memory released after {result.waited:.3f}s ({result.polls} reading(s))",
-            )
-            readings = None if waking or not sleepers else await host.gpu_readings(spec)
-            beside = beside_sleepers(lane, spec, readings or [], sleepers)
-            if beside:  # vLLM would refuse to start: say so now, with the flag to lower
-                return Refused(f"gpu-gate: {beside[0].message}", beside[0].hint)
-    deadline = time.monotonic() + 5
-    while not waking and await asyncio.to_thread(port_busy, spec.port):
-        # A stopped engine's listener is gone at once; give a slow exit a moment.
-        if time.monotonic() > deadline:
+    async def manager_started(self) -> int:
+        return await self.systemd.manager_started()
+
+    async def system_state(self) -> str:
+        return await self.systemd.system_state()
+
+    async def reload(self) -> None:
+        await self.systemd.reload()
+
+    async def ref_unit(self, unit: str) -> None:
+        await self.systemd.ref_unit(unit)
+
+    async def snapshot(self, unit: str) -> UnitSnapshot:
+        return await self.systemd.snapshot(unit)
+
+    # --- units --------------------------------------------------------------------------------
+
+    def exit_record(self, path: str) -> ExitRecord | None:
+        return read_exit_record(path)
+
+    async def preflight(
+        self,
+        config: Config,
+        lane: str,
+        states: Mapping[str, LaneState],
+        image_id: str | None,
+        sleepers: Sleepers = NO_SLEEPERS,
+    ) -> list[Finding]:
+        """The lane's preflight findings as of now ([] without a host adapter)."""
+        if self.host is None:
+            return []
+        peer = policy.port_peer(config, lane, states)
+        return await self.host.preflight(config, lane, peer, image_id, sleepers)
+
+    async def still_ending(self, unit: str, seen: UnitSnapshot | None) -> bool:
+        """Whether the unit runs or is stopping, by systemd or by what laned has seen.
+
+        systemd may answer "inactive" before its signal of that change reached laned; then the
+        stop job that follows ends at once, and systemd sends a unit's pending change before the
+        end of a job (bus_job_send_removed_signal), so laned has seen the exit."""
+        snap = await self.systemd.snapshot(unit)
+        return snap.ending or (seen is not None and seen.ending)
+
+    async def stop(self, unit: str) -> Refused | None:
+        """Stop the unit and confirm systemd has it stopped."""
+        await self.systemd.stop_unit(unit)
+        snap = await self.systemd.snapshot(unit)
+        if snap.running:
             return Refused(
-                f"port {spec.port} is still in use after the group's other lanes stopped",
-                f"find it: ss -ltnp 'sport = :{spec.port}'",
+                f"{unit} is still {snap.active_state} after its stop job", "see `laned logs`"
             )
-        await asyncio.sleep(0.1)
-    return None
+        return None
 
-
-async def start(systemd: Systemd, unit: str) -> None:
-    """Clear a failed state and start the unit (the start job ends when it runs)."""
-    await systemd.reset_failed_unit(unit)
-    result = await systemd.start_unit(unit)
-    if result not in ("done", "skipped"):
-        log.warning("start job of %s ended %s", unit, result)
-
-
-@dataclass(frozen=True)
-class Asleep:
-    """A sleep confirmed: the engine's processes (for the GPU-memory gate) and what they keep
-    on each GPU by index (empty where NVML cannot list processes)."""
-
-    pids: frozenset[int]
-    residual: dict[int, int]
-
-
-async def sleep(
-    probe: Probe,
-    host: Host | None,
-    lane: str,
-    spec: LaneConfig,
-    seen: UnitSnapshot | None,
-    note: Note,
-    level: int,
-) -> Refused | Asleep:
-    """Put the lane's engine to sleep at `level` (its requests drained first) and confirm
-    it: /is_sleeping, and where NVML lists processes, less GPU memory held by the engine's
-    processes than before (what stays is its residual, said in a note)."""
-    pids = (
-        set()
-        if host is None or seen is None
-        else await host.engine_pids(lane, spec, seen.control_group)
-    )
-    before = None if host is None else await host.gpu_memory_of(spec, pids)
-    try:
-        await probe.sleep(spec.port, level, timeout=spec.stop_timeout)
-        asleep = await probe.is_sleeping(spec.port)
-    except LanedError as exc:
-        return Refused(f"sleep (level {level}): {exc.message}", exc.hint)
-    if not asleep:
-        return Refused(f"sleep (level {level}): /is_sleeping still says false after /sleep")
-    after = None if host is None else await host.gpu_memory_of(spec, pids)
-    if before is None or after is None:
-        return Asleep(frozenset(pids), {})
-    held, kept = sum(before.values()), sum(after.values())
-    if held > 0 and kept >= held:
-        return Refused(
-            f"sleep (level {level}): its processes still hold {kept / GIB:.2f} GiB of GPU "
-            "memory, no less than before",
-            "is --enable-sleep-mode in its wrapper? (laned render)",
-        )
-    note(
-        EventKind.SLEEP,
-        f"asleep: {(held - kept) / GIB:.2f} GiB of GPU memory released, {kept / GIB:.2f} GiB stay",
-    )
-    return Asleep(frozenset(pids), after)
-
-
-async def canary_check(
-    probe: Probe, config: Config, lane: str, spec: LaneConfig, digest: str
-) -> tuple[canary.Outcome | None, str]:
-    """Ask the canary and judge the answer against what is kept for `digest` (a first
-    answer is kept). (None, why) when it could not be asked."""
-    try:
-        answer = await probe.canary(
-            spec.port, spec.served_model_name, read_api_key(spec.secrets_path), timeout=120
-        )
-    except LanedError as exc:
-        return None, exc.message
-    path = state.canary_path(config.daemon.state_dir, lane)
-    outcome, detail = canary.judge(await asyncio.to_thread(state.load_kept, path), digest, answer)
-    if outcome is canary.Outcome.RECORDED:
+    async def container_gone(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
+        """A stopped container lane's container must be gone before the next lane starts."""
+        if self.host is None or spec.container is None:
+            return None
         try:
-            await asyncio.to_thread(state.save_kept, path, answer.to_json(digest))
+            gone = await self.host.wait_container_gone(lane, spec, spec.stop_timeout)
+        except PodmanError as exc:
+            note(EventKind.GATE, f"cannot confirm the container is gone: {exc.message}")
+            return None
+        if gone:
+            return None
+        return Refused(
+            f"its container is still there {spec.stop_timeout:g}s after the stop",
+            "see `podman ps -a`; remove it with `podman rm -f` and activate again",
+        )
+
+    async def clear_for_start(
+        self,
+        lane: str,
+        spec: LaneConfig,
+        last_image: str | None,
+        note: Note,
+        recorder: Recorder,
+        waking: bool = False,
+        sleepers: Collection[int] = (),
+    ) -> Refused | None:
+        """Before a start: `prepare` after an image change, the GPU memory released, the port
+        free. Why the lane cannot start, or None. Before a wake from sleep only the GPU memory:
+        the engine keeps its image and holds its own port."""
+        host = self.host
+        if host is not None and spec.container is not None and spec.prepare and not waking:
+            try:
+                image = await host.image_id(spec)
+            except PodmanError:
+                image = None  # preflight already warned; podman itself will say at start
+            if image and last_image and image != last_image:
+                note(EventKind.PREPARE, "image changed: running prepare")
+                try:
+                    await run_prepare(lane, spec, lambda line: note(EventKind.PREPARE, line))
+                except LanedError as exc:
+                    return Refused(f"prepare: {exc.message}", exc.hint)
+        if host is not None and spec.gpu_gate.enabled:
+            result, why = await host.gpu_gate(spec, sleepers)
+            if result is None:
+                note(EventKind.GATE, f"GPU-memory gate skipped: {why}")
+            else:
+                recorder.gpu_gate(lane, result.released, result.waited)
+                if not result.released:
+                    note(EventKind.GATE, "GPU-memory gate timed out")
+                    return Refused(
+                        f"gpu-gate: still held after {result.waited:.1f}s: "
+                        + "; ".join(result.still_held),
+                        "see `nvidia-smi` for what holds the GPU memory",
+                    )
+                note(
+                    EventKind.GATE,
+                    f"GPU memory released after {result.waited:.3f}s ({result.polls} reading(s))",
+                )
+                readings = None if waking or not sleepers else await host.gpu_readings(spec)
+                beside = beside_sleepers(lane, spec, readings or [], sleepers)
+                if beside:  # vLLM would refuse to start: say so now, with the flag to lower
+                    return Refused(f"gpu-gate: {beside[0].message}", beside[0].hint)
+        deadline = time.monotonic() + 5
+        while not waking and await asyncio.to_thread(port_busy, spec.port):
+            # A stopped engine's listener is gone at once; give a slow exit a moment.
+            if time.monotonic() > deadline:
+                return Refused(
+                    f"port {spec.port} is still in use after the group's other lanes stopped",
+                    f"find it: ss -ltnp 'sport = :{spec.port}'",
+                )
+            await asyncio.sleep(0.1)
+        return None
+
+    async def start(self, unit: str) -> None:
+        """Clear a failed state and start the unit (the start job ends when it runs)."""
+        await self.systemd.reset_failed_unit(unit)
+        result = await self.systemd.start_unit(unit)
+        if result not in ("done", "skipped"):
+            log.warning("start job of %s ended %s", unit, result)
+
+    def follow_logs(
+        self, units: Iterable[str], since: float | None, opened: Callable[[], None] | None
+    ) -> AsyncIterator[tuple[str, str, float]]:
+        return journal.follow(units, since, opened)
+
+    # --- the engines ------------------------------------------------------------------------
+
+    def api_key(self, spec: LaneConfig) -> str | None:
+        return read_api_key(spec.secrets_path)
+
+    async def health(self, port: int, path: str = "/health") -> bool:
+        return await self.probe.health(port, path)
+
+    async def models(self, port: int, api_key: str | None) -> list[str] | None:
+        return await self.probe.models(port, api_key)
+
+    async def accepts(self, port: int) -> bool:
+        return await self.probe.accepts(port)
+
+    async def sample(self, port: int) -> EngineSample | None:
+        return await self.probe.sample(port)
+
+    async def sleep_level(self, port: int) -> int | None:
+        return await self.probe.sleep_level(port)
+
+    async def sleep(
+        self,
+        lane: str,
+        spec: LaneConfig,
+        seen: UnitSnapshot | None,
+        note: Note,
+        level: int,
+    ) -> Refused | Asleep:
+        """Put the lane's engine to sleep at `level` (its requests drained first) and confirm
+        it: /is_sleeping, and where NVML lists processes, less GPU memory held by the engine's
+        processes than before (what stays is its residual, said in a note)."""
+        probe, host = self.probe, self.host
+        pids = (
+            set()
+            if host is None or seen is None
+            else await host.engine_pids(lane, spec, seen.control_group)
+        )
+        before = None if host is None else await host.gpu_memory_of(spec, pids)
+        try:
+            await probe.sleep(spec.port, level, timeout=spec.stop_timeout)
+            asleep = await probe.is_sleeping(spec.port)
         except LanedError as exc:
-            return outcome, f"{detail} (not kept: {exc.message})"
-    return outcome, detail
-
-
-def sleep_level_now(spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
-    """The level the lane sleeps at now (laned.preflight.fit.sleep_level_for): its own, or
-    2 where host RAM cannot hold its weights at level 1 (`pinned`: its engine holds its
-    pinned buffers from an earlier level-1 sleep); and why, when the level is not its own.
-    Blocking (it reads the model directory): call it off the loop."""
-    weights = weights_gib(model_path(spec))
-    return sleep_level_for(spec.sleep_level, weights, meminfo().get("MemAvailable"), pinned)
-
-
-async def found_asleep(probe: Probe, spec: LaneConfig) -> bool:
-    """Whether a running lane that can sleep sleeps now (False when it cannot say)."""
-    if not spec.sleep_level:
-        return False
-    try:
-        return await probe.is_sleeping(spec.port)
-    except LanedError:
-        return False
-
-
-async def wake(probe: Probe, spec: LaneConfig, level: int) -> Refused | None:
-    """Wake the engine asleep at `level`: every tag; after level 2 the weights read again and
-    the prefix cache reset (a level-2 wake alone answers wrongly, vLLM #29341)."""
-    try:
-        awake = await probe.wake_up(spec.port, timeout=spec.start_timeout)
-        if level == 2:
-            await probe.reload_weights(spec.port, timeout=spec.start_timeout)
-            await probe.reset_prefix_cache(spec.port)
-        if not awake or await probe.is_sleeping(spec.port):
-            return Refused("wake: the engine still says it sleeps after /wake_up")
-    except LanedError as exc:
-        return Refused(f"wake: {exc.message}", exc.hint)
-    return None
-
-
-async def running_image(host: Host | None, lane: str, spec: LaneConfig) -> str | None:
-    """The image a container lane runs (it may have been rebuilt since it started)."""
-    if host is None or spec.container is None:
-        return None
-    try:
-        running = await host.podman.container(container_name(lane, spec))
-        return running.image_id if running else await host.image_id(spec)
-    except PodmanError as exc:
-        log.warning("%s: cannot record the image id: %s", lane, exc.message)
-        return None
-
-
-async def run_checks(
-    probe: Probe,
-    spec: LaneConfig,
-    gates: Sequence[str],
-    last_cold_start: float | None,
-    on_result: Callable[[GateResult], None],
-) -> list[GateResult]:
-    """Run acceptance gates against the lane's engine, over the probe's connections."""
-    client = EngineClient(
-        probe.url(spec.port, ""),
-        spec.served_model_name,
-        read_api_key(spec.secrets_path),
-        timeout=max(spec.checks.deadline, spec.checks.context_deadline) + 30,
-        pool=probe.client,
-    )
-    try:
-        return list(
-            await run_gates(client, spec.checks, gates, last_cold_start, on_result=on_result)
-        )
-    finally:
-        await client.close()
-
-
-async def drain(
-    traffic: Traffic,
-    lane: str,
-    spec: LaneConfig,
-    force: bool,
-    note: Callable[[str], None],
-    clock: Callable[[], float],
-) -> None:
-    """Wait for the requests laned's OpenAI endpoint has in flight to the lane (it sends it
-    no new ones: the lane is stopping or restarting), up to the lane's drain_timeout;
-    `force` cuts them. The notes say which."""
-    count = traffic.in_flight(lane)
-    if not count:
-        return
-    if force:
-        note(f"force: cutting {count} request(s) in flight, no drain")
-        return
-    note(f"draining {count} request(s) (drain_timeout {spec.drain_timeout:g} s)")
-    began = clock()
-    left = await traffic.drain(lane, spec.drain_timeout)
-    if left:
+            return Refused(f"sleep (level {level}): {exc.message}", exc.hint)
+        if not asleep:
+            return Refused(f"sleep (level {level}): /is_sleeping still says false after /sleep")
+        after = None if host is None else await host.gpu_memory_of(spec, pids)
+        if before is None or after is None:
+            return Asleep(frozenset(pids), {})
+        held, kept = sum(before.values()), sum(after.values())
+        if held > 0 and kept >= held:
+            return Refused(
+                f"sleep (level {level}): its processes still hold {kept / GIB:.2f} GiB of GPU "
+                "memory, no less than before",
+                "is --enable-sleep-mode in its wrapper? (laned render)",
+            )
         note(
-            f"drain_timeout {spec.drain_timeout:g} s passed: cutting {left} request(s) still in flight"
+            EventKind.SLEEP,
+            f"asleep: {(held - kept) / GIB:.2f} GiB of GPU memory released, {kept / GIB:.2f} GiB stay",
         )
-    else:
-        note(f"drained {count} request(s) in {clock() - began:.1f} s")
+        return Asleep(frozenset(pids), after)
+
+    async def canary(self, spec: LaneConfig) -> canary.Answer:
+        """The engine's answer to the canary prompt (LanedError when it cannot answer)."""
+        key = await asyncio.to_thread(read_api_key, spec.secrets_path)
+        return await self.probe.canary(spec.port, spec.served_model_name, key, timeout=120)
+
+    def sleep_level_now(self, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
+        """The level the lane sleeps at now (laned.preflight.fit.sleep_level_for): its own, or
+        2 where host RAM cannot hold its weights at level 1 (`pinned`: its engine holds its
+        pinned buffers from an earlier level-1 sleep); and why, when the level is not its own.
+        Blocking (it reads the model directory): call it off the loop."""
+        weights = weights_gib(model_path(spec))
+        return sleep_level_for(spec.sleep_level, weights, meminfo().get("MemAvailable"), pinned)
+
+    async def asleep(self, spec: LaneConfig) -> bool:
+        """Whether a running lane that can sleep sleeps now (False when it cannot say)."""
+        if not spec.sleep_level:
+            return False
+        try:
+            return await self.probe.is_sleeping(spec.port)
+        except LanedError:
+            return False
+
+    async def wake(self, spec: LaneConfig, level: int) -> Refused | None:
+        """Wake the engine asleep at `level`: every tag; after level 2 the weights read again and
+        the prefix cache reset (a level-2 wake alone answers wrongly, vLLM #29341)."""
+        probe = self.probe
+        try:
+            awake = await probe.wake_up(spec.port, timeout=spec.start_timeout)
+            if level == 2:
+                await probe.reload_weights(spec.port, timeout=spec.start_timeout)
+                await probe.reset_prefix_cache(spec.port)
+            if not awake or await probe.is_sleeping(spec.port):
+                return Refused("wake: the engine still says it sleeps after /wake_up")
+        except LanedError as exc:
+            return Refused(f"wake: {exc.message}", exc.hint)
+        return None
+
+    async def running_image(self, lane: str, spec: LaneConfig) -> str | None:
+        """The image a container lane runs (it may have been rebuilt since it started)."""
+        if self.host is None or spec.container is None:
+            return None
+        try:
+            running = await self.host.podman.container(container_name(lane, spec))
+            return running.image_id if running else await self.host.image_id(spec)
+        except PodmanError as exc:
+            log.warning("%s: cannot record the image id: %s", lane, exc.message)
+            return None
+
+    async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        if self.host is None:
+            return set()
+        return await self.host.engine_pids(lane, spec, control_group)
+
+    def use_podman(self, socket: str) -> None:
+        if self.host is not None:
+            self.host.podman.use(socket)
+
+    async def run_checks(
+        self,
+        spec: LaneConfig,
+        gates: Sequence[str],
+        last_cold_start: float | None,
+        on_result: Callable[[GateResult], None],
+    ) -> list[GateResult]:
+        """Run acceptance gates against the lane's engine, over the probe's connections."""
+        client = EngineClient(
+            self.probe.url(spec.port, ""),
+            spec.served_model_name,
+            read_api_key(spec.secrets_path),
+            timeout=max(spec.checks.deadline, spec.checks.context_deadline) + 30,
+            pool=self.probe.client,
+        )
+        try:
+            return list(
+                await run_gates(client, spec.checks, gates, last_cold_start, on_result=on_result)
+            )
+        finally:
+            await client.close()
+
+    # --- the host, read ------------------------------------------------------------------------
+
+    def journald_down(self) -> str | None:
+        return journal.journald_down()
+
+    async def log_tail(self, unit: str, lines: int) -> list[str]:
+        return await journal.tail(unit, lines)
+
+    async def container(self, lane: str, spec: LaneConfig) -> dict[str, Any] | None:
+        if spec.container is None or self.host is None:
+            return None
+        name = container_name(lane, spec)
+        try:
+            found = await self.host.podman.container(name)
+        except LanedError as exc:
+            # Only the view suffers: the lane itself runs under systemd, not through the API.
+            return {"name": name, "status": "unknown", "error": exc.message, "hint": exc.hint}
+        return {"name": name, "status": "absent"} if found is None else found.to_json()
+
+    async def container_logs(self, lane: str, spec: LaneConfig, lines: int) -> list[str]:
+        if spec.container is None or self.host is None:
+            raise NotAContainer(f"lane {lane} is not a container lane", "use source=journal")
+        return await self.host.podman.logs(container_name(lane, spec), lines)
+
+    async def facts(self) -> HostFacts:
+        if self.host is None:
+            total = meminfo().get("MemTotal")
+            return HostFacts(None, "not read: laned runs without its host adapter", total)
+        return await self.host.facts()
+
+    def weights_gib(self, model: str | None) -> float | None:
+        return weights_gib(model)
+
+    async def close(self) -> None:
+        await self.probe.close()
+        if self.host is not None:
+            self.host.close()
+
+    # --- the page cache -----------------------------------------------------------------------
+
+    def weight_files(self, model: str | None) -> list[str]:
+        return weight_files(model)
+
+    def residency(self, files: Sequence[str]) -> Residency:
+        return residency(files)
+
+    def mem_available(self) -> float | None:
+        available = meminfo().get("MemAvailable")
+        return None if available is None else available * GIB
+
+    def read_ahead(
+        self,
+        files: Sequence[str],
+        budget_bytes: int,
+        max_bytes_per_s: float,
+        stop: threading.Event,
+        memory_left: Callable[[], float],
+    ) -> Prefetched:
+        return prefetch(files, budget_bytes, max_bytes_per_s, stop, memory_left)

@@ -31,30 +31,30 @@ from types import MappingProxyType
 from typing import Any
 
 from laned.adapters import state
-from laned.adapters.host import Host
-from laned.adapters.probes import Probe
-from laned.adapters.systemd import Systemd
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import podman_socket, unit_name
 from laned.core import policy, resume
-from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
+from laned.core.lanes import Desired, Event, EventKind, LaneStatus
 from laned.core.liveness import engine_summary
+from laned.core.machine import Ev
 from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
 from laned.core.schedule import Admission
 from laned.errors import ConfigRefused, Finding, LanedError
-from laned.owner import steps
 from laned.owner.bus import BusKeeper
 from laned.owner.checks import Checks
 from laned.owner.ledger import Listener
 from laned.owner.outages import Outages
 from laned.owner.prefetching import Prefetches
 from laned.owner.reactions import Reactions
-from laned.owner.records import LaneRun, Records
+from laned.owner.records import Records
 from laned.owner.requests import Requests
 from laned.owner.scheduler import Scheduler
+from laned.owner.seam import Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
+from laned.preflight.facts import HostFacts
+from laned.preflight.rules import model_path
 from laned.render import plan as render
 
 log = logging.getLogger("laned.supervisor")
@@ -66,26 +66,24 @@ class Supervisor:
     def __init__(
         self,
         config: Config,
-        systemd: Systemd,
-        probe: Probe,
+        seam: Seam,
         systemd_version: int = render.DEFAULT_SYSTEMD_VERSION,
-        host: Host | None = None,  # podman and NVML: preflight, the GPU gate, containers
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.systemd, self.probe, self.host, self.clock = systemd, probe, host, clock
+        """`seam`: the one way to the host (laned.owner.steps.HostSeam over the adapters)."""
+        self.seam, self.clock = seam, clock
         self.records = records = Records(config, clock, systemd_version)
         self.traffic = Traffic(clock)  # laned's OpenAI endpoint counts its requests here
-        self.checks = Checks(records, probe)
-        self.reactions = Reactions(records, systemd, probe, host, self.checks, restarts=self)
-        sleeping = Sleeping(records, systemd, probe, host, self.traffic, self.reactions)
-        self.prefetches = Prefetches(records)
-        self.requests = Requests(
-            records, systemd, probe, host, self.traffic, self.reactions, sleeping, self.prefetches
-        )
-        self.outages = Outages(records, self.reactions, self.requests)
+        self.checks = Checks(records, seam)
+        self.reactions = Reactions(records, seam, self.checks, restarts=self)
+        sleeping = Sleeping(records, seam, self.traffic, self.reactions)
+        self.prefetches = Prefetches(records, seam)
+        self.requests = Requests(records, seam, self.traffic, sleeping, self.prefetches)
+        records.bind(self.reactions.watch, self.requests.restart_after_failure)
+        self.outages = Outages(records, seam, self.reactions, self.requests)
         self.scheduler = Scheduler(records, self.traffic, self.requests.activate)
         self.bus = BusKeeper(
-            systemd,
+            seam,
             lambda: records.units,
             self.reactions.unit_changed,
             self.outages.resynced,
@@ -127,29 +125,24 @@ class Supervisor:
         running = []
         for unit, lane in r.units.items():
             r.snapshots[lane] = snap = await self.bus.snapshot(unit)
-            if snap.running and await steps.found_asleep(self.probe, r.config.lanes[lane]):
+            if snap.running and await self.seam.asleep(r.config.lanes[lane]):
                 # Put to sleep by an earlier laned: it stays asleep, not desired, until woken.
-                r.ledger.desire(lane, Desired.INACTIVE)
-                r.ledger.transition(lane, LaneState.SLEEPING, "found asleep")
                 # Taken to be asleep with the config laned starts with (which it cannot tell),
                 # at the level the engine says (a level 2 woken as 1 would skip its reload).
-                r.runs[lane].slept_as = render.lane_digest(r.config, lane, r.systemd_version)
-                level = await self.probe.sleep_level(r.config.lanes[lane].port)
-                r.runs[lane].slept_level = level or 0
-                if self.host is not None:  # its processes, for the GPU-memory gate
-                    spec = r.config.lanes[lane]
-                    pids = await self.host.engine_pids(lane, spec, snap.control_group)
-                    r.runs[lane].sleepers = frozenset(pids)
+                spec = r.config.lanes[lane]
+                level = await self.seam.sleep_level(spec.port)
+                # Its processes, for the GPU-memory gate.
+                pids = await self.seam.engine_pids(lane, spec, snap.control_group)
+                digest = render.lane_digest(r.config, lane, r.systemd_version)
+                r.ledger.desire(lane, Desired.INACTIVE)
+                r.ledger.found_asleep(lane, digest, level or 0, frozenset(pids))
             elif snap.running:
                 running.append(lane)
         desired = {n: s.desired for n, s in r.statuses.items()}
         plan = resume.plan_reconcile(r.config, running, desired, r.ledger.states(), first)
         for lane in plan.adopt:
             r.ledger.desire(lane, Desired.ACTIVE)
-            if r.runs[lane].started_at is None:
-                r.begin_start(lane)
-            r.ledger.transition(lane, LaneState.STARTING, "adopted: already running")
-            self.reactions.follow(lane)
+            r.fire(lane, Ev.ADOPT, "adopted: already running")
         for lane, reason in plan.start:
             self.requests.spawn_activation(lane, reason)
 
@@ -164,7 +157,7 @@ class Supervisor:
         operation under way, or changing settings only a restart of laned applies."""
         r = self.records
         under_way = {op.lane for op in r.ops.current.values()}
-        under_way |= {name for name, run in r.runs.items() if run.restart is not None}
+        under_way |= set(r.restarts)
         problems = policy.reload_problems(r.config, new, r.ledger.states(), under_way)
         if problems:
             raise ConfigRefused(
@@ -174,17 +167,15 @@ class Supervisor:
         changes = render.apply(new, r.systemd_version)
         restart_needed = policy.restart_needed(r.config, new, r.ledger.states())
         keys = policy.reload_changes(r.config, new)
-        if self.host is not None:
-            self.host.podman.use(podman_socket(new, os.environ))
+        self.seam.use_podman(podman_socket(new, os.environ))
         old, r.config = r.config, new
         r.units = {unit_name(n, spec): n for n, spec in new.lanes.items()}
         for lane in old.lanes.keys() - new.lanes.keys():
             r.ledger.drop(lane)
         for lane in new.lanes:
             r.ledger.add(lane)
-            r.runs.setdefault(lane, LaneRun())  # a dropped lane's stays, inert
         r.writer.mark()
-        await self.systemd.reload()
+        await self.seam.reload()
         await self.bus.ref_units()
         if self._log_task is not None:
             self._log_task.cancel()
@@ -288,20 +279,60 @@ class Supervisor:
         """Which lane each process on the GPUs is an engine process of (pid -> lane): the
         lanes that run, from their units' cgroups (a container's own too)."""
         r, holders = self.records, {}
-        if self.host is None:
-            return {}
         for lane, seen in list(r.snapshots.items()):
             if lane not in r.config.lanes or not seen.running:
                 continue
             spec = r.config.lanes[lane]
             try:  # its cgroup as systemd has it now (ControlGroup comes with no signal)
-                snap = await self.systemd.snapshot(unit_name(lane, spec))
+                snap = await self.seam.snapshot(unit_name(lane, spec))
             except LanedError:
                 continue
             if snap.control_group:
-                for pid in await self.host.engine_pids(lane, spec, snap.control_group):
+                for pid in await self.seam.engine_pids(lane, spec, snap.control_group):
                     holders[pid] = lane
         return holders
+
+    # --- the host, read (through the seam: the front's one way to it) -------------------------
+
+    def journald_down(self) -> str | None:
+        """Why journald does not answer now (one connect to its socket); None when it does."""
+        return self.seam.journald_down()
+
+    async def log_lines(self, lane: str, lines: int, source: str = "journal") -> list[str]:
+        """The engine's last log lines, from journald or its running container's own log."""
+        spec = self.spec(lane)
+        if source == "journal":
+            return await self.seam.log_tail(unit_name(lane, spec), lines)
+        return await self.seam.container_logs(lane, spec, lines)
+
+    async def container(self, lane: str) -> dict[str, Any] | None:
+        """A container lane's container as podman shows it now (None for other lanes)."""
+        return await self.seam.container(lane, self.spec(lane))
+
+    async def host_facts(self) -> HostFacts:
+        """The host's GPUs and memory as read now."""
+        return await self.seam.facts()
+
+    async def weights_gib(self, lanes: Sequence[str]) -> dict[str, float | None]:
+        """The size of each lane's local weight files."""
+        config, seam = self.config, self.seam
+        return await asyncio.to_thread(
+            lambda: {name: seam.weights_gib(model_path(config.lanes[name])) for name in lanes}
+        )
+
+    async def weights_resident(self) -> dict[str, dict[str, Any]]:
+        """Each lane with local weight files: its model and how much is in the page cache."""
+        config, seam = self.config, self.seam
+
+        def look() -> dict[str, dict[str, Any]]:
+            found = {}
+            for name, spec in config.lanes.items():
+                files = seam.weight_files(model_path(spec))
+                if files:
+                    found[name] = {"model": model_path(spec), **seam.residency(files).to_json()}
+            return found
+
+        return await asyncio.to_thread(look)
 
     @property
     def notices(self) -> Mapping[str, str]:
@@ -310,7 +341,7 @@ class Supervisor:
 
     def engine_summary(self, lane: str) -> dict[str, float] | None:
         """The engine's load from its /metrics (running lanes only), with tokens/s over a minute."""
-        window = self.records.runs[lane].samples
+        window = self.records.statuses[lane].samples
         if not window or self.records.statuses[lane].state not in policy.RUNNING_STATES:
             return None
         return engine_summary(list(window))

@@ -113,6 +113,28 @@ class Traffic:
                 await asyncio.wait_for(self._idle_event(lane).wait(), timeout)
         return self.in_flight(lane)
 
+    async def drain_before_stop(
+        self, lane: str, drain_timeout: float, force: bool, note: Callable[[str], None]
+    ) -> None:
+        """Wait for the requests in flight to the lane (it is sent no new ones: it is
+        stopping or restarting), up to its drain_timeout; `force` cuts them. The notes say
+        which."""
+        count = self.in_flight(lane)
+        if not count:
+            return
+        if force:
+            note(f"force: cutting {count} request(s) in flight, no drain")
+            return
+        note(f"draining {count} request(s) (drain_timeout {drain_timeout:g} s)")
+        began = self.clock()
+        left = await self.drain(lane, drain_timeout)
+        if left:
+            note(
+                f"drain_timeout {drain_timeout:g} s passed: cutting {left} request(s) still in flight"
+            )
+        else:
+            note(f"drained {count} request(s) in {self.clock() - began:.1f} s")
+
     def _idle_event(self, lane: str) -> asyncio.Event:
         event = self._idle.get(lane)
         if event is None:

@@ -13,13 +13,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from laned.adapters import journal
-from laned.adapters.host import meminfo
-from laned.adapters.probes import Probe
-from laned.adapters.secret_files import read_api_key
 from laned.config.model import LaneConfig
 from laned.core.liveness import EngineSample, MemoryFloor, StallDetector
 from laned.core.phases import Seen, read_line
+from laned.owner.seam import Seam
+from laned.preflight.facts import GIB
 
 
 @dataclass(frozen=True)
@@ -96,7 +94,7 @@ def close_watch_from(expected: float | None) -> float | None:
 
 
 async def await_ready(
-    probe: Probe,
+    seam: Seam,
     spec: LaneConfig,
     poke: asyncio.Event,
     report: Report,
@@ -115,12 +113,12 @@ async def await_ready(
         return True
     started = time.monotonic()
     interval = spec.probe.start_interval_min
-    key = read_api_key(spec.secrets_path)
+    key = seam.api_key(spec)
     planned = close_watch_from(expected)
     close_until, opened = 0.0, False
     while True:
-        if await probe.health(spec.port, spec.health_path):
-            models = await probe.models(spec.port, key)
+        if await seam.health(spec.port, spec.health_path):
+            models = await seam.models(spec.port, key)
             if models is not None and spec.served_model_name in models:
                 return True
         elapsed = time.monotonic() - started
@@ -135,7 +133,7 @@ async def await_ready(
         if elapsed < close_until:
             if opened:  # it takes connections but does not serve yet (or a proxy holds the port)
                 await asyncio.sleep(CLOSE_HTTP)
-            opened = await _until_accepting(probe, spec.port, CLOSE_HTTP)
+            opened = await _until_accepting(seam, spec.port, CLOSE_HTTP)
             continue
         wait = interval if planned is None else min(interval, planned - elapsed)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -143,17 +141,17 @@ async def await_ready(
         interval = min(interval * 1.5, spec.probe.start_interval_max)
 
 
-async def _until_accepting(probe: Probe, port: int, at_most: float) -> bool:
+async def _until_accepting(seam: Seam, port: int, at_most: float) -> bool:
     """Whether the port took a connection within `at_most` seconds (tried every CLOSE_EVERY)."""
     deadline = time.monotonic() + at_most
-    while not await probe.accepts(port):
+    while not await seam.accepts(port):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(CLOSE_EVERY)
     return True
 
 
-async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None:
+async def watch_liveness(seam: Seam, spec: LaneConfig, report: Report) -> None:
     """Every probe.interval: health, then /metrics (stall), then the host's memory floor.
     Returns when the owner says stop, or after reporting a failure that ends the run."""
     if spec.headless():
@@ -166,13 +164,13 @@ async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None
         await asyncio.sleep(settings.interval)
         if not report(Tick()):
             return
-        if not await probe.health(spec.port, spec.health_path):
+        if not await seam.health(spec.port, spec.health_path):
             failures += 1
             if not report(ProbeFailed(failures, settings.failures)):
                 return
             continue
         failures = 0
-        sample = await probe.sample(spec.port)
+        sample = await seam.sample(spec.port)
         now = time.monotonic()
         if sample is not None:
             if not report(Sampled(sample, now)):
@@ -181,13 +179,15 @@ async def watch_liveness(probe: Probe, spec: LaneConfig, report: Report) -> None
                 report(Stalled(sample, settings.stall_after))
                 return
         if settings.memory_floor_gib > 0:
-            available = meminfo().get("MemAvailable")
+            free = seam.mem_available()
+            available = None if free is None else free / GIB
             if floor.observe(available, now) and available is not None:
                 report(MemoryLow(available))
                 return
 
 
 async def follow_phases(
+    seam: Seam,
     units: Callable[[], Mapping[str, str]],
     report: Callable[[str, Seen, float], None],
     since: float | None = None,
@@ -195,7 +195,7 @@ async def follow_phases(
 ) -> None:
     """Report (unit, what it says, when it was logged) for every startup line of the lane
     units' logs from `since` (default: now); JournalUnavailable when they cannot be read."""
-    async for unit, line, at in journal.follow(units(), since, opened):
+    async for unit, line, at in seam.follow_logs(units(), since, opened):
         seen = read_line(line)
         if seen is not None:
             report(unit, seen, at)

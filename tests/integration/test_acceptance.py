@@ -111,8 +111,8 @@ def test_a_slow_lane_fails_speed_and_is_degraded_but_left_running(
             assert status.checks["gates"]["chat"]["passed"]  # type: ignore[index]
             assert status.restarts == 0, "a failed check is no reason to restart"
             # Liveness keeps probing the degraded lane (each probe adds a metrics sample) ...
-            seen = len(sup.records.runs["a"].samples)
-            await until(lambda: len(sup.records.runs["a"].samples) >= seen + 3, 10, "3 more probes")
+            seen = len(sup.statuses["a"].samples)
+            await until(lambda: len(sup.statuses["a"].samples) >= seen + 3, 10, "3 more probes")
             assert sup.statuses["a"].state is LaneState.DEGRADED  # ... and does not restart it
             assert sup.statuses["a"].restarts == 0
 

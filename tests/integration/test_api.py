@@ -26,6 +26,7 @@ from laned.config.load import parse_config
 from laned.daemon import api_server as http_server
 from laned.daemon import api_settings
 from laned.errors import LanedError
+from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
 from tests.helpers import ROOT, free_port
 from tests.integration.conftest import Harness, Units
@@ -50,7 +51,7 @@ async def api_server(
 ) -> AsyncIterator[Supervisor]:
     """A started supervisor with its API on 127.0.0.1:api_port (with `host`: preflight, GPU
     gate, podman)."""
-    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252, host=host)
+    sup = Supervisor(config, HostSeam(Systemd(harness.bus), Probe(), host), systemd_version=252)
     metrics = LanedMetrics()
     sup.recorder = metrics
     front = Front(sup)
@@ -67,7 +68,7 @@ async def api_server(
         server.stop()
         await task
         await sup.close()
-        await sup.probe.close()
+        await sup.seam.close()
 
 
 def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
@@ -230,7 +231,7 @@ def test_the_door_answers_lanes_and_metrics_as_their_routes_do(
     config = lane_config(harness, units, tmp_path, {"a": FAST, "b": FAST}, port)
 
     async def scenario() -> None:
-        sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252)
+        sup = Supervisor(config, HostSeam(Systemd(harness.bus), Probe()), systemd_version=252)
         metrics = LanedMetrics()
         sup.recorder = metrics
         front = Front(sup)
@@ -271,7 +272,7 @@ def test_the_door_answers_lanes_and_metrics_as_their_routes_do(
                 assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal"
         finally:
             await sup.close()
-            await sup.probe.close()
+            await sup.seam.close()
 
     asyncio.run(scenario())
 

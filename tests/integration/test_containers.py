@@ -78,9 +78,8 @@ def test_container_lanes_swap_both_ways_reusing_their_compile_cache(
                     :12
                 ]
             )
-            assert sup.host is not None
-            state = await sup.host.podman.container(ctr_a)
-            assert state is not None and state.status == "running"
+            state = await sup.container("a")
+            assert state is not None and state["status"] == "running"
             # No NVML here: the gate says it was skipped, and why.
             assert any("GPU-memory gate skipped" in n for n in notes(sup, "a", EventKind.GATE))
 

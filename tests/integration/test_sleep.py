@@ -154,7 +154,7 @@ def test_a_sleeping_lane_is_found_asleep_by_the_next_laned(
             assert any("waking (level 2)" in e.reason for e in sup.events if e.lane == "a")
         finally:
             await sup.close()
-            await sup.probe.close()
+            await sup.seam.close()
 
     run(scenario())
 

@@ -25,6 +25,7 @@ from laned.adapters.systemd import Systemd
 from laned.config.load import Config
 from laned.core.lanes import Desired, LaneState, Verdict
 from laned.errors import ActivationFailed, Superseded
+from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
 from tests.helpers import free_port, wait_until
 from tests.integration.conftest import Harness, Units
@@ -52,16 +53,14 @@ async def supervise(
     """A started supervisor; with `host`, also its host adapter (podman API, preflight, the
     GPU gate), as `laned serve` has it; `gpus` stands in for NVML's readings there."""
     adapter = Host(Podman(harness.env["LANED_PODMAN_SOCKET"]), gpus) if host else None
-    sup = Supervisor(config, Systemd(harness.bus), Probe(), systemd_version=252, host=adapter)
+    sup = Supervisor(config, HostSeam(Systemd(harness.bus), Probe(), adapter), systemd_version=252)
     await sup.start()
     return sup
 
 
 async def stop(sup: Supervisor) -> None:
     await sup.close()
-    await sup.probe.close()
-    if sup.host is not None:
-        sup.host.close()
+    await sup.seam.close()
 
 
 @contextlib.asynccontextmanager
@@ -235,16 +234,14 @@ def test_a_crash_loop_ends_in_failed_without_further_restarts(
             assert (
                 status.restarts == 2 and status.last_exit is not None and status.last_exit.code == 3
             )
-            assert sup.records.runs["a"].restart is None, (
+            assert not sup.records.restart_waiting("a"), (
                 "no restart may be pending after a crash loop"
             )
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
         # A new laned leaves the failed lane alone until it is activated again.
         async with supervising(harness, config) as sup:
             assert sup.statuses["a"].state is LaneState.FAILED
-            assert sup.records.ops.current == {} and all(
-                r.restart is None for r in sup.records.runs.values()
-            )
+            assert sup.records.ops.current == {} and not sup.records.restarts
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
             # Deactivating acknowledges the failure.
             await sup.deactivate("a")
@@ -318,7 +315,7 @@ def test_memory_guard_stops_the_lane_when_memavailable_stays_low(
             assert last is not None and last.verdict is Verdict.FAILURE
             assert "seen first as memory-guard" in last.reason
             assert len(sup.statuses["a"].failures) == 1
-            assert sup.records.runs["a"].restart is None
+            assert not sup.records.restart_waiting("a")
 
     run(scenario())
 

@@ -7,41 +7,61 @@ loop that ends in `failed`, a deactivate that wins over a restart waiting to hap
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import inspect
+import threading
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from laned.adapters.pagecache import Prefetched, Residency
 from laned.config.load import parse_config
-from laned.config.model import Config
+from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name
+from laned.core import canary
+from laned.core.exits import ExitRecord
 from laned.core.lanes import Desired, LaneState, Verdict
 from laned.core.liveness import EngineSample
+from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
-from laned.owner import watchers
+from laned.errors import EngineBrokeOff, Finding
+from laned.gates.acceptance import GateResult
+from laned.owner.seam import Asleep, Note, Refused, Seam
 from laned.owner.supervisor import Supervisor
+from laned.preflight.facts import NO_SLEEPERS, HostFacts, Sleepers
 
 
-class FakeManager:
-    """A systemd user manager in memory: StartUnit runs a unit at once, StopUnit stops it,
-    and each change reaches the owner as a PropertiesChanged would."""
+class FakeHost:
+    """The owner's seam (laned.owner.seam.Seam), in memory, and nothing else: a user manager
+    whose StartUnit runs a unit at once and whose StopUnit stops it, each change reaching the
+    owner as a PropertiesChanged would; an engine that answers on a lane's port while its unit
+    runs; no journal, no podman, no NVML, no page cache."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: Config) -> None:
         self.units: dict[str, UnitSnapshot] = {}
-        self.bus = SimpleNamespace(connected=True)
-        self.address = "fake"
-        self.on_unit_change: Callable[[str, dict[str, Any]], None] | None = None
-        self.on_manager_restart: Callable[[], None] | None = None
+        self.lanes = {spec.port: (unit_name(n, spec), spec) for n, spec in config.lanes.items()}
+        self.on_change: Callable[[str, dict[str, Any]], None] | None = None
         self.started: list[str] = []
         self._closed = asyncio.Event()
 
+    # --- what the tests do to it -----------------------------------------------------------
+
     def _set(self, unit: str, **props: Any) -> None:
         self.units[unit] = self.units.get(unit, UnitSnapshot(unit)).update(props)
-        if self.on_unit_change is not None:
-            self.on_unit_change(unit, props)
+        if self.on_change is not None:
+            self.on_change(unit, props)
 
     def running(self, unit: str) -> bool:
         return self.units.get(unit, UnitSnapshot(unit)).active_state == "active"
@@ -51,38 +71,24 @@ class FakeManager:
         self._set(unit, ActiveState="failed", SubState="failed", Result="exit-code",
                   ExecMainCode=CLD_EXITED, ExecMainStatus=status)  # fmt: skip
 
-    async def start_unit(self, unit: str, mode: object = None) -> str:
-        self.started.append(unit)
-        self._set(unit, ActiveState="activating", SubState="start", Result="success")
-        self._set(unit, ActiveState="active", SubState="running")
-        return "done"
+    def _up(self, port: int) -> bool:
+        return port in self.lanes and self.running(self.lanes[port][0])
 
-    async def stop_unit(self, unit: str, mode: object = None) -> str:
-        if self.running(unit):
-            self._set(unit, ActiveState="deactivating", SubState="stop-sigterm")
-            self._set(unit, ActiveState="inactive", SubState="dead", Result="success",
-                      ExecMainCode=CLD_EXITED, ExecMainStatus=0)  # fmt: skip
-        return "done"
+    # --- the user manager ------------------------------------------------------------------
 
-    async def snapshot(self, unit: str) -> UnitSnapshot:
-        return self.units.get(unit, UnitSnapshot(unit))
+    @property
+    def address(self) -> str:
+        return "fake"
 
-    async def connect(self) -> None:
-        pass
+    def connected(self) -> bool:
+        return not self._closed.is_set()
+
+    async def connect(
+        self, on_change: Callable[[str, dict[str, Any]], None], on_restart: Callable[[], None]
+    ) -> None:
+        self.on_change = on_change
 
     async def subscribe(self) -> None:
-        pass
-
-    async def manager_started(self) -> int:
-        return 1
-
-    async def ref_unit(self, unit: str) -> None:
-        pass
-
-    async def reset_failed_unit(self, unit: str) -> None:
-        pass
-
-    async def reload(self) -> None:
         pass
 
     async def wait_closed(self) -> None:
@@ -91,16 +97,87 @@ class FakeManager:
     def disconnect(self) -> None:
         self._closed.set()
 
+    async def manager_started(self) -> int:
+        return 1
 
-class FakeProbe:
-    """An engine answers on a lane's port while the manager runs its unit."""
+    async def system_state(self) -> str:
+        return "running"
 
-    def __init__(self, config: Config, manager: FakeManager) -> None:
-        self.lanes = {spec.port: (unit_name(n, spec), spec) for n, spec in config.lanes.items()}
-        self.manager = manager
+    async def reload(self) -> None:
+        pass
 
-    def _up(self, port: int) -> bool:
-        return port in self.lanes and self.manager.running(self.lanes[port][0])
+    async def ref_unit(self, unit: str) -> None:
+        pass
+
+    async def snapshot(self, unit: str) -> UnitSnapshot:
+        return self.units.get(unit, UnitSnapshot(unit))
+
+    # --- units -----------------------------------------------------------------------------
+
+    async def start(self, unit: str) -> None:
+        self.started.append(unit)
+        self._set(unit, ActiveState="activating", SubState="start", Result="success")
+        self._set(unit, ActiveState="active", SubState="running")
+
+    async def stop(self, unit: str) -> Refused | None:
+        if self.running(unit):
+            self._set(unit, ActiveState="deactivating", SubState="stop-sigterm")
+            self._set(unit, ActiveState="inactive", SubState="dead", Result="success",
+                      ExecMainCode=CLD_EXITED, ExecMainStatus=0)  # fmt: skip
+        return None
+
+    async def still_ending(self, unit: str, seen: UnitSnapshot | None) -> bool:
+        return (await self.snapshot(unit)).ending or (seen is not None and seen.ending)
+
+    async def container_gone(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
+        return None
+
+    def exit_record(self, path: str) -> ExitRecord | None:
+        return None
+
+    async def follow_logs(
+        self, units: Iterable[str], since: float | None, opened: Callable[[], None] | None
+    ) -> AsyncIterator[tuple[str, str, float]]:
+        await asyncio.Event().wait()  # no journal: no line ever comes
+        yield ("", "", 0.0)
+
+    # --- the start gate and what runs ------------------------------------------------------
+
+    async def preflight(
+        self,
+        config: Config,
+        lane: str,
+        states: Mapping[str, LaneState],
+        image_id: str | None,
+        sleepers: Sleepers = NO_SLEEPERS,
+    ) -> list[Finding]:
+        return []
+
+    async def clear_for_start(
+        self,
+        lane: str,
+        spec: LaneConfig,
+        last_image: str | None,
+        note: Note,
+        recorder: Recorder,
+        waking: bool = False,
+        sleepers: Collection[int] = (),
+    ) -> Refused | None:
+        return None
+
+    async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        return set()
+
+    async def running_image(self, lane: str, spec: LaneConfig) -> str | None:
+        return None
+
+    def use_podman(self, socket: str) -> None:
+        pass
+
+    # --- the engines -----------------------------------------------------------------------
+
+    def api_key(self, spec: LaneConfig) -> str | None:
+        return None
 
     async def health(self, port: int, path: str = "/health") -> bool:
         return self._up(port)
@@ -114,8 +191,93 @@ class FakeProbe:
     async def sample(self, port: int) -> EngineSample | None:
         return EngineSample(0, 0, 0, 0) if self._up(port) else None
 
+    async def sleep(
+        self, lane: str, spec: LaneConfig, seen: UnitSnapshot | None, note: Note, level: int
+    ) -> Refused | Asleep:
+        return Refused("this engine has no sleep mode")
+
+    async def wake(self, spec: LaneConfig, level: int) -> Refused | None:
+        return Refused("this engine has no sleep mode")
+
+    async def asleep(self, spec: LaneConfig) -> bool:
+        return False
+
+    async def sleep_level(self, port: int) -> int | None:
+        return None
+
+    def sleep_level_now(self, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
+        return spec.sleep_level, ""
+
+    async def canary(self, spec: LaneConfig) -> canary.Answer:
+        raise EngineBrokeOff("this engine has no canary", "")
+
+    async def run_checks(
+        self,
+        spec: LaneConfig,
+        gates: Sequence[str],
+        last_cold_start: float | None,
+        on_result: Callable[[GateResult], None],
+    ) -> list[GateResult]:
+        return []
+
+    # --- the host, read --------------------------------------------------------------------
+
+    def journald_down(self) -> str | None:
+        return None
+
+    async def log_tail(self, unit: str, lines: int) -> list[str]:
+        return []
+
+    async def container(self, lane: str, spec: LaneConfig) -> dict[str, Any] | None:
+        return None
+
+    async def container_logs(self, lane: str, spec: LaneConfig, lines: int) -> list[str]:
+        return []
+
+    async def facts(self) -> HostFacts:
+        return HostFacts(None, "a fake host")
+
+    def weights_gib(self, model: str | None) -> float | None:
+        return None
+
     async def close(self) -> None:
         pass
+
+    # --- the page cache --------------------------------------------------------------------
+
+    def weight_files(self, model: str | None) -> list[str]:
+        return []
+
+    def residency(self, files: Sequence[str]) -> Residency:
+        return Residency(0, 0, 0)
+
+    def mem_available(self) -> float | None:
+        return None
+
+    def read_ahead(
+        self,
+        files: Sequence[str],
+        budget_bytes: int,
+        max_bytes_per_s: float,
+        stop: threading.Event,
+        memory_left: Callable[[], float],
+    ) -> Prefetched:
+        return Prefetched(0, 0.0, "nothing to read")
+
+
+TEST_ONLY = {"running", "exit"}  # what the tests do to the fake host, beside the seam
+
+
+def test_the_fake_host_is_the_owners_seam_and_nothing_else() -> None:
+    """Every member of the Seam protocol, with its parameters, and no other public one: the
+    owner driven here reaches the host through the seam alone."""
+    seam = {n: m for n, m in vars(Seam).items() if not n.startswith("_")}
+    fake = {n: m for n, m in vars(FakeHost).items() if not n.startswith("_") and n not in TEST_ONLY}
+    assert set(fake) == set(seam)
+    for name, member in seam.items():
+        if callable(member):
+            ours = list(inspect.signature(fake[name]).parameters)
+            assert ours == list(inspect.signature(member).parameters), name
 
 
 def config(tmp: Path, extra: str = "") -> Config:
@@ -134,9 +296,9 @@ def config(tmp: Path, extra: str = "") -> Config:
 
 
 @asynccontextmanager
-async def owner(cfg: Config) -> AsyncIterator[tuple[Supervisor, FakeManager]]:
-    manager = FakeManager()
-    sup = Supervisor(cfg, manager, FakeProbe(cfg, manager), systemd_version=255)  # type: ignore[arg-type]
+async def owner(cfg: Config) -> AsyncIterator[tuple[Supervisor, FakeHost]]:
+    manager = FakeHost(cfg)
+    sup = Supervisor(cfg, manager, systemd_version=255)
     await sup.start()
     try:
         yield sup, manager
@@ -153,14 +315,6 @@ async def until(check: Callable[[], object], what: str, timeout: float = 5) -> N
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 30))
-
-
-@pytest.fixture(autouse=True)
-def no_journal(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def quiet(*_: object) -> None:
-        await asyncio.Event().wait()
-
-    monkeypatch.setattr(watchers, "follow_phases", quiet)
 
 
 def test_the_default_lane_starts_and_a_swap_stops_it_before_the_other_starts(
@@ -211,7 +365,7 @@ def test_a_crash_loop_ends_in_failed_and_nothing_is_left_pending(tmp_path: Path)
                 await until(lambda: sup.statuses["a"].state is not LaneState.READY, "a exited")
             await until(lambda: sup.statuses["a"].state is LaneState.FAILED, "a failed")
             assert sup.statuses["a"].reason.startswith("crash-loop")
-            assert sup.records.runs["a"].restart is None and sup.records.ops.current == {}
+            assert not sup.records.restart_waiting("a") and sup.records.ops.current == {}
             assert len(manager.started) == 3
 
     run(scenario)
@@ -225,10 +379,97 @@ def test_a_deactivate_wins_over_a_restart_waiting_in_its_backoff(tmp_path: Path)
         async with owner(cfg) as (sup, manager):
             await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready")
             manager.exit(unit_name("a", cfg.lanes["a"]), 1)
-            await until(lambda: sup.records.runs["a"].restart is not None, "a restart waiting")
+            await until(lambda: sup.records.restart_waiting("a"), "a restart waiting")
             await sup.deactivate("a")
-            assert sup.records.runs["a"].restart is None
+            assert not sup.records.restart_waiting("a")
             assert sup.statuses["a"].state is LaneState.INACTIVE
             assert len(manager.started) == 1
+
+    run(scenario)
+
+
+class Failures(Recorder):
+    """Counts each failure with the run it was counted for."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup, self.counted = sup, list[tuple[str, int]]()
+
+    def failure(self, lane: str, seen_by: str) -> None:
+        self.counted.append((lane, self.sup.statuses[lane].run))
+
+
+STEP = st.sampled_from(
+    ["activate a", "activate b", "deactivate a", "deactivate b", "restart a", "exit a 0",
+     "exit b 1", "exit a 1"]
+)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(STEP, st.integers(0, 3)), max_size=8))
+def test_random_requests_and_exits_keep_the_owners_invariants(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]]
+) -> None:
+    """Requests and engine exits in any order, with any interleaving (0-3 loop turns between
+    two): one lane of the group runs at a time, a run's failure is counted once, and once
+    everything settles each lane is where the last request for it left it (a deactivate wins
+    over any restart)."""
+    tmp = tmp_path_factory.mktemp("owner")
+
+    async def scenario() -> None:
+        cfg = config(tmp, 'start_limit_burst = 50\nstart_limit_interval = "1m"')
+        units = {n: unit_name(n, cfg.lanes[n]) for n in ("a", "b")}
+        async with owner(cfg) as (sup, manager):
+            failures = sup.recorder = Failures(sup)
+            overlap: list[tuple[str, str]] = []
+            start_unit = manager.start
+
+            async def exclusive_start(unit: str) -> None:
+                overlap.extend(
+                    (unit, u) for u in units.values() if u != unit and manager.running(u)
+                )
+                await start_unit(unit)
+
+            manager.start = exclusive_start  # type: ignore[method-assign]
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready")
+            wanted, asked = {"a": True, "b": False}, []
+            for step, turns in steps:
+                verb, lane, *code = step.split()
+                if verb == "activate":
+                    asked.append(sup.activate(lane))
+                    wanted = {n: n == lane for n in wanted}
+                elif verb == "deactivate":
+                    asked.append(sup.deactivate(lane))
+                    wanted[lane] = False
+                elif verb == "restart":
+                    asked.append(sup.restart(lane))
+                    wanted = {n: n == lane for n in wanted} if not wanted[lane] else wanted
+                elif manager.running(units[lane]):
+                    manager.exit(units[lane], int(code[0]))
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+            await asyncio.gather(*asked, return_exceptions=True)
+
+            def settled() -> bool:
+                return (
+                    not sup.records.ops.current
+                    and not sup.records.restarts
+                    and all(
+                        s.state in (LaneState.READY, LaneState.INACTIVE, LaneState.FAILED)
+                        for s in sup.statuses.values()
+                    )
+                )
+
+            await until(settled, "every operation and restart over")
+            assert overlap == [], "a lane started while its group peer ran"
+            assert len(failures.counted) == len(set(failures.counted)), "a run counted twice"
+            for lane, active in wanted.items():
+                status = sup.statuses[lane]
+                assert (status.desired is Desired.ACTIVE) == active, (lane, steps)
+                if active:
+                    assert status.state in (LaneState.READY, LaneState.FAILED), (lane, steps)
+                else:
+                    assert status.state is not LaneState.READY, (lane, steps)
+                    assert not manager.running(units[lane]), (lane, steps)
+                assert manager.running(units[lane]) == (status.state is LaneState.READY)
 
     run(scenario)

@@ -31,6 +31,9 @@ class Engine:
         self.opens, self.serves = opens, opens if serves is None else serves
         self.http = 0
 
+    def api_key(self, spec: LaneConfig) -> str | None:
+        return None
+
     async def accepts(self, port: int) -> bool:
         return time.monotonic() >= self.opens
 

@@ -280,7 +280,8 @@ def test_two_agents_alternating_two_models_swap_less_under_laneds_policy_than_fi
 def test_the_owners_scheduler_swaps_once_and_backs_off_a_failed_idle_return() -> None:
     import asyncio
 
-    from laned.core.lanes import Desired, LaneState
+    from laned.core.lanes import Desired
+    from laned.core.machine import Ev
     from laned.errors import PreflightFailed
     from laned.owner.records import Records
     from laned.owner.scheduler import RETRY_AFTER, Scheduler
@@ -304,8 +305,8 @@ def test_the_owners_scheduler_swaps_once_and_backs_off_a_failed_idle_return() ->
 
         scheduler = Scheduler(records, Traffic(lambda: now[0]), refuse)  # type: ignore[arg-type]
         records.ledger.desire("b", Desired.ACTIVE)
-        records.ledger.transition("b", LaneState.READY, "ready")
-        records.runs["b"].ready_at = 1000.0
+        records.fire("b", Ev.START, "start")
+        records.ledger.ready("b", "ready", None)  # at 1000.0
         assert scheduler.decide("gpu") == 1002.0 and not asked  # idle_return: 2 s from now
         now[0] = 1002.0
         assert scheduler.decide("gpu") is None

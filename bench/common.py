@@ -48,15 +48,15 @@ def sim_lane(
 def supervisor_on(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
     """A Supervisor (not started yet) over the config `text`, its units rendered into the
     harness's user manager and daemon-reloaded."""
+    from laned.adapters import rendered
     from laned.adapters.probes import Probe
     from laned.adapters.systemd import Systemd
     from laned.config.load import parse_config
     from laned.owner.steps import HostSeam
     from laned.owner.supervisor import Supervisor
-    from laned.render import plan as render
 
     config = parse_config(text, "bench", {"HOME": tmp})
-    render.apply(config)
+    rendered.apply(config)
     subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
     seam = HostSeam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe())
     return Supervisor(config, seam, systemd_version=252)

@@ -37,9 +37,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, LanedServe, free_port, harness_env, sim_lane
+from laned.adapters import rendered
 from laned.adapters.probes import parse_engine_metrics
 from laned.config.load import parse_config
-from laned.render import plan as render
 from laned.sim.metrics import Metrics
 
 PROBE_INTERVAL = 5.0  # probe.interval's default: one scrape per interval per running lane
@@ -183,7 +183,7 @@ def bench_scale(rounds: int, env: dict[str, str]) -> dict[str, Any]:
                         }
                     )
                 start = time.perf_counter()
-                render.apply(config)
+                rendered.apply(config)
                 renders.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 subprocess.run(["systemctl", "--user", "daemon-reload"], env=env, check=True)

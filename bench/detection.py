@@ -118,7 +118,7 @@ async def bench(injections: int) -> dict[str, Any]:
         finally:
             subprocess.run(["systemctl", "--user", "stop", f"{tag}-a.service"], check=False)
             await sup.close()
-            await sup.probe.close()
+            await sup.seam.close()
             (unit_dir / f"{tag}-a.service").unlink(missing_ok=True)
             subprocess.run(["systemctl", "--user", "daemon-reload"], check=False)
     return results

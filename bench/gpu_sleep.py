@@ -164,7 +164,7 @@ def start_engine(gib: float, reload_gibps: float) -> subprocess.Popen[bytes]:
 
 async def serving(probe: Probe, engine: subprocess.Popen[bytes], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
-    while not (await probe.health(PORT) and await probe.models(PORT, None)):
+    while not (await probe.engine(PORT).healthy() and await probe.engine(PORT).listed()):
         if engine.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the engine did not serve (exit {engine.poll()})")
         await asyncio.sleep(0.02)

@@ -104,7 +104,7 @@ async def bench(gib: float, files: int, rounds: int, stop_s: float, where: str) 
                         await sup.deactivate("new")
                     finally:
                         await sup.close()
-                        await sup.probe.close()
+                        await sup.seam.close()
         finally:
             for name in ("old", "new"):
                 subprocess.run(["systemctl", "--user", "stop", f"{tag}-{name}.service"], check=False)  # fmt: skip

@@ -94,7 +94,7 @@ async def bench(rounds: int, cold: float, weights: float, reload_gibps: float) -
                 )
                 (unit_dir / f"{tag}-{name}.service").unlink(missing_ok=True)
             await sup.close()
-            await sup.probe.close()
+            await sup.seam.close()
             subprocess.run(["systemctl", "--user", "daemon-reload"], check=False)
     return results
 

@@ -114,7 +114,7 @@ async def bench(rounds: int) -> None:
                     ["systemctl", "--user", "stop", f"{tag}-{lane}.service"], check=False
                 )
             await sup.close()
-            await sup.probe.close()
+            await sup.seam.close()
             for lane in ("a", "b"):
                 (unit_dir / f"{tag}-{lane}.service").unlink(missing_ok=True)
             subprocess.run(["systemctl", "--user", "daemon-reload"], check=False)

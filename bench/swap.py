@@ -53,9 +53,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, LanedServe, free_port, harness_env, pct, sim_lane
+from laned.adapters import rendered
 from laned.adapters.systemd import Systemd
 from laned.config.load import parse_config
-from laned.render import plan as render
 
 PROBE = 'probe = { start_interval_min = "5s", start_interval_max = "5s" }\n'
 IMAGE = "localhost/laned-sim:latest"
@@ -320,7 +320,7 @@ def run_kind(kind: str, swaps: int, startup: float, env: dict[str, str]) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         bench = Bench(kind, Path(tmp), env, startup)
         config = parse_config(bench.path.read_text(), str(bench.path), {"HOME": tmp})
-        render.apply(config)
+        rendered.apply(config)
         subprocess.run(["systemctl", "--user", "daemon-reload"], env=env, check=True)
         try:
             out: dict[str, Any] = {

@@ -27,7 +27,7 @@ _SURFACE = {
     "Config": "laned.config.model",
     "LaneConfig": "laned.config.model",
     "plan": "laned.render.plan",
-    "apply": "laned.render.plan",
+    "apply": "laned.adapters.rendered",
     "LanedError": "laned.errors",
     "ConfigError": "laned.errors",
     "Finding": "laned.errors",

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
+from laned.adapters import rendered
 from laned.adapters.host import Host
 from laned.adapters.notify import keep_watchdog, notify
 from laned.adapters.podman import Podman
@@ -49,11 +50,11 @@ async def start_supervisor(
     systemd = systemd or Systemd()
     await systemd.connect()
     version = await systemd.version() or render.DEFAULT_SYSTEMD_VERSION
-    changes = render.apply(config, version)
+    changes = rendered.apply(config, version)
     if any(action is not render.Action.UNCHANGED for action, _ in changes):
         await systemd.reload()
     # The supervisor keeps this connection (one bus connection per laned).
-    host = Host(Podman(podman_socket(config, os.environ)))
+    host = Host(Podman(podman_socket(config, os.environ, os.getuid())))
     seam = HostSeam(systemd, Probe(), host)  # the owner's one way to the host
     supervisor = Supervisor(config, seam, systemd_version=version)
     coordinator = None

@@ -10,9 +10,10 @@ import logging
 import os
 import shlex
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from laned.errors import CommandFailed
+from laned.config.model import LaneConfig
+from laned.errors import CommandFailed, LaneError
 
 log = logging.getLogger("laned.commands")
 
@@ -73,3 +74,39 @@ async def output(argv: Sequence[str], env: Mapping[str, str] | None = None) -> s
     process = await start(argv, env)
     out, _ = await process.communicate()
     return out.decode("utf-8", errors="replace")
+
+
+async def run_prepare(
+    lane: str, spec: LaneConfig, on_line: Callable[[str], None], cwd: str | None = None
+) -> None:
+    """Run the lane's `prepare` steps in order (argv, no shell); each line of output goes to
+    `on_line`. A step that fails or runs past its timeout raises LaneError and stops the rest."""
+    for i, step in enumerate(spec.prepare):
+        where = f"lanes.{lane}.prepare[{i}]"
+        on_line(f"{where}: running {' '.join(step.command)}")
+        try:
+            process = await start(step.command, cwd=cwd, stderr=asyncio.subprocess.STDOUT)
+        except CommandFailed as exc:
+            raise LaneError(f"{where}: {exc.message}", exc.hint) from exc
+        assert process.stdout is not None
+
+        async def pump(stream: asyncio.StreamReader, where: str = where) -> None:
+            async for raw in stream:
+                on_line(f"{where}: {raw.decode('utf-8', errors='replace').rstrip()}")
+
+        try:
+            await asyncio.wait_for(pump(process.stdout), step.timeout)
+            code = await asyncio.wait_for(process.wait(), 5)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            raise LaneError(
+                f"{where}: still running after {step.timeout:g} s; killed",
+                f"raise {where}.timeout or make the step faster",
+            ) from None
+        if code != 0:
+            raise LaneError(
+                f"{where}: {' '.join(step.command)} exited with status {code}",
+                "see its output in the lane's events (`laned events --lane " + lane + "`)",
+            )
+        on_line(f"{where}: done")

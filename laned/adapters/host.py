@@ -1,29 +1,27 @@
-"""The host as laned sees it: memory, disks, ports, files, GPUs and podman, gathered into facts.
-
-The adapter behind preflight, `laned status --fit`, the GPU-memory gate and the `prepare`
-steps. Everything that blocks (NVML, podman-py, statvfs) runs off the event loop.
+"""A lane on this host, through podman and NVML: its image, its container's end, its engine's
+processes and the GPU memory they hold, the GPU-memory gate, and every fact preflight looks
+at (with laned.adapters.kernel and laned.adapters.pagecache), gathered for the owner, which
+judges them (laned.preflight.rules). Everything that blocks (NVML, podman-py, statvfs) runs
+off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import json
 import os
 import shutil
-import socket
 import time
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Collection
 
-from laned.adapters import commands, secret_files
+from laned.adapters import secret_files
 from laned.adapters.gpus import GateResult, Nvml, wait_released
-from laned.adapters.pagecache import residency, weight_files
+from laned.adapters.kernel import cgroup_of, cgroup_pids, disk_total_gib, meminfo, port_busy
+from laned.adapters.pagecache import read_generation_config, resident_weights, weights_gib
 from laned.adapters.podman import Podman
 from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
 from laned.config.sleep import LOOPBACK
-from laned.errors import CommandFailed, Finding, LaneError, PodmanError
+from laned.errors import PodmanError
 from laned.preflight.facts import (
     GIB,
     NO_SLEEPERS,
@@ -32,127 +30,7 @@ from laned.preflight.facts import (
     LaneFacts,
     Sleepers,
 )
-from laned.preflight.rules import evaluate, generation_config_path, model_path, paths_to_check
-
-
-def meminfo() -> dict[str, float]:
-    """/proc/meminfo in GiB (MemTotal, MemAvailable, ...); {} where it cannot be read."""
-    out: dict[str, float] = {}
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                key, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    out[key] = int(parts[0]) / 1024**2
-    except OSError:
-        return {}
-    return out
-
-
-def disk_total_gib(path: str) -> float | None:
-    """Size of the filesystem holding `path` (or its nearest existing parent), in GiB."""
-    while path and not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    try:
-        st = os.statvfs(path or "/")
-    except OSError:
-        return None
-    return st.f_blocks * st.f_frsize / GIB
-
-
-def port_busy(port: int, host: str = "0.0.0.0") -> bool:
-    """Whether something listens on the port: bind without SO_REUSEPORT fails then."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # SO_REUSEADDR so that connections in TIME_WAIT do not count; a listener still does.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
-    return False
-
-
-def read_generation_config(directory: str | None) -> dict[str, Any] | None:
-    """DIR/generation_config.json as a dict; None when there is none (or it is unreadable)."""
-    if directory is None:
-        return None
-    try:
-        with open(os.path.join(directory, "generation_config.json"), encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def resident_weights(model: str | None) -> tuple[int, int] | None:
-    """(bytes of the model's weight files in the page cache, their bytes); None without any."""
-    files = weight_files(model)
-    if not files:
-        return None
-    found = residency(files)
-    return found.resident_bytes, found.total_bytes
-
-
-def weights_gib(model: str | None) -> float | None:
-    """The model's weight files on disk, in GiB (what a level-1 sleep pins in host RAM);
-    None where there is no local model directory or no weight file in it."""
-    files = weight_files(model)
-    if not files:
-        return None
-    total = 0
-    for path in files:
-        try:
-            total += os.stat(path).st_size
-        except OSError:
-            continue
-    return total / GIB
-
-
-def cgroup_of(pid: int) -> str:
-    """The cgroup (v2) a process is in, as a path under /sys/fs/cgroup ("" if unknown)."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def cgroup2_root(mounts: str = "/proc/self/mounts") -> str:
-    """Where the unified (v2) cgroup hierarchy is mounted: /sys/fs/cgroup on a pure-v2 host,
-    /sys/fs/cgroup/unified on a hybrid one."""
-    try:
-        with open(mounts, encoding="utf-8") as handle:
-            for line in handle:
-                fields = line.split()
-                if len(fields) > 2 and fields[2] == "cgroup2":
-                    return fields[1]
-    except OSError:
-        pass
-    return "/sys/fs/cgroup"
-
-
-def cgroup_pids(path: str, root: str | None = None) -> set[int]:
-    """The processes in a cgroup and every cgroup below it (empty for "" or one that is gone)."""
-    if not path:
-        return set()
-    root = cgroup2_root() if root is None else root
-    pids: set[int] = set()
-    for where, _dirs, files in os.walk(root + path):
-        if "cgroup.procs" in files:
-            try:
-                with open(os.path.join(where, "cgroup.procs"), encoding="utf-8") as handle:
-                    pids.update(int(line) for line in handle if line.strip())
-            except (OSError, ValueError):
-                continue
-    return pids
+from laned.preflight.rules import generation_config_path, model_path, paths_to_check
 
 
 def engine_host(spec: LaneConfig) -> str:
@@ -242,18 +120,6 @@ class Host:
             sleepers=sleepers,
         )
 
-    async def preflight(
-        self,
-        config: Config,
-        lane: str,
-        port_peer: str | None,
-        last_image_id: str | None,
-        sleepers: Sleepers = NO_SLEEPERS,
-    ) -> list[Finding]:
-        """Gather the lane's facts and check them."""
-        facts = await self.lane_facts(config, lane, port_peer, last_image_id, sleepers)
-        return evaluate(lane, config.lanes[lane], facts)
-
     async def gpu_gate(
         self, spec: LaneConfig, sleepers: Collection[int] = ()
     ) -> tuple[GateResult | None, str]:
@@ -322,39 +188,3 @@ class Host:
                 continue
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
-
-
-async def run_prepare(
-    lane: str, spec: LaneConfig, on_line: Callable[[str], None], cwd: str | None = None
-) -> None:
-    """Run the lane's `prepare` steps in order (argv, no shell); each line of output goes to
-    `on_line`. A step that fails or runs past its timeout raises LaneError and stops the rest."""
-    for i, step in enumerate(spec.prepare):
-        where = f"lanes.{lane}.prepare[{i}]"
-        on_line(f"{where}: running {' '.join(step.command)}")
-        try:
-            process = await commands.start(step.command, cwd=cwd, stderr=asyncio.subprocess.STDOUT)
-        except CommandFailed as exc:
-            raise LaneError(f"{where}: {exc.message}", exc.hint) from exc
-        assert process.stdout is not None
-
-        async def pump(stream: asyncio.StreamReader, where: str = where) -> None:
-            async for raw in stream:
-                on_line(f"{where}: {raw.decode('utf-8', errors='replace').rstrip()}")
-
-        try:
-            await asyncio.wait_for(pump(process.stdout), step.timeout)
-            code = await asyncio.wait_for(process.wait(), 5)
-        except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
-            raise LaneError(
-                f"{where}: still running after {step.timeout:g} s; killed",
-                f"raise {where}.timeout or make the step faster",
-            ) from None
-        if code != 0:
-            raise LaneError(
-                f"{where}: {' '.join(step.command)} exited with status {code}",
-                "see its output in the lane's events (`laned events --lane " + lane + "`)",
-            )
-        on_line(f"{where}: done")

@@ -1,4 +1,5 @@
-"""A model's weight files and the host's page cache: how much of them is resident (mincore),
+"""A model's files on this host and the page cache: its weight files and their size, its
+generation config, how much of the weights is resident (mincore),
 reading them in ahead of an engine (a prefetch, bounded in rate and in the memory it may
 fill, stopped at a word), and dropping them (POSIX_FADV_DONTNEED, for benches and tests).
 
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import mmap
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from laned.preflight.facts import GIB
 
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 BLOCK = 16 * 2**20  # vLLM's DEFAULT_SAFETENSORS_PREFETCH_BLOCK_SIZE (vllm/config/load.py)
@@ -170,3 +175,39 @@ def prefetch(
                     if ahead > 0 and stop.wait(ahead):
                         return Prefetched(read, time.monotonic() - began, "stopped")
     return Prefetched(read, time.monotonic() - began, "done")
+
+
+def read_generation_config(directory: str | None) -> dict[str, Any] | None:
+    """DIR/generation_config.json as a dict; None when there is none (or it is unreadable)."""
+    if directory is None:
+        return None
+    try:
+        with open(os.path.join(directory, "generation_config.json"), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def resident_weights(model: str | None) -> tuple[int, int] | None:
+    """(bytes of the model's weight files in the page cache, their bytes); None without any."""
+    files = weight_files(model)
+    if not files:
+        return None
+    found = residency(files)
+    return found.resident_bytes, found.total_bytes
+
+
+def weights_gib(model: str | None) -> float | None:
+    """The model's weight files on disk, in GiB (what a level-1 sleep pins in host RAM);
+    None where there is no local model directory or no weight file in it."""
+    files = weight_files(model)
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        try:
+            total += os.stat(path).st_size
+        except OSError:
+            continue
+    return total / GIB

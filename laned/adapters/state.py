@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from laned.adapters.rendered import write_atomic
 from laned.core.lanes import Desired, Event, LastExit
 from laned.errors import LanedError
-from laned.render.files import write_atomic
 
 STATE_FILE = "state.json"
 EVENTS_KEPT = 500

@@ -7,20 +7,20 @@ import argparse
 import sys
 from typing import Any
 
+from laned.adapters.engine_api import EngineClient
 from laned.cli.args import EXIT_FAILED, EXIT_OK, config_path
 from laned.cli.args import client as api_client
 from laned.config.durations import parse_count
 from laned.config.model import GATES, ChecksConfig
 from laned.errors import ApiUnavailable, EngineRefused, LaneNotRunning, UsageError
-from laned.gates.engine_api import EngineClient
 
 
 def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig, str]:
     """(EngineClient, the lane's ChecksConfig, label) for a configured lane or --base-url."""
+    from laned.adapters.engine_api import EngineClient
     from laned.adapters.secret_files import read_api_key
     from laned.config.load import load_config
     from laned.config.model import ChecksConfig
-    from laned.gates.engine_api import EngineClient
 
     if args.base_url:
         if not args.model:
@@ -118,7 +118,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = {"lane": label, "at": time.time(), **asyncio.run(sweep())}
     text = json.dumps(result, indent=2)
     if args.out:
-        from laned.render.files import write_atomic
+        from laned.adapters.rendered import write_atomic
 
         write_atomic(args.out, text + "\n", 0o644)
     print(text if args.json else table(result))

@@ -7,11 +7,11 @@ import pwd
 import shutil
 import sys
 
+from laned.adapters.rendered import write_atomic
 from laned.adapters.systemd import JobMode, Systemd
 from laned.config import paths
 from laned.config.model import Config
 from laned.config.names import DAEMON_UNIT
-from laned.render.files import write_atomic
 from laned.render.units import daemon_unit
 
 

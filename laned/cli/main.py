@@ -90,6 +90,7 @@ def _engine_flags(config: Config, python: str | None) -> list[Finding]:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """`laned render [--check]`."""
+    from laned.adapters import rendered
     from laned.adapters.systemd import installed_version
     from laned.config.load import load_config
     from laned.render import plan as render
@@ -99,7 +100,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     # The unit's restart policy depends on the manager (RestartSteps= since systemd 254).
     version = installed_version() or render.DEFAULT_SYSTEMD_VERSION
     if args.check:
-        differences = render.differences(config, version)
+        differences = rendered.differences(config, version)
         for item in differences:
             print(item)
         if differences:
@@ -109,7 +110,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         print("in sync: every generated file matches the config")
         return EXIT_OK
-    changes = render.apply(config, version)
+    changes = rendered.apply(config, version)
     changed = [(a, p) for a, p in changes if a is not render.Action.UNCHANGED]
     for action, path in changed:
         print(f"{action.value:9} {path}")
@@ -170,49 +171,34 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
-    """Preflight or fit computed here, for when laned's API does not answer."""
+    """Preflight or fit computed here from the config and the host alone, for when laned's
+    API does not answer: what the daemon knows (which of its lanes holds a port, the image of
+    the last good start) is not read behind its back, and the note says so."""
     import asyncio
 
-    from laned.adapters import state
     from laned.adapters.host import Host
     from laned.adapters.podman import Podman
     from laned.config.load import load_config
     from laned.config.names import podman_socket
     from laned.preflight.fit import fit_report
-    from laned.preflight.rules import report
+    from laned.preflight.rules import evaluate, report
 
     config = load_config(config_path(args))
-    host = Host(Podman(podman_socket(config, os.environ)))
-    print("laned does not answer: checking here, from the config", file=sys.stderr)
+    host = Host(Podman(podman_socket(config, os.environ, os.getuid())))
+    print(
+        "laned does not answer: checking here, from the config and this host alone (a port "
+        "one of its lanes holds counts as taken; start laned for its own view: "
+        "systemctl --user start laned)",
+        file=sys.stderr,
+    )
     try:
         if what == "fit":
             return fit_report(config.lanes, asyncio.run(host.facts()))
         config.lane(args.lane)  # UnknownLane, naming the configured lanes
-        peer = asyncio.run(_running_on_port(config, args.lane))
-        last_image = state.load(config.daemon.state_dir).image_ids.get(args.lane)
-        return report(args.lane, asyncio.run(host.preflight(config, args.lane, peer, last_image)))
+        facts = asyncio.run(host.lane_facts(config, args.lane, None, None))
+        return report(args.lane, evaluate(args.lane, config.lanes[args.lane], facts))
     finally:
         host.close()
-
-
-async def _running_on_port(config: Config, lane: str) -> str | None:
-    """The lane (itself or a group peer on its port) whose unit runs, asked of systemd."""
-    from laned.adapters.systemd import Systemd
-    from laned.config.groups import port_sharers
-    from laned.config.names import unit_name
-
-    candidates = [lane, *port_sharers(config, lane)]
-    systemd = Systemd()
-    try:
-        await systemd.connect()
-        for name in candidates:
-            if (await systemd.snapshot(unit_name(name, config.lanes[name]))).running:
-                return name
-    except LanedError:
-        return None  # no user manager to ask: a held port then counts as a stranger's
-    finally:
-        systemd.disconnect()
-    return None
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from laned.config.model import Config, LaneConfig
@@ -62,11 +61,12 @@ def cache_dir(config: Config, lane: str) -> str:
     return f"{config.daemon.cache_dir}/lanes/{lane}"
 
 
-def podman_socket(config: Config, env: Mapping[str, str]) -> str:
-    """The podman API socket: daemon.podman_socket, else the user's socket-activated one."""
+def podman_socket(config: Config, env: Mapping[str, str], uid: int) -> str:
+    """The podman API socket: daemon.podman_socket, else the socket-activated one of the user
+    `uid` (in the runtime directory `env` names, or systemd's default for that user)."""
     if config.daemon.podman_socket:
         return config.daemon.podman_socket
-    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{uid}"
     return f"{runtime}/podman/podman.sock"
 
 

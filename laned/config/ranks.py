@@ -20,7 +20,6 @@ from laned.config.sleep import loopback
 from laned.errors import Finding, Severity
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-OWN = ("NODE_RANK", "NNODES")  # laned's own values, per rank
 
 
 def rank_here(config: Config, lane: str) -> int | None:

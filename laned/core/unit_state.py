@@ -54,7 +54,6 @@ _PROPERTIES = {
     "ExecMainCode": "exec_main_code",
     "ExecMainStatus": "exec_main_status",
     "NRestarts": "n_restarts",
-    "InvocationID": "invocation_id",
     "ControlGroup": "control_group",
 }
 
@@ -70,7 +69,6 @@ class UnitSnapshot:
     exec_main_code: int = 0
     exec_main_status: int = 0
     n_restarts: int = 0
-    invocation_id: str = ""
     control_group: str = ""  # the unit's cgroup, under /sys/fs/cgroup
 
     @property

@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from laned.adapters.engine_api import EngineClient, Timed
 from laned.config.model import GATES, ChecksConfig
 from laned.errors import LaneError, LaneNotRunning
-from laned.gates.engine_api import EngineClient, Timed
 
 WEATHER_TOOL = {
     "type": "function",

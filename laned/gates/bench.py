@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from laned.gates.engine_api import EngineClient, Timed
+from laned.adapters.engine_api import EngineClient, Timed
 
 SHORT, LONG = 16, 400
 CONCURRENCY = (1, 2, 4, 8)

@@ -106,11 +106,20 @@ class Requests:
         else:
             if current is not None:
                 self.ops.supersede(current, group, f"superseded by deactivate {lane}")
+                self._keep_untouched(current, lane)
             op = self.ops.begin(lane, OpKind.DEACTIVATE, group)
         op.force = force
         stop = functools.partial(self._stop_and_confirm, op.lane, "deactivate", force)
         self.ops.run(op, self._operation(op, stop))
         return op.future
+
+    def _keep_untouched(self, superseded: Operation, stopping: str) -> None:
+        """An activation a deactivate superseded before it took its peers off: the peers
+        still running stay desired, as they were before it (nothing runs undesired)."""
+        for name, before in superseded.desired_before.items():
+            held = self.ledger.statuses[name].state in policy.HOLDING_STATES
+            if name != stopping and before is Desired.ACTIVE and held:
+                self.ledger.desire(name, Desired.ACTIVE)
 
     def restart(
         self, lane: str, reason: str = "restart requested", force: bool = False

@@ -27,6 +27,7 @@ from laned.core.unit_state import UnitSnapshot
 from laned.errors import Finding
 from laned.gates.acceptance import GateResult
 from laned.preflight.facts import NO_SLEEPERS, HostFacts, Sleepers
+from laned.render.plan import Action
 
 Note = Callable[[EventKind, str], None]
 
@@ -78,6 +79,9 @@ class Seam(Protocol):
 
     async def system_state(self) -> str:
         """The manager's SystemState ("running", "stopping", ...)."""
+
+    async def render(self, config: Config, systemd_version: int) -> list[tuple[Action, str]]:
+        """The config's units and wrappers written (laned.adapters.rendered.apply)."""
 
     async def reload(self) -> None:
         """daemon-reload: the rendered units read again."""
@@ -142,8 +146,8 @@ class Seam(Protocol):
     async def running_image(self, lane: str, spec: LaneConfig) -> str | None:
         """The image a container lane runs; None for other lanes or when unknowable."""
 
-    def use_podman(self, socket: str) -> None:
-        """Reach podman at `socket` from now on (a reload changed it)."""
+    def use_podman(self, config: Config) -> None:
+        """Reach podman where `config` says from now on (a reload may have changed it)."""
 
     # --- the engines ------------------------------------------------------------------------------
 

@@ -9,19 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from laned.adapters import journal
-from laned.adapters.host import Host, meminfo, port_busy, run_prepare, weights_gib
-from laned.adapters.pagecache import Prefetched, Residency, prefetch, residency, weight_files
+from laned.adapters import journal, rendered
+from laned.adapters.commands import run_prepare
+from laned.adapters.host import Host
+from laned.adapters.kernel import meminfo, port_busy
+from laned.adapters.pagecache import (
+    Prefetched,
+    Residency,
+    prefetch,
+    residency,
+    weight_files,
+    weights_gib,
+)
 from laned.adapters.probes import Probe
 from laned.adapters.secret_files import read_api_key
 from laned.adapters.systemd import Systemd, UnitCallback
 from laned.config.model import Config, LaneConfig
-from laned.config.names import container_name
+from laned.config.names import container_name, podman_socket
 from laned.core import canary, policy
 from laned.core.exits import ExitRecord, parse_exit_record
 from laned.core.lanes import EventKind, LaneState
@@ -30,11 +40,11 @@ from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import Finding, LanedError, NotAContainer, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
-from laned.gates.engine_api import EngineClient
 from laned.owner.seam import Asleep, Note, Refused
 from laned.preflight.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
-from laned.preflight.rules import model_path
+from laned.preflight.rules import evaluate, model_path
+from laned.render.plan import Action
 
 log = logging.getLogger("laned.supervisor")
 
@@ -84,6 +94,9 @@ class HostSeam:
     async def system_state(self) -> str:
         return await self.systemd.system_state()
 
+    async def render(self, config: Config, systemd_version: int) -> list[tuple[Action, str]]:
+        return await asyncio.to_thread(rendered.apply, config, systemd_version)
+
     async def reload(self) -> None:
         await self.systemd.reload()
 
@@ -110,7 +123,8 @@ class HostSeam:
         if self.host is None:
             return []
         peer = policy.port_peer(config, lane, states)
-        return await self.host.preflight(config, lane, peer, image_id, sleepers)
+        facts = await self.host.lane_facts(config, lane, peer, image_id, sleepers)
+        return evaluate(lane, config.lanes[lane], facts)
 
     async def still_ending(self, unit: str, seen: UnitSnapshot | None) -> bool:
         """Whether the unit runs or is stopping, by systemd or by what laned has seen.
@@ -222,19 +236,19 @@ class HostSeam:
         return read_api_key(spec.secrets_path)
 
     async def health(self, port: int, path: str = "/health") -> bool:
-        return await self.probe.health(port, path)
+        return await self.probe.engine(port).healthy(path=path)
 
     async def models(self, port: int, api_key: str | None) -> list[str] | None:
-        return await self.probe.models(port, api_key)
+        return await self.probe.engine(port, api_key=api_key).listed()
 
     async def accepts(self, port: int) -> bool:
         return await self.probe.accepts(port)
 
     async def sample(self, port: int) -> EngineSample | None:
-        return await self.probe.sample(port)
+        return await self.probe.engine(port).sample()
 
     async def sleep_level(self, port: int) -> int | None:
-        return await self.probe.sleep_level(port)
+        return await self.probe.engine(port).sleep_level()
 
     async def sleep(
         self,
@@ -247,7 +261,7 @@ class HostSeam:
         """Put the lane's engine to sleep at `level` (its requests drained first) and confirm
         it: /is_sleeping, and where NVML lists processes, less GPU memory held by the engine's
         processes than before (what stays is its residual, said in a note)."""
-        probe, host = self.probe, self.host
+        engine, host = self.probe.engine(spec.port), self.host
         pids = (
             set()
             if host is None or seen is None
@@ -255,8 +269,8 @@ class HostSeam:
         )
         before = None if host is None else await host.gpu_memory_of(spec, pids)
         try:
-            await probe.sleep(spec.port, level, timeout=spec.stop_timeout)
-            asleep = await probe.is_sleeping(spec.port)
+            await engine.sleep(level, timeout=spec.stop_timeout)
+            asleep = await engine.is_sleeping()
         except LanedError as exc:
             return Refused(f"sleep (level {level}): {exc.message}", exc.hint)
         if not asleep:
@@ -280,7 +294,7 @@ class HostSeam:
     async def canary(self, spec: LaneConfig) -> canary.Answer:
         """The engine's answer to the canary prompt (LanedError when it cannot answer)."""
         key = await asyncio.to_thread(read_api_key, spec.secrets_path)
-        return await self.probe.canary(spec.port, spec.served_model_name, key, timeout=120)
+        return await self.probe.engine(spec.port, spec.served_model_name, key).canary(120)
 
     def sleep_level_now(self, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
         """The level the lane sleeps at now (laned.preflight.fit.sleep_level_for): its own, or
@@ -295,20 +309,20 @@ class HostSeam:
         if not spec.sleep_level:
             return False
         try:
-            return await self.probe.is_sleeping(spec.port)
+            return await self.probe.engine(spec.port).is_sleeping()
         except LanedError:
             return False
 
     async def wake(self, spec: LaneConfig, level: int) -> Refused | None:
         """Wake the engine asleep at `level`: every tag; after level 2 the weights read again and
         the prefix cache reset (a level-2 wake alone answers wrongly, vLLM #29341)."""
-        probe = self.probe
+        engine = self.probe.engine(spec.port)
         try:
-            awake = await probe.wake_up(spec.port, timeout=spec.start_timeout)
+            awake = await engine.wake_up(timeout=spec.start_timeout)
             if level == 2:
-                await probe.reload_weights(spec.port, timeout=spec.start_timeout)
-                await probe.reset_prefix_cache(spec.port)
-            if not awake or await probe.is_sleeping(spec.port):
+                await engine.reload_weights(timeout=spec.start_timeout)
+                await engine.reset_prefix_cache()
+            if not awake or await engine.is_sleeping():
                 return Refused("wake: the engine still says it sleeps after /wake_up")
         except LanedError as exc:
             return Refused(f"wake: {exc.message}", exc.hint)
@@ -330,9 +344,9 @@ class HostSeam:
             return set()
         return await self.host.engine_pids(lane, spec, control_group)
 
-    def use_podman(self, socket: str) -> None:
+    def use_podman(self, config: Config) -> None:
         if self.host is not None:
-            self.host.podman.use(socket)
+            self.host.podman.use(podman_socket(config, os.environ, os.getuid()))
 
     async def run_checks(
         self,
@@ -342,12 +356,11 @@ class HostSeam:
         on_result: Callable[[GateResult], None],
     ) -> list[GateResult]:
         """Run acceptance gates against the lane's engine, over the probe's connections."""
-        client = EngineClient(
-            self.probe.url(spec.port, ""),
+        client = self.probe.engine(
+            spec.port,
             spec.served_model_name,
             read_api_key(spec.secrets_path),
             timeout=max(spec.checks.deadline, spec.checks.context_deadline) + 30,
-            pool=self.probe.client,
         )
         try:
             return list(

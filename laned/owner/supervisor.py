@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
@@ -32,7 +31,7 @@ from typing import Any
 
 from laned.adapters import state
 from laned.config.model import GATES, Config, LaneConfig
-from laned.config.names import podman_socket, unit_name
+from laned.config.names import unit_name
 from laned.core import policy, resume
 from laned.core.lanes import Desired, Event, EventKind, LaneStatus
 from laned.core.liveness import engine_summary
@@ -164,10 +163,10 @@ class Supervisor:
                 "the new config cannot be applied while laned runs", "; ".join(problems)
             )
         # No await from the check to the switch: nothing can start a lane in between.
-        changes = render.apply(new, r.systemd_version)
+        changes = await self.seam.render(new, r.systemd_version)
         restart_needed = policy.restart_needed(r.config, new, r.ledger.states())
         keys = policy.reload_changes(r.config, new)
-        self.seam.use_podman(podman_socket(new, os.environ))
+        self.seam.use_podman(new)
         old, r.config = r.config, new
         r.units = {unit_name(n, spec): n for n, spec in new.lanes.items()}
         for lane in old.lanes.keys() - new.lanes.keys():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from laned.adapters import rendered
 from laned.config.load import Config, parse_config
-from laned.render import plan as render
 from tests.integration.conftest import Harness, Units
 
 FAST = 'restart_sec = "200ms"\nprobe = { interval = "200ms", start_interval_min = "50ms", start_interval_max = "200ms" }\n'
@@ -51,6 +51,6 @@ def lane_config(
         units.track(f"{units.name(name)}.service")
     (tmp / "laned.toml").write_text(text)  # for tests that run `laned serve` on it
     config = parse_config(text, str(tmp / "laned.toml"), {"HOME": str(tmp)})
-    render.apply(config)
+    rendered.apply(config)
     harness.systemctl("daemon-reload")
     return config

@@ -163,10 +163,9 @@ def test_a_stale_container_is_cleaned_and_the_lane_starts(
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
             assert (await sup.activate("c")).state is LaneState.READY
-            assert sup.host is not None
-            state = await sup.host.podman.container(name)
-            assert state is not None and state.status == "running"
-            lines = await sup.host.podman.logs(name, 50)
+            state = await sup.container("c")
+            assert state is not None and state["status"] == "running"
+            lines = await sup.log_lines("c", 50, source="container")
             assert any("Starting vLLM server on" in line for line in lines)
 
     run_async(scenario())
@@ -275,13 +274,13 @@ def test_the_podman_socket_going_away_disturbs_nothing(
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
             await sup.activate("c")
-            assert sup.host is not None
+            assert sup.seam.host is not None
             run(["kill", pid_file.read_text().strip()])
             name = units.name("ctr-c")
             deadline = time.monotonic() + 15
             while True:
                 try:
-                    await sup.host.podman.container(name)
+                    await sup.seam.host.podman.container(name)
                 except PodmanUnavailable as exc:
                     assert "podman.socket" in exc.hint
                     break
@@ -299,7 +298,7 @@ def test_the_podman_socket_going_away_disturbs_nothing(
             assert all(f.severity.value != "error" for f in findings)
             assert sup.statuses["c"].state is LaneState.READY  # the lane never noticed
             run([str(ROOT / "scripts" / "harness"), "up"], env=harness.env)
-            state = await sup.host.podman.container(name)
+            state = await sup.seam.host.podman.container(name)
             assert state is not None and state.status == "running"
 
     run_async(scenario())

@@ -557,15 +557,17 @@ def test_bus_reconnect_keeps_watching(
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
             await sup.activate("a")
-            assert sup.systemd.bus is not None
+            assert sup.seam.systemd.bus is not None
             # The connection drops under laned's feet: closed, or cut by the other side (EOF,
             # which dbus-fast re-raises from wait_for_disconnect).
             if how == "disconnect":
-                sup.systemd.bus.disconnect()
+                sup.seam.systemd.bus.disconnect()
             else:
-                sup.systemd.bus._sock.shutdown(socket.SHUT_RDWR)
+                sup.seam.systemd.bus._sock.shutdown(socket.SHUT_RDWR)
             await until(
-                lambda: sup.systemd.bus is not None and sup.systemd.bus.connected, 10, "a reconnect"
+                lambda: sup.seam.systemd.bus is not None and sup.seam.systemd.bus.connected,
+                10,
+                "a reconnect",
             )
             await asyncio.to_thread(harness.systemctl, "stop", unit)
             await until(
@@ -587,14 +589,14 @@ def test_bus_reconnect_keeps_watching(
 @contextlib.contextmanager
 def bus_kept_away(sup: Supervisor, tmp_path: Path) -> Iterator[None]:
     """The bus connection drops and every reconnect fails until the block ends."""
-    address = sup.systemd.address
-    sup.systemd.address = f"unix:path={tmp_path}/no-bus"
-    assert sup.systemd.bus is not None
-    sup.systemd.bus.disconnect()
+    address = sup.seam.systemd.address
+    sup.seam.systemd.address = f"unix:path={tmp_path}/no-bus"
+    assert sup.seam.systemd.bus is not None
+    sup.seam.systemd.bus.disconnect()
     try:
         yield
     finally:
-        sup.systemd.address = address
+        sup.seam.systemd.address = address
 
 
 def test_a_restart_broken_by_a_lost_bus_is_caught_up(

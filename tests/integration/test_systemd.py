@@ -12,9 +12,9 @@ import pytest
 from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 
+from laned.adapters import rendered
 from laned.adapters.systemd import Systemd
 from laned.config.load import Config, parse_config
-from laned.render import plan as render
 from tests.helpers import ROOT, free_port, journal, run, wait_until
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import lane_config
@@ -119,7 +119,7 @@ def test_rendered_units_pass_systemd_analyze_verify(harness: Harness, tmp_path: 
         if "nodes = [" in text:  # a lane over several hosts: its head's unit
             text = text.replace("[daemon]\n", '[daemon]\nhost = "spark-a"\n', 1)
         config = parse_config(text, example.name, {"HOME": str(home)})
-        render.apply(config)
+        rendered.apply(config)
         unit_files += sorted(str(p) for p in Path(config.daemon.unit_dir).glob("*.service"))
     assert len(unit_files) >= 6
     result = run(["systemd-analyze", "--user", "verify", *unit_files], check=False, env=harness.env)

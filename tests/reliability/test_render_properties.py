@@ -15,9 +15,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from laned.adapters import rendered
 from laned.config.load import parse_config
 from laned.errors import ConfigError
-from laned.render import plan as render
 from tests.integration.conftest import Harness
 from tests.reliability.conftest import figures
 
@@ -91,7 +91,7 @@ def test_every_valid_config_renders_what_systemd_and_bash_accept(
             SEEN["rejected"] += 1
             assert all(p.where and p.hint for p in exc.problems if p.severity.value == "error"), exc
             return
-        render.apply(config)
+        rendered.apply(config)
         SEEN["rendered"] += 1
         units = sorted(Path(config.daemon.unit_dir).glob("*.service"))
         wrappers = sorted(Path(config.daemon.bin_dir).glob("*-serve"))

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from laned.adapters.engine_api import Timed
 from laned.config.load import parse_config
 from laned.gates.acceptance import (
     buried_prompt,
@@ -18,7 +19,6 @@ from laned.gates.acceptance import (
     judge_tool_use,
 )
 from laned.gates.bench import context_sizes, decode_rate
-from laned.gates.engine_api import Timed
 from laned.render import plan as render
 
 

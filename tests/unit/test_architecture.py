@@ -2,13 +2,16 @@
 every module is held to the rules of the folder it sits in.
 
 - pure folders (config, core, render, preflight, importer) import only pure folders, and
-  reach no I/O library;
+  reach no I/O library, no file and no environment (config/load.py reads the config file);
 - adapters import pure folders and adapters, never the owner or an edge;
 - gates (run against engines) import pure folders, adapters and gates;
 - the owner imports pure folders, adapters, gates and itself, never an edge (api, cli,
   daemon);
 - the simulator (its own program, an HTTP server) imports only pure folders;
 - no import loop, TYPE_CHECKING imports included;
+- the API reaches the host only through the supervisor; the CLI reads no state file and asks
+  systemd nothing the daemon answers;
+- a lane's record is changed by the lane machine's runner alone;
 - every exception laned raises sits in errors.py's tree (a class of its own elsewhere only
   when private to its module), and none raises the bare root `LanedError`.
 
@@ -34,8 +37,16 @@ EDGES = {"api", "cli", "daemon"}  # may import any folder: they are where it is 
 TOP = {"errors"}  # imported by everyone; imports nothing of laned
 IO_LIBRARIES = {
     "asyncio", "httpx", "dbus_fast", "podman", "pynvml", "subprocess", "socket",
-    "prometheus_client", "fastapi", "uvicorn",
+    "prometheus_client", "fastapi", "uvicorn", "os", "tempfile", "shutil",
 }  # fmt: skip
+# Reading the config file is config/load.py's one job: the environment and the host name are
+# read there and passed in (the model takes them from its validation context).
+READS_THE_CONFIG = "laned.config.load"
+PATH_IO = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "unlink", "mkdir",
+           "exists", "is_file", "is_dir", "stat", "iterdir", "glob", "rglob", "touch"}  # fmt: skip
+# What the API's modules may take from adapters: the proxy's transport to the engines (the hot
+# path), and the API's own token file read as laned starts or reloads (its settings).
+API_ADAPTERS = {"laned.adapters.upstream", "laned.adapters.secret_files"}
 
 
 def modules() -> dict[str, Path]:
@@ -117,11 +128,70 @@ def test_errors_imports_nothing_of_laned() -> None:
 
 
 def test_the_pure_folders_reach_no_io_library() -> None:
+    """No process, socket, file or environment access in config/, core/, render/, preflight/,
+    importer/ (config/load.py aside), through any module they import."""
     edges, outside = graph()
-    for module in sorted(m for m in edges if folder(m) in PURE):
-        reached = closure(module, edges) | {module}
+    for module in sorted(m for m in edges if folder(m) in PURE and m != READS_THE_CONFIG):
+        reached = (closure(module, edges) | {module}) - {READS_THE_CONFIG}
         libraries = set().union(*(outside[m] for m in reached))
         assert not libraries & IO_LIBRARIES, f"{module} reaches {sorted(libraries & IO_LIBRARIES)}"
+
+
+def test_the_pure_folders_open_no_file() -> None:
+    """No `open()` and no pathlib reading or writing in the pure folders (config/load.py reads
+    the config file): rendering returns contents, laned.adapters.rendered writes them."""
+    found = []
+    for name, path in modules().items():
+        if folder(name) not in PURE or name == READS_THE_CONFIG:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func
+            if (isinstance(called, ast.Name) and called.id == "open") or (
+                isinstance(called, ast.Attribute) and called.attr in PATH_IO
+            ):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(called)}")
+    assert found == [], "file I/O in a pure folder:\n" + "\n".join(found)
+
+
+def test_the_front_and_the_api_reach_the_host_through_the_owner() -> None:
+    """api/ reads the host through the supervisor's read methods (its seam), never an adapter
+    of its own (API_ADAPTERS aside) nor the supervisor's seam or records."""
+    edges, _ = graph()
+    found = [
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        if folder(module) == "api"
+        for target in targets
+        if folder(target) == "adapters" and target not in API_ADAPTERS
+    ]
+    for name, path in modules().items():
+        if folder(name) == "api":
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr in {"seam", "records"}:
+                    found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert found == [], "\n".join(found)
+
+
+def test_the_cli_asks_the_daemon_not_its_state_file_nor_systemd() -> None:
+    """cli/ reads no state file; it talks to systemd only to install laned (cli/install.py)
+    and to learn the manager's version for rendering (`installed_version`)."""
+    found = []
+    for name, path in modules().items():
+        if folder(name) != "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {alias.name for alias in node.names}
+                if node.module == "laned.adapters.state" or (
+                    node.module == "laned.adapters" and "state" in names
+                ):
+                    found.append(f"{name}:{node.lineno}: the state file")
+                systemd = node.module == "laned.adapters.systemd" and name != "laned.cli.install"
+                if systemd and names - {"installed_version"}:
+                    found.append(f"{name}:{node.lineno}: systemd ({sorted(names)})")
+    assert found == [], "\n".join(found)
 
 
 def test_the_import_graph_has_no_loops_type_checking_included() -> None:

@@ -5,12 +5,13 @@ no loop, no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from laned.core.lanes import LaneState
-from laned.core.machine import SERVING_MODES, TABLE, Effect, Ev, Mode, decide
+from laned.core.machine import _IGNORED, _ROWS, ANY, SERVING_MODES, TABLE, Effect, Ev, Mode, decide
 
 STARTS = {Ev.START, Ev.ADOPT, Ev.STARTED_OUTSIDE, Ev.WAKE, Ev.SYSTEMD_RESTARTS}
 
@@ -112,3 +113,24 @@ def test_random_event_sequences_keep_the_invariants(events: list[Ev]) -> None:
         assert lane.run in (before[1], before[1] + 1)
         if lane.run != before[1]:
             assert event in STARTS and lane.mode in {Mode.STARTING, Mode.WAKING, Mode.RESTARTING}
+
+
+def doc_row(event: Ev, modes: frozenset[Mode], to: Mode | None, effects: tuple[Effect, ...]) -> str:
+    """A row of docs/architecture.md's table of the lane machine, as the table has it."""
+    if modes == ANY:
+        where = "any"
+    elif len(modes) > len(Mode) / 2:
+        where = "any but " + ", ".join(sorted(m.value for m in ANY - modes))
+    else:
+        where = ", ".join(sorted(m.value for m in modes))
+    done = ", ".join(e.value for e in effects) or "—"
+    return f"| `{event.value}` | {where} | {to.value if to else '(stays)'} | {done} | {_IGNORED.get(event, '')} |"  # fmt: skip
+
+
+def test_the_architecture_doc_shows_the_table_as_it_is() -> None:
+    """docs/architecture.md's table of the lane machine is the code's, row for row."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    missing = [row for row in (doc_row(*r) for r in _ROWS) if row not in doc.splitlines()]
+    assert missing == [], "rows of the lane machine not in docs/architecture.md:\n" + "\n".join(
+        missing
+    )

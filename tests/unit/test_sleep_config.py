@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from laned.adapters.gpus import held
-from laned.adapters.host import cgroup_of, cgroup_pids, weights_gib
+from laned.adapters.kernel import cgroup_of, cgroup_pids
+from laned.adapters.pagecache import weights_gib
 from laned.config.load import parse_config
 from laned.core import canary, resume
 from laned.core.lanes import Desired, LaneState

@@ -203,8 +203,8 @@ def test_laned_follows_real_vllm_from_its_start_to_its_death(
         probe = Probe()
         try:
             return (
-                await probe.canary(port, "v", None, 120),
-                await probe.canary(port, "v", None, 120),
+                await probe.engine(port, "v").canary(120),
+                await probe.engine(port, "v").canary(120),
             )
         finally:
             await probe.close()

@@ -1,0 +1,389 @@
+"""laned's one client of an engine's HTTP API (the proxy's upstream.Pool aside: that is the hot
+path's transport): what the watchers probe (/health, /v1/models, /metrics), the canary, vLLM's
+sleep routes, and what the acceptance checks and the bench ask (timed chat and completions,
+/tokenize). `laned.adapters.probes.Probe` holds the connection pool every client of a running
+laned shares.
+
+Probes answer a plain value or None; transport errors are an answer ("no"), never an
+exception, because an engine that does not answer is exactly what probes are for. Requests
+that are steps laned takes (the canary, a sleep, a wake, a gate's request) raise
+EngineUnreachable or EngineRefused instead, and their caller says what failed. vLLM guards
+only /v1 (and a few other prefixes) with its API key
+(vllm/entrypoints/serve/middleware/authenticate.py): the dev routes take none.
+
+Timed, non-streaming requests with the usage the engine reports, and prompts sized to a
+number of *the engine's own* tokens: a probe request estimates how many tokens a filler
+sentence costs on this tokenizer, and vLLM's /tokenize counts the prompt as built (chat
+template included), so a prompt fills 85% of any model's window, never more, without knowing
+its tokenizer (a byte-level BPE does not cost the same per sentence at every length).
+Transport problems become EngineUnreachable; an error answer becomes EngineRefused with the
+engine's own message.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from laned.core import canary
+from laned.core.liveness import EngineSample
+from laned.errors import EngineRefused, EngineUnreachable
+
+ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long (uvicorn)
+# A pooled connection reused just as the engine closes it fails with ReadError although the
+# engine is fine: a false probe failure, a failed gate. laned's clients of engines give
+# pooled connections up well before the engine does (httpx keeps them 5 s by default).
+ENGINE_POOL = httpx.Limits(keepalive_expiry=ENGINE_KEEP_ALIVE / 2)
+DEV_HINT = "see the lane's log (laned logs LANE)"
+
+T = TypeVar("T")
+
+FILLER = (
+    "The river bends slowly around the old mill, where the water turns a wooden wheel "
+    "that once ground flour for the whole valley. "
+)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One completed request: how long it took and what the engine counted."""
+
+    seconds: float
+    prompt_tokens: int
+    completion_tokens: int
+    body: dict[str, Any]
+
+    @property
+    def choice(self) -> dict[str, Any]:
+        """The first choice."""
+        choices = self.body.get("choices") or [{}]
+        return dict(choices[0])
+
+
+@dataclass
+class EngineClient:
+    """The engine at `base_url` (http://host:port), serving `model`, with an optional key."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    timeout: float = 3600.0
+    # A pool of connections to share: the owner passes its probe's, one pool per laned for
+    # the engines it watches. None: a pool of its own, closed by `close()`.
+    pool: httpx.AsyncClient | None = None
+    _per_sentence: tuple[int, float] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self._headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.http = self.pool or httpx.AsyncClient(limits=ENGINE_POOL)
+
+    async def close(self) -> None:
+        """Close its own connection pool (a shared one stays its owner's)."""
+        if self.pool is None:
+            await self.http.aclose()
+
+    def _url(self, path: str) -> str:
+        return self.base_url.rstrip("/") + path
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 0
+    ) -> httpx.Response:
+        return await self.http.request(
+            method,
+            self._url(path),
+            json=None if body is None else {"model": self.model, **body},
+            headers=self._headers,
+            timeout=timeout or self.timeout,
+        )
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Timed:
+        started = time.monotonic()
+        try:
+            response = await self._request("POST", path, body)
+        except httpx.HTTPError as exc:
+            raise EngineUnreachable(
+                f"{self.base_url}{path}: {type(exc).__name__} {exc}".rstrip(),
+                "is the lane running? (laned status)",
+            ) from exc
+        seconds = time.monotonic() - started
+        try:
+            data = response.json()
+        except ValueError:
+            data = {}
+        if response.status_code != 200:
+            error = data.get("error") if isinstance(data, dict) else None
+            text = error.get("message") if isinstance(error, dict) else str(error or data)
+            raise EngineRefused(
+                f"{self.base_url}{path} answered {response.status_code}: {text}",
+                "see the lane's log (laned logs LANE)",
+            )
+        usage = data.get("usage") or {}
+        return Timed(
+            seconds,
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+            data,
+        )
+
+    # --- probes: a plain answer, never an exception ----------------------------------------
+
+    async def healthy(self, timeout: float = 5.0, path: str = "/health") -> bool:
+        """Whether the health path answers 200 within `timeout`."""
+        try:
+            return (await self._request("GET", path, timeout=timeout)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def listed(self) -> list[str] | None:
+        """The model ids /v1/models lists (None when it does not answer with a list)."""
+        try:
+            response = await self._request("GET", "/v1/models")
+            if response.status_code != 200:
+                return None
+            return [str(m.get("id")) for m in response.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    async def metrics(self) -> str | None:
+        """The text of its /metrics; None when it does not answer 200."""
+        try:
+            response = await self._request("GET", "/metrics")
+        except httpx.HTTPError:
+            return None
+        return response.text if response.status_code == 200 else None
+
+    async def sample(self) -> EngineSample | None:
+        """The numbers stall detection and the engine summary need, from /metrics."""
+        text = await self.metrics()
+        try:
+            return None if text is None else parse_engine_metrics(text)
+        except ValueError:
+            return None
+
+    async def sleep_level(self) -> int | None:
+        """The level the engine sleeps at, from its /metrics (`vllm:engine_sleep_state`:
+        `weights_offloaded` 1 is level 1, `discard_all` 1 level 2); None when it cannot say."""
+        for line in (await self.metrics() or "").splitlines():
+            if line.startswith("vllm:engine_sleep_state{") and line.rstrip().endswith(" 1.0"):
+                for state, level in (('"weights_offloaded"', 1), ('"discard_all"', 2)):
+                    if f"sleep_state={state}" in line:
+                        return level
+        return None
+
+    # --- the canary (laned.core.canary) ------------------------------------------------------
+
+    async def canary(self, timeout: float) -> canary.Answer:
+        """The canary's greedy completion: its token ids and text."""
+        body = {
+            "prompt": canary.PROMPT,
+            "max_tokens": canary.MAX_TOKENS,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        url = self._url("/v1/completions")
+        try:
+            answer = await self._request("POST", "/v1/completions", body, timeout)
+            choice = answer.json()["choices"][0] if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise EngineUnreachable(f"POST {url}: {type(exc).__name__} {exc}".rstrip()) from exc
+        if not isinstance(choice, dict):
+            raise EngineRefused(f"POST {url} answered {answer.status_code}: {answer.text[:200]}")
+        ids = choice.get("token_ids")
+        token_ids = tuple(int(i) for i in ids) if isinstance(ids, list) else None
+        return canary.Answer(token_ids, str(choice.get("text") or ""))
+
+    # --- sleep mode (vLLM's dev routes: vllm/entrypoints/serve/dev/) ----------------------------
+
+    async def sleep(self, level: int, timeout: float) -> None:
+        """POST /sleep?level=N&mode=wait: `wait` lets a request still in flight end (laned
+        drained them first; vLLM's default, `abort`, would cut it)."""
+        await self._dev("POST", "/sleep", timeout, params={"level": level, "mode": "wait"})
+
+    async def wake_up(self, timeout: float) -> bool:
+        """POST /wake_up (every tag); whether the engine says it is fully awake."""
+        return _field(await self._dev("POST", "/wake_up", timeout), "status") == "awake"
+
+    async def is_sleeping(self, timeout: float = 10.0) -> bool:
+        """GET /is_sleeping."""
+        return _field(await self._dev("GET", "/is_sleeping", timeout), "is_sleeping") is True
+
+    async def reload_weights(self, timeout: float) -> None:
+        """After a level-2 wake: the weights read again (vLLM #29341: without it the engine
+        answers, wrongly)."""
+        await self._dev("POST", "/collective_rpc", timeout, json={"method": "reload_weights"})
+
+    async def reset_prefix_cache(self, timeout: float = 30.0) -> None:
+        """POST /reset_prefix_cache: no block computed with the old weights is reused."""
+        await self._dev("POST", "/reset_prefix_cache", timeout)
+
+    async def _dev(
+        self,
+        method: str,
+        path: str,
+        timeout: float,
+        params: dict[str, Any] | None = None,
+        json: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        url = self._url(path)
+        try:
+            answer = await self.http.request(method, url, params=params, json=json, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise EngineUnreachable(
+                f"{method} {url}: {type(exc).__name__} {exc}".rstrip(), DEV_HINT
+            ) from exc
+        if answer.status_code != 200:
+            hint = DEV_HINT
+            if answer.status_code == 404:
+                hint = (
+                    "the engine serves no sleep routes: is VLLM_SERVER_DEV_MODE=1 in its wrapper?"
+                )
+            raise EngineRefused(
+                f"{method} {url} answered {answer.status_code}: {answer.text[:200]}", hint
+            )
+        return answer
+
+    # --- what the checks and the bench ask ---------------------------------------------------
+
+    async def served(self, timeout: float = 10.0) -> dict[str, Any] | None:
+        """The model's entry in /v1/models (with max_model_len where vLLM lists it), or None."""
+        try:
+            response = await self._request("GET", "/v1/models", timeout=timeout)
+            entries = response.json().get("data", []) if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return next((dict(m) for m in entries if m.get("id") == self.model), None)
+
+    async def chat(self, messages: list[dict[str, Any]], **options: Any) -> Timed:
+        """POST /v1/chat/completions."""
+        return await self._post("/v1/chat/completions", {"messages": messages, **options})
+
+    async def complete(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Timed:
+        """POST /v1/completions for exactly `max_tokens` tokens (vLLM's ignore_eos)."""
+        return await self._post(
+            "/v1/completions",
+            {
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "ignore_eos": ignore_eos,
+                "temperature": 0,
+            },
+        )
+
+    async def sentence_cost(self) -> tuple[int, float]:
+        """(tokens of an empty prompt's template, tokens per filler sentence), measured once."""
+        if self._per_sentence is None:
+            # The engine's /tokenize counts without generating; else a one-token completion
+            # each. 16 sentences: 64 overflowed a 2048-token window on a small tokenizer.
+            n = 16
+            base, probe = (
+                await self.count(prompt="Hi."),
+                await self.count(prompt="Hi. " + FILLER * n),
+            )
+            if base is None or probe is None:
+                base = (await self.complete("Hi.", 1)).prompt_tokens
+                probe = (await self.complete("Hi. " + FILLER * n, 1)).prompt_tokens
+            self._per_sentence = (base, max((probe - base) / n, 1.0))
+        return self._per_sentence
+
+    async def filler(self, tokens: int) -> list[str]:
+        """Filler sentences that come to about `tokens` of the engine's tokens."""
+        base, per = await self.sentence_cost()
+        return [FILLER] * max(int((tokens - base) / per), 0)
+
+    async def count(
+        self, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None
+    ) -> int | None:
+        """The prompt's tokens as the engine's own tokenizer counts them, chat template
+        included for `messages` (vLLM's POST /tokenize); None where the engine has none."""
+        body: dict[str, Any] = (
+            {"messages": messages} if messages is not None else {"prompt": prompt}
+        )
+        try:
+            response = await self._request("POST", "/tokenize", body)
+            return int(response.json()["count"]) if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+
+    async def count_prompt(self, prompt: str) -> int | None:
+        """A completion prompt's tokens as the engine counts them (None: it cannot say)."""
+        return await self.count(prompt=prompt)
+
+    async def room(self, messages: list[dict[str, Any]], wanted: int) -> int:
+        """`wanted` tokens of answer, or what the window leaves after the prompt (counted
+        by the engine's /tokenize where it has one): never a max_tokens the engine refuses."""
+        window = int((await self.served() or {}).get("max_model_len") or 0)
+        if window <= 0:
+            return wanted
+        used = await self.count(messages=messages)
+        return max(min(wanted, window - (used or 0) - 1), 1)
+
+    async def fitted(
+        self,
+        make: Callable[[list[str]], T],
+        counted: Callable[[T], Awaitable[int | None]],
+        tokens: int,
+    ) -> tuple[T, int | None]:
+        """What `make` builds from filler sentences, as close to `tokens` of the engine's own
+        tokens as whole sentences allow, never over where the engine can count (/tokenize):
+        the estimate first, then trimmed by what the engine counts. With its count."""
+        filler = await self.filler(tokens)
+        _, per = await self.sentence_cost()
+        for _ in range(8):
+            built = make(filler)
+            n = await counted(built)
+            if n is None or n <= tokens or not filler:
+                return built, n
+            filler = filler[: max(len(filler) - math.ceil((n - tokens) / per) - 1, 0)]
+        built = make(filler)
+        return built, await counted(built)
+
+
+def _field(answer: httpx.Response, key: str) -> object:
+    try:
+        body = answer.json()
+    except ValueError:
+        return None
+    return body.get(key) if isinstance(body, dict) else None
+
+
+# The engine's samples laned reads (vllm/v1/metrics/loggers.py names them).
+SUMMED = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:iteration_tokens_total_count": "steps",
+}
+KV_USAGE = {"vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "gpu"}
+WANTED = tuple(f"{name}{end}" for name in (*SUMMED, *KV_USAGE) for end in ("{", " "))
+
+
+def parse_engine_metrics(text: str) -> EngineSample:
+    """One sample of vLLM's /metrics: gauges and counters summed across engines (and models),
+    the KV-cache usage as the fullest engine's — `vllm:kv_cache_usage_perc`, else the older
+    `vllm:gpu_cache_usage_perc` (vLLM 0.9 and 0.10 export both, with the same value: they are
+    never added) — and the engine steps taken (`vllm:iteration_tokens_total`'s count)."""
+    values: dict[str, float] = {}
+    # Only the few samples laned reads go to the parser: a data-parallel vLLM's page is
+    # ~200 KB of histograms, and parsing it all cost ~30 ms of CPU a scrape (bench/cost.py).
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(WANTED))
+    for family in text_string_to_metric_families(wanted):
+        for sample in family.samples:
+            if (key := SUMMED.get(sample.name)) is not None:
+                values[key] = values.get(key, 0.0) + float(sample.value)
+            elif (key := KV_USAGE.get(sample.name)) is not None:
+                values[key] = max(values.get(key, 0.0), float(sample.value))
+    return EngineSample(
+        running=values.get("running", 0.0),
+        waiting=values.get("waiting", 0.0),
+        generation_tokens=values.get("generation_tokens", 0.0),
+        prompt_tokens=values.get("prompt_tokens", 0.0),
+        kv_cache_usage=values.get("kv", values.get("gpu", 0.0)),
+        steps=values.get("steps", 0.0),
+    )

@@ -1,0 +1,95 @@
+"""What the kernel says of this host: memory (/proc/meminfo), a filesystem's size, whether a
+port is taken, and the processes of a cgroup (v2). Blocking: callers run them off the loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+from laned.preflight.facts import GIB
+
+
+def meminfo() -> dict[str, float]:
+    """/proc/meminfo in GiB (MemTotal, MemAvailable, ...); {} where it cannot be read."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) / 1024**2
+    except OSError:
+        return {}
+    return out
+
+
+def disk_total_gib(path: str) -> float | None:
+    """Size of the filesystem holding `path` (or its nearest existing parent), in GiB."""
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    try:
+        st = os.statvfs(path or "/")
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize / GIB
+
+
+def port_busy(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether something listens on the port: bind without SO_REUSEPORT fails then."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR so that connections in TIME_WAIT do not count; a listener still does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def cgroup_of(pid: int) -> str:
+    """The cgroup (v2) a process is in, as a path under /sys/fs/cgroup ("" if unknown)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cgroup2_root(mounts: str = "/proc/self/mounts") -> str:
+    """Where the unified (v2) cgroup hierarchy is mounted: /sys/fs/cgroup on a pure-v2 host,
+    /sys/fs/cgroup/unified on a hybrid one."""
+    try:
+        with open(mounts, encoding="utf-8") as handle:
+            for line in handle:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == "cgroup2":
+                    return fields[1]
+    except OSError:
+        pass
+    return "/sys/fs/cgroup"
+
+
+def cgroup_pids(path: str, root: str | None = None) -> set[int]:
+    """The processes in a cgroup and every cgroup below it (empty for "" or one that is gone)."""
+    if not path:
+        return set()
+    root = cgroup2_root() if root is None else root
+    pids: set[int] = set()
+    for where, _dirs, files in os.walk(root + path):
+        if "cgroup.procs" in files:
+            try:
+                with open(os.path.join(where, "cgroup.procs"), encoding="utf-8") as handle:
+                    pids.update(int(line) for line in handle if line.strip())
+            except (OSError, ValueError):
+                continue
+    return pids

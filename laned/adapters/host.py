@@ -84,6 +84,7 @@ class Host:
         port_peer: str | None,
         last_image_id: str | None,
         sleepers: Sleepers = NO_SLEEPERS,
+        lanes_known: bool = True,
     ) -> LaneFacts:
         """Everything preflight looks at for one lane (`sleepers`: laned's sleeping lanes,
         whose GPU memory stays, and those the activation puts to sleep)."""
@@ -109,6 +110,7 @@ class Host:
             key_file=secret_files.key_file(spec.secrets_path) if spec.secrets_path else None,
             port_busy=await asyncio.to_thread(port_busy, spec.port, engine_host(spec)),
             port_peer=port_peer,
+            lanes_known=lanes_known,
             command_found=command_found,
             image_id=image_id,
             image_error=image_error,

@@ -186,8 +186,8 @@ def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
     config = load_config(config_path(args))
     host = Host(Podman(podman_socket(config, os.environ, os.getuid())))
     print(
-        "laned does not answer: checking here, from the config and this host alone (a port "
-        "one of its lanes holds counts as taken; start laned for its own view: "
+        "laned does not answer: checking here, from the config and this host alone (which of "
+        "its lanes runs is not known; start laned for its own view: "
         "systemctl --user start laned)",
         file=sys.stderr,
     )
@@ -195,7 +195,7 @@ def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
         if what == "fit":
             return fit_report(config.lanes, asyncio.run(host.facts()))
         config.lane(args.lane)  # UnknownLane, naming the configured lanes
-        facts = asyncio.run(host.lane_facts(config, args.lane, None, None))
+        facts = asyncio.run(host.lane_facts(config, args.lane, None, None, lanes_known=False))
         return report(args.lane, evaluate(args.lane, config.lanes[args.lane], facts))
     finally:
         host.close()

@@ -94,6 +94,9 @@ class LaneFacts:
     key_file: KeyFile | None = None
     port_busy: bool = False
     port_peer: str | None = None  # a lane of the same group that runs on the port
+    # False: asked without laned (the CLI while it does not answer): which of its lanes runs
+    # on the port is not known, so a held port is not called a stranger's.
+    lanes_known: bool = True
     command_found: bool | None = None  # exec lanes: the program is on PATH
     image_id: str | None = None  # container lanes: the local image's id (None: not present)
     image_error: str | None = None  # the podman API could not be asked

@@ -297,6 +297,15 @@ def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
         )
         yield Finding("port", f"port {spec.port} is held by {whose}", severity=Severity.NOTE)
         return
+    if not facts.lanes_known:
+        yield Finding(
+            "port",
+            f"lanes.{lane}.port {spec.port} is in use; laned does not answer, so whether one of "
+            "its own lanes holds it is not known here",
+            f"start laned and ask again, or find the holder: ss -ltnp 'sport = :{spec.port}'",
+            severity=Severity.WARNING,
+        )
+        return
     yield Finding(
         "port",
         f"lanes.{lane}.port {spec.port} is already in use by a process laned does not run",

@@ -108,6 +108,14 @@ def test_a_port_held_by_a_group_peer_is_only_a_note() -> None:
     assert blocking(found) == [] and checks(found, Severity.NOTE) == {"port"}
 
 
+def test_a_held_port_asked_without_laned_is_a_warning_not_a_strangers() -> None:
+    """The CLI's own preflight while laned does not answer cannot tell which lane holds a
+    port: it warns, and says how to know, instead of calling the holder a stranger."""
+    found = evaluate("c", lane(), replace(GOOD, port_busy=True, lanes_known=False))
+    assert blocking(found) == [] and checks(found, Severity.WARNING) == {"port"}
+    assert "not known" in found[0].message and "ss -ltnp" in found[0].hint
+
+
 def test_podman_unreachable_is_a_warning_not_a_refusal() -> None:
     found = evaluate("c", lane(), replace(GOOD, image_id=None, image_error="socket down"))
     assert blocking(found) == []

@@ -1,7 +1,7 @@
 """laned: owns a host's GPU inference lanes as systemd user units.
 
 The package's layers are its folders (docs/architecture.md; tests/unit/test_architecture.py
-holds them): `config/`, `core/`, `render/`, `preflight/`, `importer/` are pure; `adapters/`
+holds them): `config/`, `core/`, `engines/`, `render/`, `preflight/`, `importer/` are pure; `adapters/`
 talk to systemd, podman, NVML, journald, engines and files; `gates/` run the acceptance gates
 and the bench against an engine; `owner/` is the one owner of lane state; `api/`, `cli/` and
 `daemon` are the edges people use; `sim/` is the simulated engine.

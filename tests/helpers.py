@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from laned.core.phases import read_line
+from laned.engines.vllm import read_line
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -94,6 +94,6 @@ def sim_env(**extra: str) -> dict[str, str]:
 
 
 def parse_phase(line: str) -> tuple[str, float | None] | None:
-    """The phase a line announces, with its percent (laned.core.phases.read_line)."""
+    """The phase a line announces, with its percent (laned.engines.vllm.read_line)."""
     seen = read_line(line)
     return None if seen is None or seen.phase is None else (seen.phase, seen.progress)

@@ -33,6 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from laned.core import canary
 from laned.core.liveness import EngineSample
+from laned.engines.profile import MetricNames
+from laned.engines.vllm import VLLM
 from laned.errors import EngineRefused, EngineUnreachable
 
 ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long (uvicorn)
@@ -352,32 +354,20 @@ def _field(answer: httpx.Response, key: str) -> object:
     return body.get(key) if isinstance(body, dict) else None
 
 
-# The engine's samples laned reads (vllm/v1/metrics/loggers.py names them).
-SUMMED = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:generation_tokens_total": "generation_tokens",
-    "vllm:prompt_tokens_total": "prompt_tokens",
-    "vllm:iteration_tokens_total_count": "steps",
-}
-KV_USAGE = {"vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "gpu"}
-WANTED = tuple(f"{name}{end}" for name in (*SUMMED, *KV_USAGE) for end in ("{", " "))
-
-
-def parse_engine_metrics(text: str) -> EngineSample:
-    """One sample of vLLM's /metrics: gauges and counters summed across engines (and models),
-    the KV-cache usage as the fullest engine's — `vllm:kv_cache_usage_perc`, else the older
-    `vllm:gpu_cache_usage_perc` (vLLM 0.9 and 0.10 export both, with the same value: they are
-    never added) — and the engine steps taken (`vllm:iteration_tokens_total`'s count)."""
+def parse_engine_metrics(text: str, names: MetricNames = VLLM.metrics) -> EngineSample:
+    """One sample of an engine's /metrics by its `names` (laned.engines; vLLM's by default):
+    gauges and counters summed across engines (and models), a usage as the fullest
+    engine's (the first of its names that is there: vLLM's KV-cache usage has an older name
+    too, exported beside it with the same value, never added)."""
     values: dict[str, float] = {}
     # Only the few samples laned reads go to the parser: a data-parallel vLLM's page is
     # ~200 KB of histograms, and parsing it all cost ~30 ms of CPU a scrape (bench/cost.py).
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(WANTED))
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(names.prefixes))
     for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
-            if (key := SUMMED.get(sample.name)) is not None:
+            if (key := names.summed.get(sample.name)) is not None:
                 values[key] = values.get(key, 0.0) + float(sample.value)
-            elif (key := KV_USAGE.get(sample.name)) is not None:
+            elif (key := names.fullest.get(sample.name)) is not None:
                 values[key] = max(values.get(key, 0.0), float(sample.value))
     return EngineSample(
         running=values.get("running", 0.0),

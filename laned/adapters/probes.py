@@ -13,13 +13,13 @@ import httpx
 from laned.adapters.engine_api import (
     ENGINE_KEEP_ALIVE,
     ENGINE_POOL,
-    KV_USAGE,
-    SUMMED,
     EngineClient,
     parse_engine_metrics,
 )
+from laned.engines.vllm import KV_USAGE, SUMMED
 
-# The engine's /metrics as laned reads them: their home is laned.adapters.engine_api.
+# An engine's /metrics as laned reads them: their homes are laned.adapters.engine_api and
+# laned.engines.vllm.
 __all__ = [
     "ENGINE_KEEP_ALIVE",
     "ENGINE_POOL",

@@ -9,6 +9,7 @@ import os
 import stat
 
 from laned.config import secrecy
+from laned.engines.vllm import VLLM
 from laned.errors import SecretFileRefused, SecretsFileError
 from laned.preflight.facts import KeyFile
 
@@ -45,7 +46,7 @@ def read_api_key(path: str | None) -> str | None:
         return None
     try:
         with open(path, encoding="utf-8") as handle:
-            return secrecy.value_of(handle.read(), "VLLM_API_KEY")
+            return secrecy.value_of(handle.read(), VLLM.api_key_env)
     except (OSError, UnicodeDecodeError):
         return None
 

@@ -117,7 +117,7 @@ class Ev(str, Enum):
 class Effect(str, Enum):
     """What the runner does with a move (in the order the outcome lists them)."""
 
-    NEW_RUN = "new-run"  # the run's number, config, clock, phases and notes begin again
+    NEW_RUN = "new-run"  # the run's number, config, clock, phases and notes begin again; no stop under way
     NEW_ENGINE = "new-engine"  # a new engine process: no host buffers pinned by it yet
     STOP_BEGINS = "stop-begins"  # an exit from now on is laned's own stop, until it is over
     CANCEL_RESTART = "cancel-restart"  # a restart waiting for its backoff is dropped

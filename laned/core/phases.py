@@ -1,4 +1,5 @@
-"""Startup phases of an engine, read from its log lines as vLLM really prints them (pure).
+"""Startup phases of an engine, read from its log lines (pure): the words laned shows, and
+the reading of a line by an engine's own patterns (laned.engines: vLLM's in engines/vllm.py).
 
 What journald delivers is not a line per update: tqdm redraws a bar with `\\r` and writes a
 newline only when it closes, so a CUDA-graph or DeepGEMM bar arrives as one record of
@@ -50,54 +51,8 @@ class Seen:
     note: str | None = None  # e.g. "compile cache hit (torch.compile)"
 
 
-_BAR = r".*?(\d+)%\|.*?\| (\d+)/(\d+)"  # tqdm's default: `desc:  40%|████      | 4/10 [...]`
+BAR = r".*?(\d+)%\|.*?\| (\d+)/(\d+)"  # tqdm's default: `desc:  40%|████      | 4/10 [...]`
 
-# (pattern, phase or None, note or None), first match wins; sources in docs/simulator.md.
-_TABLE: list[tuple[re.Pattern[str], Phase | None, str | None]] = [
-    (
-        re.compile(r"Loading safetensors checkpoint shards:\s*(\d+)% Completed \| (\d+)/(\d+)"),
-        Phase.LOADING_WEIGHTS,
-        None,
-    ),
-    (re.compile(r"Loading weights took|Model loading took"), Phase.WEIGHTS_LOADED, None),
-    (
-        re.compile(r"Directly load the compiled graph\(s\)|Directly load AOT compilation"),
-        Phase.TORCH_COMPILE,
-        f"{CACHE_HIT} (torch.compile)",
-    ),
-    (
-        re.compile(r"Dynamo bytecode transform time|Compiling a graph for|torch\.compile takes"),
-        Phase.TORCH_COMPILE,
-        None,
-    ),
-    # "GPU KV cache size", "CPU KV cache size" (the CPU build): kv_cache_utils.py "%s KV cache size"
-    (re.compile(r"Available KV cache memory|\b[A-Z]+ KV cache size: "), Phase.PROFILING, None),
-    (re.compile(r"DeepG[Ee][Mm][Mm]" + _BAR), Phase.DEEPGEMM, None),
-    (re.compile(r"DeepG[Ee][Mm][Mm].*?(\d+)/(\d+)"), Phase.DEEPGEMM, None),
-    (re.compile(r"DeepG[Ee][Mm][Mm]|deep_gemm"), Phase.DEEPGEMM, None),
-    (
-        re.compile(r"Using FlashInfer autotune cache|FlashInfer autotune cache loaded"),
-        None,
-        f"{CACHE_HIT} (FlashInfer autotune)",
-    ),
-    (re.compile(r"Skipping FlashInfer autotune"), None, "FlashInfer autotune skipped"),
-    (re.compile(r"[Aa]utotun\w*.*?(\d+)/(\d+)"), Phase.AUTOTUNE, None),
-    (re.compile(r"[Aa]utotun"), Phase.AUTOTUNE, None),
-    (re.compile(r"Capturing CUDA graphs" + _BAR), Phase.CUDA_GRAPHS, None),
-    (re.compile(r"Capturing CUDA graphs|Graph capturing finished"), Phase.CUDA_GRAPHS, None),
-    (
-        # The engine is up (vllm/v1/engine/core.py), then the API server starts
-        # (vllm/entrypoints/openai/api_server.py; the older line says "API server %d").
-        re.compile(
-            r"init engine \(profile, create kv cache, warmup model\) took|Supported tasks:"
-            r"|Starting vLLM (?:API )?server|Available routes are"
-        ),
-        Phase.API_SERVER,
-        None,
-    ),
-    (re.compile(r"Application startup complete"), Phase.SERVING, None),
-    (re.compile(r"Starting to load model|Loading model"), Phase.LOADING_MODEL, None),
-]
 _ELAPSED = re.compile(r"\[(?:(\d+):)?(\d+):(\d+)<")  # tqdm's `[elapsed<remaining` as [H:]MM:SS
 
 
@@ -107,20 +62,18 @@ def last_segment(line: str) -> str:
     return segments[-1] if segments else ""
 
 
-# Lines that list the engine's settings (every feature by name, on or off) say nothing of
-# where a start is: vLLM's config dump (vllm/v1/engine/core.py, "Initializing a V1 LLM engine
-# (v0.32.0) with config: ... enable_flashinfer_autotune=True ...") and the API server's
-# "non-default args: {...}" (vllm/entrypoints/serve/utils/api_utils.py).
-_SETTINGS = re.compile(r"LLM engine \(v[^)]*\) with config: |non-default args: ")
+Patterns = Sequence[tuple["re.Pattern[str]", Phase | None, str | None]]
 
 
-def read_line(line: str) -> Seen | None:
-    """What a vLLM log line says of the startup: a phase (with a percent and tqdm's elapsed
-    time where a bar gives them), or a note (a compile cache hit, a skipped autotune)."""
+def read_with(patterns: Patterns, ignore: re.Pattern[str] | None, line: str) -> Seen | None:
+    """What a log line says of the startup by an engine's `patterns` (pattern, phase or
+    None, note or None; the first match wins): a phase (with a percent and tqdm's elapsed
+    time where a bar gives them), or a note (a compile cache hit, a skipped autotune).
+    A line `ignore` matches (a settings dump) says nothing."""
     text = last_segment(line)
-    if _SETTINGS.search(text):
+    if ignore is not None and ignore.search(text):
         return None
-    for pattern, phase, note in _TABLE:
+    for pattern, phase, note in patterns:
         match = pattern.search(text)
         if not match:
             continue

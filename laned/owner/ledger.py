@@ -194,6 +194,10 @@ class Ledger:
             status.spec = spec
             status.started_at = self.clock()
             status.phases, status.notes, status.weights_at_start = [], [], None
+            # No stop of laned's is under way for a run that just began: a stop flagged for
+            # the one before by an operation superseded before it ran must not make this
+            # run's own death look asked for (a dead lane left `ready`).
+            status.stopping = False
         if Effect.NEW_ENGINE in effects:
             status.pinned = False
         if Effect.STOP_BEGINS in effects:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
+from laned import engines
 from laned.core import exits, resume
 from laned.core.lanes import EventKind, LaneState
 from laned.core.machine import Ev
+from laned.core.phases import Seen
 from laned.core.resume import CatchUp
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import JournalUnavailable
@@ -86,6 +89,11 @@ class Outages:
             elif plan is CatchUp.SETTLE:
                 r.fire(lane, Ev.FOUND_STOPPED, f"found stopped after {why}")
 
+    def _reader(self, unit: str) -> Callable[[str], Seen | None]:
+        """How the engine of `unit`'s lane writes its start in its log (laned.engines)."""
+        r = self.records
+        return engines.for_lane(r.config.lanes[r.units[unit]]).read_line
+
     # --- journald ------------------------------------------------------------------------------
 
     async def follow_logs(self) -> None:
@@ -99,6 +107,7 @@ class Outages:
                 await watchers.follow_phases(
                     self.seam,
                     lambda: r.units,
+                    self._reader,
                     self.reactions.phase_seen,
                     since,
                     lambda: r.trouble("journald", None),

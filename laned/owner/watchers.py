@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from laned.config.model import LaneConfig
 from laned.core.liveness import EngineSample, MemoryFloor, StallDetector
-from laned.core.phases import Seen, read_line
+from laned.core.phases import Seen
 from laned.owner.seam import Seam
 from laned.preflight.facts import GIB
 
@@ -189,13 +189,15 @@ async def watch_liveness(seam: Seam, spec: LaneConfig, report: Report) -> None:
 async def follow_phases(
     seam: Seam,
     units: Callable[[], Mapping[str, str]],
+    reader: Callable[[str], Callable[[str], Seen | None]],
     report: Callable[[str, Seen, float], None],
     since: float | None = None,
     opened: Callable[[], None] | None = None,
 ) -> None:
     """Report (unit, what it says, when it was logged) for every startup line of the lane
-    units' logs from `since` (default: now); JournalUnavailable when they cannot be read."""
+    units' logs from `since` (default: now), each read by its unit's engine (`reader`);
+    JournalUnavailable when they cannot be read."""
     async for unit, line, at in seam.follow_logs(units(), since, opened):
-        seen = read_line(line)
+        seen = reader(unit)(line)
         if seen is not None:
             report(unit, seen, at)

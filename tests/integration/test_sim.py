@@ -482,7 +482,8 @@ def startup_lines(log: str) -> list[str]:
 def test_laneds_phase_table_knows_every_startup_line(
     start_sim: Any, tmp_path: Path, args: tuple[str, ...], env: dict[str, str]
 ) -> None:
-    from laned.core.phases import last_segment, read_line
+    from laned.core.phases import last_segment
+    from laned.engines.vllm import read_line
 
     for round_ in ("first", "cached"):
         sim = start_sim(*args, VLLM_CACHE_ROOT=str(tmp_path / "cache"), **env)
@@ -498,7 +499,7 @@ def test_laneds_phase_table_knows_every_startup_line(
 
 
 def test_startup_prints_as_vllm_does(start_sim: Any, tmp_path: Path) -> None:
-    from laned.core.phases import read_line
+    from laned.engines.vllm import read_line
 
     cache = str(tmp_path / "cache")
     cold = start_sim(VLLM_CACHE_ROOT=cache, LANED_SIM_JIT="0.5")

@@ -1,7 +1,7 @@
 """The shape of the package, checked over its import graph (ast, no import runs), by folder:
 every module is held to the rules of the folder it sits in.
 
-- pure folders (config, core, render, preflight, importer) import only pure folders, and
+- pure folders (config, core, engines, render, preflight, importer) import only pure folders, and
   reach no I/O library, no file and no environment (config/load.py reads the config file);
 - adapters import pure folders and adapters, never the owner or an edge;
 - gates (run against engines) import pure folders, adapters and gates;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "laned"
 
-PURE = {"config", "core", "render", "preflight", "importer"}
+PURE = {"config", "core", "engines", "render", "preflight", "importer"}
 ALLOWED: dict[str, set[str]] = {
     **{folder: PURE for folder in PURE},
     "adapters": PURE | {"adapters"},

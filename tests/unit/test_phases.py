@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from laned.core.phases import CACHE_HIT, Phase, Seen, add_mark, last_segment, read_line
+from laned.core.phases import CACHE_HIT, Phase, Seen, add_mark, last_segment
+from laned.engines.vllm import read_line
 from tests.helpers import ROOT, parse_phase
 
 GRAPHS = "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"

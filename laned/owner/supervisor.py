@@ -3,8 +3,10 @@
 Commands reach it as synchronous calls on its event loop (requests, systemd's unit changes,
 the watchers' observations, timers), each handled to its end before the next: the loop is
 the owner's queue (docs/decisions/0005-one-owner.md). Its parts share one `Records` (the
-ledger of statuses and events, one `LaneRun` per lane, the units as last seen, the
-operations under way) and only they change it:
+ledger: the lane machine's runner, one record per lane, the events; the units as last
+seen, the operations under way) and only they change it, a lane's state only by firing an
+event of the lane machine (laned.core.machine); they act on the host through one seam
+(laned.owner.seam, given here):
 
 - `Requests` (owner.requests): activate, deactivate, restart, as operations of a group;
 - `Reactions` (owner.reactions): a unit's change, an exit, what the watchers observe, the

@@ -104,10 +104,10 @@ class EngineClient:
             timeout=timeout or self.timeout,
         )
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Timed:
+    async def _post(self, path: str, body: dict[str, Any], timeout: float = 0) -> Timed:
         started = time.monotonic()
         try:
-            response = await self._request("POST", path, body)
+            response = await self._request("POST", path, body, timeout)
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
                 f"{self.base_url}{path}: {type(exc).__name__} {exc}".rstrip(),
@@ -188,14 +188,12 @@ class EngineClient:
             "temperature": 0,
             "return_token_ids": True,
         }
-        url = self._url("/v1/completions")
-        try:
-            answer = await self._request("POST", "/v1/completions", body, timeout)
-            choice = answer.json()["choices"][0] if answer.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            raise EngineUnreachable(f"POST {url}: {type(exc).__name__} {exc}".rstrip()) from exc
+        timed = await self._post("/v1/completions", body, timeout)
+        choices = timed.body.get("choices") if isinstance(timed.body, dict) else None
+        choice = choices[0] if isinstance(choices, list) and choices else None
         if not isinstance(choice, dict):
-            raise EngineRefused(f"POST {url} answered {answer.status_code}: {answer.text[:200]}")
+            url = self._url("/v1/completions")
+            raise EngineRefused(f"POST {url} answered with no choice: {str(timed.body)[:200]}")
         ids = choice.get("token_ids")
         token_ids = tuple(int(i) for i in ids) if isinstance(ids, list) else None
         return canary.Answer(token_ids, str(choice.get("text") or ""))

@@ -1,7 +1,8 @@
 """laned's one client of an engine's HTTP API (the proxy's upstream.Pool aside: that is the hot
-path's transport): what the watchers probe (/health, /v1/models, /metrics), the canary, vLLM's
-sleep routes, and what the acceptance checks and the bench ask (timed chat and completions,
-/tokenize). `laned.adapters.probes.Probe` holds the connection pool every client of a running
+path's transport): what the watchers probe (/health, /v1/models, /metrics), the canary, the
+engine's sleep routes, and what the acceptance checks and the bench ask (timed chat and
+completions, the tokenizer). What differs between engines (metric names, sleep routes, the
+tokenizer's request) is the engine's profile's (laned.engines): this client makes the calls. `laned.adapters.probes.Probe` holds the connection pool every client of a running
 laned shares.
 
 Probes answer a plain value or None; transport errors are an answer ("no"), never an
@@ -33,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from laned.core import canary
 from laned.core.liveness import EngineSample
-from laned.engines.profile import MetricNames
+from laned.engines.profile import Call, EngineProfile, MetricNames
 from laned.engines.vllm import VLLM
 from laned.errors import EngineRefused, EngineUnreachable
 
@@ -79,6 +80,7 @@ class EngineClient:
     # A pool of connections to share: the owner passes its probe's, one pool per laned for
     # the engines it watches. None: a pool of its own, closed by `close()`.
     pool: httpx.AsyncClient | None = None
+    profile: EngineProfile = VLLM
     _per_sentence: tuple[int, float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -164,19 +166,16 @@ class EngineClient:
         """The numbers stall detection and the engine summary need, from /metrics."""
         text = await self.metrics()
         try:
-            return None if text is None else parse_engine_metrics(text)
+            return None if text is None else parse_engine_metrics(text, self.profile.metrics)
         except ValueError:
             return None
 
     async def sleep_level(self) -> int | None:
-        """The level the engine sleeps at, from its /metrics (`vllm:engine_sleep_state`:
-        `weights_offloaded` 1 is level 1, `discard_all` 1 level 2); None when it cannot say."""
-        for line in (await self.metrics() or "").splitlines():
-            if line.startswith("vllm:engine_sleep_state{") and line.rstrip().endswith(" 1.0"):
-                for state, level in (('"weights_offloaded"', 1), ('"discard_all"', 2)):
-                    if f"sleep_state={state}" in line:
-                        return level
-        return None
+        """The level the engine sleeps at, from its /metrics where the engine says it there;
+        None when it cannot say."""
+        if self.profile.sleep is None:
+            return None
+        return self.profile.sleep.level_in_metrics(await self.metrics() or "")
 
     # --- the canary (laned.core.canary) ------------------------------------------------------
 
@@ -198,51 +197,55 @@ class EngineClient:
         token_ids = tuple(int(i) for i in ids) if isinstance(ids, list) else None
         return canary.Answer(token_ids, str(choice.get("text") or ""))
 
-    # --- sleep mode (vLLM's dev routes: vllm/entrypoints/serve/dev/) ----------------------------
+    # --- sleep mode (the engine's routes: laned.engines.profile.SleepApi) --------------------
+
+    def _sleep_api(self) -> Any:
+        if self.profile.sleep is None:
+            raise EngineRefused(f"{self.profile.title} cannot sleep", "set sleep_level = 0")
+        return self.profile.sleep
 
     async def sleep(self, level: int, timeout: float) -> None:
-        """POST /sleep?level=N&mode=wait: `wait` lets a request still in flight end (laned
-        drained them first; vLLM's default, `abort`, would cut it)."""
-        await self._dev("POST", "/sleep", timeout, params={"level": level, "mode": "wait"})
+        """Put the engine to sleep at `level` (vLLM: POST /sleep?level=N&mode=wait, `wait`
+        letting a request still in flight end; laned drained them first)."""
+        await self._call(self._sleep_api().sleep(level), timeout)
 
-    async def wake_up(self, timeout: float) -> bool:
-        """POST /wake_up (every tag); whether the engine says it is fully awake."""
-        return _field(await self._dev("POST", "/wake_up", timeout), "status") == "awake"
+    async def wake_up(self, level: int, timeout: float) -> bool:
+        """Wake the engine asleep at `level` (every tag), then what a wake at that level
+        needs (after a level-2 wake, vLLM's weights read again and its prefix cache reset,
+        vLLM #29341); whether the engine says it is fully awake."""
+        api = self._sleep_api()
+        answer = await self._call(api.wake, timeout)
+        for call in api.after_wake.get(level, ()):
+            await self._call(call, timeout)
+        return api.awake is None or bool(api.awake(_json(answer)))
 
-    async def is_sleeping(self, timeout: float = 10.0) -> bool:
-        """GET /is_sleeping."""
-        return _field(await self._dev("GET", "/is_sleeping", timeout), "is_sleeping") is True
+    async def is_sleeping(self, timeout: float = 10.0) -> bool | None:
+        """The engine's word on whether it sleeps; None where it has no such route."""
+        api = self._sleep_api()
+        if api.is_sleeping is None:
+            return None
+        return bool(api.asleep(_json(await self._call(api.is_sleeping, timeout))))
 
-    async def reload_weights(self, timeout: float) -> None:
-        """After a level-2 wake: the weights read again (vLLM #29341: without it the engine
-        answers, wrongly)."""
-        await self._dev("POST", "/collective_rpc", timeout, json={"method": "reload_weights"})
-
-    async def reset_prefix_cache(self, timeout: float = 30.0) -> None:
-        """POST /reset_prefix_cache: no block computed with the old weights is reused."""
-        await self._dev("POST", "/reset_prefix_cache", timeout)
-
-    async def _dev(
-        self,
-        method: str,
-        path: str,
-        timeout: float,
-        params: dict[str, Any] | None = None,
-        json: dict[str, Any] | None = None,
-    ) -> httpx.Response:
-        url = self._url(path)
+    async def _call(self, call: Call, timeout: float) -> httpx.Response:
+        url = self._url(call.path)
+        method = call.method
         try:
-            answer = await self.http.request(method, url, params=params, json=json, timeout=timeout)
+            answer = await self.http.request(
+                method,
+                url,
+                params=None if call.params is None else dict(call.params),
+                json=None if call.body is None else dict(call.body),
+                headers=self._headers,
+                timeout=timeout,
+            )
         except httpx.HTTPError as exc:
             raise EngineUnreachable(
                 f"{method} {url}: {type(exc).__name__} {exc}".rstrip(), DEV_HINT
             ) from exc
         if answer.status_code != 200:
             hint = DEV_HINT
-            if answer.status_code == 404:
-                hint = (
-                    "the engine serves no sleep routes: is VLLM_SERVER_DEV_MODE=1 in its wrapper?"
-                )
+            if answer.status_code == 404 and self.profile.sleep is not None:
+                hint = self.profile.sleep.missing
             raise EngineRefused(
                 f"{method} {url} answered {answer.status_code}: {answer.text[:200]}", hint
             )
@@ -251,13 +254,17 @@ class EngineClient:
     # --- what the checks and the bench ask ---------------------------------------------------
 
     async def served(self, timeout: float = 10.0) -> dict[str, Any] | None:
-        """The model's entry in /v1/models (with max_model_len where vLLM lists it), or None."""
+        """The model's entry in /v1/models, or None; with `max_model_len`, the window a request
+        may fill, where the engine says it (laned.engines.profile.EngineProfile.window)."""
         try:
             response = await self._request("GET", "/v1/models", timeout=timeout)
             entries = response.json().get("data", []) if response.status_code == 200 else []
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
-        return next((dict(m) for m in entries if m.get("id") == self.model), None)
+        entry = next((dict(m) for m in entries if m.get("id") == self.model), None)
+        if entry is not None and (window := self.profile.window(entry)) is not None:
+            entry["max_model_len"] = window  # the engine's window under vLLM's name
+        return entry
 
     async def chat(self, messages: list[dict[str, Any]], **options: Any) -> Timed:
         """POST /v1/chat/completions."""
@@ -300,15 +307,30 @@ class EngineClient:
         self, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None
     ) -> int | None:
         """The prompt's tokens as the engine's own tokenizer counts them, chat template
-        included for `messages` (vLLM's POST /tokenize); None where the engine has none."""
-        body: dict[str, Any] = (
-            {"messages": messages} if messages is not None else {"prompt": prompt}
-        )
+        included for `messages` (vLLM's and SGLang's POST /tokenize, llama-server's for a
+        prompt); None where the engine cannot count it."""
+        tokenizer = self.profile.tokenizer
+        if tokenizer is None:
+            return None
         try:
-            response = await self._request("POST", "/tokenize", body)
-            return int(response.json()["count"]) if response.status_code == 200 else None
+            call = tokenizer.call(messages, prompt)
+            if call is None and messages is not None and tokenizer.template is not None:
+                rendered = await self._answer(tokenizer.template(messages))
+                call = (
+                    None
+                    if rendered is None
+                    else tokenizer.call(None, tokenizer.templated(rendered))
+                )
+            counted = None if call is None else await self._answer(call)
+            return None if counted is None else tokenizer.count(counted)
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
+
+    async def _answer(self, call: Call) -> Any:
+        """The JSON of a 200 answer to `call` (None for another status); HTTPError, ValueError
+        as they come."""
+        response = await self._request(call.method, call.path, dict(call.body or {}))
+        return response.json() if response.status_code == 200 else None
 
     async def count_prompt(self, prompt: str) -> int | None:
         """A completion prompt's tokens as the engine counts them (None: it cannot say)."""
@@ -344,12 +366,11 @@ class EngineClient:
         return built, await counted(built)
 
 
-def _field(answer: httpx.Response, key: str) -> object:
+def _json(answer: httpx.Response) -> Any:
     try:
-        body = answer.json()
+        return answer.json()
     except ValueError:
         return None
-    return body.get(key) if isinstance(body, dict) else None
 
 
 def parse_engine_metrics(text: str, names: MetricNames = VLLM.metrics) -> EngineSample:

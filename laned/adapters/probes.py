@@ -16,7 +16,8 @@ from laned.adapters.engine_api import (
     EngineClient,
     parse_engine_metrics,
 )
-from laned.engines.vllm import KV_USAGE, SUMMED
+from laned.engines.profile import EngineProfile
+from laned.engines.vllm import KV_USAGE, SUMMED, VLLM
 
 # An engine's /metrics as laned reads them: their homes are laned.adapters.engine_api and
 # laned.engines.vllm.
@@ -46,12 +47,22 @@ class Probe:
         return f"http://{self.host}:{port}{path}"
 
     def engine(
-        self, port: int, model: str = "", api_key: str | None = None, timeout: float = 0
+        self,
+        port: int,
+        model: str = "",
+        api_key: str | None = None,
+        timeout: float = 0,
+        profile: EngineProfile = VLLM,
     ) -> EngineClient:
         """The engine on `port` (serving `model`, with the lane's key), over the shared pool;
-        `timeout`: of each request (default: the probes')."""
+        `timeout`: of each request (default: the probes'); `profile`: which engine it is."""
         return EngineClient(
-            self.url(port, ""), model, api_key, timeout or self.timeout, pool=self.client
+            self.url(port, ""),
+            model,
+            api_key,
+            timeout or self.timeout,
+            pool=self.client,
+            profile=profile,
         )
 
     async def accepts(self, port: int) -> bool:

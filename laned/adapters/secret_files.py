@@ -1,6 +1,7 @@
 """The one place laned reads secret files: the API and peer tokens (daemon.token_file,
-daemon.peer_token_file: 0600 or refused), a lane's secrets file (one value, VLLM_API_KEY,
-for laned's own requests to the engine; or its names and mode only, for preflight). What
+daemon.peer_token_file: 0600 or refused), a lane's secrets file (one value, the engine's
+API key by its profile's name (VLLM_API_KEY, SGLANG_API_KEY, LLAMA_API_KEY), for laned's
+own requests to the engine; or its names and mode only, for preflight). What
 counts as a secret and how a secrets file reads is laned.config.secrecy."""
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import os
 import stat
 
 from laned.config import secrecy
-from laned.engines.vllm import VLLM
 from laned.errors import SecretFileRefused, SecretsFileError
 from laned.preflight.facts import KeyFile
 
@@ -39,14 +39,14 @@ def read_token(path: str | None, key: str = "daemon.token_file") -> str | None:
     return token
 
 
-def read_api_key(path: str | None) -> str | None:
-    """VLLM_API_KEY from a lane's secrets file (systemd's EnvironmentFile= format); None when
-    unset or unreadable."""
+def read_api_key(path: str | None, name: str) -> str | None:
+    """The engine's API key, `name` (its profile's api_key_env), from a lane's secrets file
+    (systemd's EnvironmentFile= format); None when unset or unreadable."""
     if not path:
         return None
     try:
         with open(path, encoding="utf-8") as handle:
-            return secrecy.value_of(handle.read(), VLLM.api_key_env)
+            return secrecy.value_of(handle.read(), name)
     except (OSError, UnicodeDecodeError):
         return None
 

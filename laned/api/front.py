@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from laned import engines
 from laned.config.load import load_config
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import unit_name
@@ -76,6 +77,11 @@ class Front:
         """The lane's engine load from its /metrics (running lanes only)."""
         return self.supervisor.engine_summary(lane)
 
+    def engine_info(self, lane: str) -> tuple[str, str]:
+        """(the lane's engine, its served model name), as it runs."""
+        spec = self.supervisor.engine_spec(lane)
+        return engines.for_lane(spec).name, spec.served_model_name
+
     @property
     def traffic(self) -> Traffic:
         """Requests at laned's OpenAI endpoint: in flight and waiting, per lane."""
@@ -124,6 +130,7 @@ class Front:
             "group": spec.group,
             "port": engine.port,  # a reload's new port waits for the lane's next start
             "served_model_name": engine.served_model_name,
+            "engine_name": engines.for_lane(engine).name,
             "base_url": f"http://{_bracketed(host)}:{engine.port}/v1",
             "engine": sup.engine_summary(lane),
             "proxy": sup.traffic.counts(lane),
@@ -161,7 +168,12 @@ class Front:
             spec = sup.engine_spec(name)
             if status.state not in policy.RUNNING_STATES or spec.headless():
                 continue  # a worker rank has no /metrics: the head's engine speaks for the lane
-            labels = {"lane": name, "model": spec.served_model_name, "unit": unit_name(name, spec)}
+            labels = {
+                "lane": name,
+                "model": spec.served_model_name,
+                "unit": unit_name(name, spec),
+                "engine": engines.for_lane(spec).name,
+            }
             targets.append({"targets": [f"{_bracketed(host)}:{spec.port}"], "labels": labels})
         return targets
 

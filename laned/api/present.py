@@ -22,6 +22,7 @@ from laned.core.lanes import Desired, LaneState, LaneStatus
 
 # name -> help, in the order they are written.
 GAUGES = {
+    "laned_lane_info": "1 for each lane, with its engine and served model as labels.",
     "laned_lane_state": "1 for the lane's current state.",
     "laned_lane_desired_active": "1 when the lane should run.",
     "laned_lane_ready": "1 when the lane is ready.",
@@ -61,6 +62,9 @@ class LaneSource(Protocol):
     def engine_summary(self, lane: str) -> dict[str, float] | None:
         """The engine's load, for running lanes."""
 
+    def engine_info(self, lane: str) -> tuple[str, str]:
+        """(the lane's engine, its served model name), as it runs."""
+
     def proxy_counts(self, lane: str) -> dict[str, float]:
         """The lane's requests at laned's OpenAI endpoint: in flight, queued."""
 
@@ -86,6 +90,10 @@ def render_present(source: LaneSource) -> bytes:
     value = _value
     for name, status in sorted(source.statuses.items()):
         lane = f'lane="{_label(name)}"'
+        engine, model = source.engine_info(name)
+        lines["laned_lane_info"].append(
+            f'laned_lane_info{{engine="{_label(engine)}",{lane},model="{_label(model)}"}} 1.0'
+        )
         ranks = source.rank_view(name)
         if ranks is not None:
             lines["laned_lane_rank"].append(f"laned_lane_rank{{{lane}}} {value(ranks['rank'])}")

@@ -232,7 +232,15 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         )
         command.add_argument("--model", help="with --base-url: the served model name")
         command.add_argument(
-            "--api-key-file", help="with --base-url: a file with VLLM_API_KEY=... (never argv)"
+            "--api-key-file",
+            help="with --base-url: a file with the engine's key (VLLM_API_KEY=..., "
+            "SGLANG_API_KEY=..., LLAMA_API_KEY=...; never argv)",
+        )
+        command.add_argument(
+            "--engine",
+            choices=("vllm", "sglang", "llamacpp"),
+            default="vllm",
+            help="with --base-url: the server's engine (how its tokenizer counts, its key's name)",
         )
         if name == "check":
             command.add_argument(

@@ -17,6 +17,7 @@ from laned.errors import ApiUnavailable, EngineRefused, LaneNotRunning, UsageErr
 
 def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig, str]:
     """(EngineClient, the lane's ChecksConfig, label) for a configured lane or --base-url."""
+    from laned import engines
     from laned.adapters.engine_api import EngineClient
     from laned.adapters.secret_files import read_api_key
     from laned.config.load import load_config
@@ -25,14 +26,18 @@ def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig
     if args.base_url:
         if not args.model:
             raise UsageError("--base-url needs --model", "name the model the server serves")
-        key = read_api_key(args.api_key_file) if args.api_key_file else None
-        return EngineClient(args.base_url, args.model, key), ChecksConfig(), args.base_url
+        profile = engines.ENGINES[args.engine]
+        key = read_api_key(args.api_key_file, profile.api_key_env) if args.api_key_file else None
+        client = EngineClient(args.base_url, args.model, key, profile=profile)
+        return client, ChecksConfig(), args.base_url
     if not args.lane:
         raise UsageError("name a LANE (or give --base-url and --model)", "see laned status")
     config = load_config(config_path(args))
     spec = config.lane(args.lane)
+    profile = engines.for_lane(spec)
+    key = read_api_key(spec.secrets_path, profile.api_key_env)
     client = EngineClient(
-        f"http://127.0.0.1:{spec.port}", spec.served_model_name, read_api_key(spec.secrets_path)
+        f"http://127.0.0.1:{spec.port}", spec.served_model_name, key, profile=profile
     )
     return client, spec.checks, args.lane
 
@@ -103,7 +108,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             window = int(served.get("max_model_len") or 0)
             if window <= 0:
                 raise EngineRefused(
-                    f"{engine.base_url}/v1/models gives no max_model_len", "is it a vLLM server?"
+                    f"{engine.base_url}/v1/models gives no window (max_model_len)",
+                    "is --engine right for it? (vllm, sglang or llamacpp)",
                 )
             return await run_bench(
                 engine,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 
+from laned import engines
 from laned.config.model import LaneConfig
 from laned.config.names import container_name
 from laned.config.ranks import PLACEHOLDER
@@ -24,12 +25,6 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 # Control characters would end a unit line early or smuggle a directive into it.
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-# Flags laned owns: each has one source of truth in the lane config.
-OWNED_FLAGS = {
-    "--port": "port",
-    "--served-model-name": "served_model_name",
-}
 
 
 def check_env(base: str, lane: LaneConfig) -> Iterator[Finding]:
@@ -53,7 +48,8 @@ def secret_in_config(
 ) -> Finding:
     """A secret written into the config: an error, since from there it reaches the wrapper
     and an argv (/proc/PID/cmdline, readable by every local user) at every start. `flag`:
-    the engine flag that carried it (vLLM reads `name` from its environment instead)."""
+    the engine flag that carried it (the engine reads `name` from its environment instead,
+    or from the file laned's wrapper writes: laned.engines)."""
     file = lane.secrets_path or f"~/.config/laned/{base.removeprefix('lanes.')}.env"
     key = f"{base}.{lane.secrets_key}"
     where_file = f"{file} ({key})" if lane.secrets_path else f"{file}, set as {key}"
@@ -62,8 +58,8 @@ def secret_in_config(
             where,
             f"{flag} puts a secret in the engine's argv",
             f"remove it here and write the line {secrets_file_line(name)} in the lane's "
-            f"secrets file (mode 0600) {where_file}: vLLM reads {name} from its environment, "
-            "and laned passes it by name only",
+            f"secrets file (mode 0600) {where_file}: laned hands it to "
+            f"{engines.for_lane(lane).title} by name only",
         )
     return Finding(
         where,
@@ -101,6 +97,12 @@ def _flag_of(text: str) -> str:
     return engine_flag(text)  # `--served_model_name=x` is vLLM's --served-model-name
 
 
+def _secret_name(lane: LaneConfig, secret: str) -> str:
+    """The name a secret flag's value belongs under in the secrets file: the engine's own
+    key variable for --api-key, else SECRET_FLAGS's."""
+    return engines.for_lane(lane).api_key_env if secret == "--api-key" else SECRET_FLAGS[secret]
+
+
 def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Finding]:
     """A recipe's `${NODE_IP}` left in a value reaches the engine as written: no shell runs
     the wrapper's words (they are quoted), and laned fills no placeholder itself."""
@@ -136,17 +138,18 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
             (f"{base}.container.command[{i}]", p) for i, p in enumerate(lane.container.command)
         ]
     seen: dict[str, str] = {}
+    owned = engines.for_lane(lane).owned
     for where, text in engine_parts:
         flag = _flag_of(text)
-        if flag in OWNED_FLAGS:
-            key = OWNED_FLAGS[flag]
+        if flag in owned:
+            key = owned[flag]
             yield Finding(
                 where,
                 f"{flag} is set by laned from {base}.{key}",
                 f"remove it here; {base}.{key} is the single source of truth",
             )
         if (secret := secret_flag(text)) is not None:
-            yield secret_in_config(base, lane, where, SECRET_FLAGS[secret], flag)
+            yield secret_in_config(base, lane, where, _secret_name(lane, secret), flag)
         if flag == "--override-generation-config" and lane.sampling is not None:
             yield Finding(
                 where,

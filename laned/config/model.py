@@ -281,6 +281,9 @@ class LaneConfig(_Model):
 
     description: Annotated[str, NEXT_START] = ""  # rendered into the unit
     unit: Annotated[str | None, NEXT_START] = None
+    # "vllm", "sglang" or "llamacpp" (laned.engines); unset: read from the command or image
+    # where it names one, else vLLM.
+    engine: Annotated[str | None, NEXT_START] = None
     group: Annotated[str, LIVE] = "gpu"
     port: Annotated[int, NEXT_START] = Field(ge=1, le=65535)
     health_path: Annotated[str, NEXT_START] = "/health"
@@ -311,7 +314,7 @@ class LaneConfig(_Model):
         tuple[str, ...], NEXT_START
     ] = ()  # the names the secrets file must define (never values)
     api_key_file: Annotated[str | None, NEXT_START] = (
-        None  # the older name of secrets_file: it must define VLLM_API_KEY
+        None  # the older name of secrets_file, for vLLM lanes: it must define VLLM_API_KEY
     )
     start_timeout: Annotated[Duration, NEXT_START] = 3600.0
     stop_timeout: Annotated[Duration, NEXT_START] = 120.0

@@ -10,6 +10,7 @@ import difflib
 import re
 from collections.abc import Iterator
 
+from laned import engines
 from laned.config.engine_rules import CONTROL, check_argv, check_container, check_env
 from laned.config.groups import check_groups
 from laned.config.model import GATES, Config, LaneConfig, gpu_indices
@@ -140,6 +141,41 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Finding]:
     yield from check_argv(base, lane)
     if lane.container is not None:
         yield from check_container(base, name, lane)
+    yield from _check_engine(base, lane)
+
+
+def _check_engine(base: str, lane: LaneConfig) -> Iterator[Finding]:
+    """The lane's engine: a name laned knows, and the engine's own rules for the lane."""
+    if lane.engine is not None and lane.engine not in engines.ENGINES:
+        close = difflib.get_close_matches(lane.engine, engines.ENGINES, n=1)
+        yield Finding(
+            f"{base}.engine",
+            f"{lane.engine!r} is not an engine laned knows",
+            (f"did you mean {close[0]!r}? " if close else "")
+            + "one of: "
+            + ", ".join(repr(name) for name in engines.ENGINES)
+            + " (unset, laned reads it from the command, vLLM by default)",
+        )
+        return
+    profile = engines.for_lane(lane)
+    if lane.api_key_file and not lane.secrets_file and profile is not engines.VLLM:
+        yield Finding(
+            f"{base}.api_key_file",
+            f"is the older name of secrets_file, for vLLM lanes (VLLM_API_KEY); this lane "
+            f"runs {profile.title}",
+            f"rename it secrets_file, with the line {profile.api_key_env}=... in that file",
+        )
+    if lane.sleep_level and (profile.sleep is None or lane.sleep_level not in profile.sleep.levels):
+        levels = " or ".join(str(n) for n in profile.sleep.levels) if profile.sleep else ""
+        yield Finding(
+            f"{base}.sleep_level",
+            f"= {lane.sleep_level}: {profile.title} "
+            + (f"sleeps at level {levels} only" if levels else "cannot sleep as laned drives it")
+            + f" ({profile.sleep_note})",
+            (f"set sleep_level = {levels} or 0" if levels else "set sleep_level = 0")
+            + ": a swap stops a lane that does not sleep",
+        )
+    yield from profile.findings(lane, base)
 
 
 def _check_identity(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]:

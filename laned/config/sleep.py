@@ -1,10 +1,6 @@
-"""The rules of a lane that sleeps instead of stopping (`sleep_level` 1 or 2, docs/sleep.md).
-
-vLLM serves its sleep routes only with VLLM_SERVER_DEV_MODE=1, and dev mode also serves
-`/collective_rpc`, `/reset_prefix_cache` and the rest of `vllm/entrypoints/serve/dev/` to
-anyone who reaches the engine's port. So a sleeping lane listens on loopback (laned renders
-`--host 127.0.0.1` unless the lane sets a host), and a host others can reach is refused
-unless the lane says why (`dev_mode_exposed`). A sleeping engine keeps its process, so it
+"""The rules of a lane that sleeps instead of stopping (`sleep_level` 1 or 2, docs/sleep.md),
+whatever its engine (each engine's own rules are its profile's, laned.engines: vLLM's dev
+mode and loopback, the levels SGLang and llama.cpp take). A sleeping engine keeps its process, so it
 keeps its port and its residual GPU memory: no peer of its group may share the port, and a
 lane over several hosts cannot sleep yet.
 """
@@ -45,16 +41,6 @@ def check_sleep(config: Config) -> Iterator[Finding]:
                 )
             continue
         base = f"lanes.{name}"
-        host = spec.engine_arg("--host")
-        if host is not None and not loopback(host) and not spec.dev_mode_exposed.strip():
-            yield Finding(
-                f"{base}.args",
-                f"--host {host} with sleep_level = {spec.sleep_level}: vLLM's dev mode, "
-                "which sleep needs, serves /collective_rpc, /reset_prefix_cache and /sleep to "
-                "anyone who reaches that address",
-                f"drop --host (laned listens on {LOOPBACK} for a lane that sleeps), or say "
-                f'why others may reach it: {base}.dev_mode_exposed = "..."',
-            )
         if spec.container is not None and spec.container.network != "host":
             yield Finding(
                 f"{base}.container.network",

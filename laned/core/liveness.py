@@ -50,6 +50,13 @@ class StallDetector:
             self.since = now
         return now - self.since >= self.after
 
+    def unanswered(self, now: float) -> bool:
+        """A scrape that got no answer while /health answers: no progress seen. While the
+        last sample had requests running or waiting, the stall clock runs on (llama-server
+        answers /metrics from its task loop, so a wedged decode loop can leave it
+        unanswered: tools/server/server-context.cpp); otherwise nothing is judged."""
+        return self.since is not None and now - self.since >= self.after
+
 
 @dataclass
 class MemoryFloor:

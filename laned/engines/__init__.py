@@ -1,20 +1,68 @@
-"""Each engine's knowledge in one module (an engine profile): how laned reads its log lines,
-its /metrics, its API key's name. `profile.EngineProfile` is the shape; `vllm` the first
-(and, for now, the only) engine. Pure: data and pure functions.
+"""Each engine's knowledge in one module (an engine profile, laned.engines.profile): vLLM,
+SGLang, llama.cpp's llama-server. Pure: data and pure functions.
 
-`for_lane(spec)` is the profile of a lane's engine.
+A lane names its engine (`engine = "vllm" | "sglang" | "llamacpp"`), or laned reads it from
+the lane's command or image where it is obvious, vLLM by default: `for_lane(spec)`.
+Adding an engine is one module here, its entry in ENGINES, its simulator face and its tests
+(docs/architecture.md, "Add an engine").
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from laned.config.model import LaneConfig
+from laned.engines.llamacpp import LLAMACPP
 from laned.engines.profile import EngineProfile
+from laned.engines.sglang import SGLANG
 from laned.engines.vllm import VLLM
+
+# By name; the order is the order `inferred` asks them in (vLLM, the default, last).
+ENGINES: dict[str, EngineProfile] = {p.name: p for p in (SGLANG, LLAMACPP, VLLM)}
+
+
+# Programs that run another one (`taskset -c 0 llama-server ...`): their words are skipped.
+LAUNCHERS = frozenset({"taskset", "numactl", "nice", "ionice", "chrt", "env", "stdbuf", "nohup"})
+
+
+def program_words(spec: LaneConfig) -> list[str]:
+    """The words of a lane's command that name its program: an exec command's first three
+    after any launcher and its options (`python -m sglang.launch_server`,
+    `/opt/llama/llama-server -m ...`, `vllm serve`), a container's image, entrypoint and
+    first two command words."""
+    if spec.exec is not None:
+        words = list(spec.exec.command)
+        i = 0
+        while i < len(words) and words[i].rsplit("/", 1)[-1] in LAUNCHERS:
+            i += 1
+            # the launcher's options and their values (`-c 0`, `--cpunodebind=0`, `A=B`)
+            while i < len(words) and (
+                words[i].startswith("-") or "=" in words[i] or words[i][:1].isdigit()
+            ):
+                i += 1
+        return words[i : i + 3]
+    if spec.container is not None:
+        c = spec.container
+        return [c.image, c.entrypoint or "", *c.command[:2]]
+    return []
+
+
+def inferred(words: Sequence[str]) -> EngineProfile | None:
+    """The engine that the words name, where one does (the first word that names one
+    decides: `vllm serve /models/llama.cpp-q4` is vLLM); None where none does."""
+    for word in words:
+        for profile in ENGINES.values():
+            if profile.recognises([word]):
+                return profile
+    return None
 
 
 def for_lane(spec: LaneConfig) -> EngineProfile:
-    """The profile of the lane's engine (every lane runs vLLM today)."""
-    return VLLM
+    """The profile of the lane's engine: its `engine`, else the one its command names, else
+    vLLM. (An unknown `engine` is refused by laned.config.rules before anything asks.)"""
+    if spec.engine is not None:
+        return ENGINES.get(spec.engine, VLLM)
+    return inferred(program_words(spec)) or VLLM
 
 
-__all__ = ["VLLM", "EngineProfile", "for_lane"]
+__all__ = ["ENGINES", "LLAMACPP", "SGLANG", "VLLM", "EngineProfile", "for_lane", "inferred"]

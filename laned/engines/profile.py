@@ -1,11 +1,23 @@
-"""What laned must know of an engine, as one record (laned.engines.vllm is one)."""
+"""What laned must know of an engine, as one record (laned.engines.vllm is one).
+
+A profile is data and pure functions: the flags laned adds to the engine's command, the
+variable its API key reaches it by, its log lines and /metrics names, how it sleeps and wakes
+(HTTP calls described, not made: laned.adapters.engine_api makes them), how its tokenizer
+counts a prompt, and the findings a lane of this engine gets. Nothing here does I/O.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from laned.config.model import LaneConfig
 from laned.core.phases import Seen
+from laned.errors import Finding
+from laned.preflight.facts import LaneFacts
+
+Line = tuple[str | None, list[str]]  # (why, argv words on one line of the wrapper)
 
 
 @dataclass(frozen=True)
@@ -25,11 +37,121 @@ class MetricNames:
 
 
 @dataclass(frozen=True)
+class Call:
+    """One HTTP request to the engine: method, path, query and JSON body."""
+
+    method: str
+    path: str
+    params: Mapping[str, Any] | None = None
+    body: Mapping[str, Any] | None = None
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+@dataclass(frozen=True)
+class SleepApi:
+    """How an engine sleeps and wakes (its process stays; its GPU memory goes).
+
+    `sleep(level)` is the call that puts it to sleep (requests drained first), `wake` the
+    call that wakes it, with `awake(answer)` judging the answer's JSON (None: the status
+    alone says); `after_wake[level]`: the calls that make a wake at that level answer rightly;
+    `is_sleeping` and `asleep(answer)`: the engine's own word on whether it sleeps (None:
+    it has none, and laned's record decides); `level_in_metrics(page)`: the level its
+    /metrics say it sleeps at. `missing`: the hint when the sleep routes answer 404."""
+
+    levels: tuple[int, ...]
+    sleep: Callable[[int], Call]
+    wake: Call
+    awake: Callable[[Any], bool] | None
+    after_wake: Mapping[int, tuple[Call, ...]]
+    is_sleeping: Call | None
+    asleep: Callable[[Any], bool]
+    level_in_metrics: Callable[[str], int | None]
+    missing: str
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """How the engine's tokenizer counts a prompt without generating: `call(messages,
+    prompt)` is the request (None where it cannot count that kind), `count(answer)` reads
+    the number from the answer's JSON. `template(messages)`, where `call` takes no chat
+    messages: the request that renders them into the prompt the engine would run (its chat
+    template), `templated(answer)` that prompt, which is then counted."""
+
+    call: Callable[[list[dict[str, Any]] | None, str | None], Call | None]
+    count: Callable[[Any], int]
+    template: Callable[[list[dict[str, Any]]], Call] | None = None
+    templated: Callable[[Any], str] = str
+
+
+def flag_value(words: Sequence[str], *flags: str) -> str | None:
+    """The value of the first of `flags` in `words` (`--flag VALUE` or `--flag=VALUE`)."""
+    for i, word in enumerate(words):
+        for flag in flags:
+            if word.startswith(flag + "="):
+                return word.removeprefix(flag + "=")
+            if word == flag and i + 1 < len(words):
+                return words[i + 1]
+    return None
+
+
+def max_model_len(entry: Mapping[str, Any]) -> int | None:
+    """The window /v1/models lists for a model as vLLM and SGLang do: `max_model_len`."""
+    value = entry.get("max_model_len")
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def no_findings(spec: LaneConfig, base: str) -> list[Finding]:
+    """A profile with no rules of its own for a lane."""
+    return []
+
+
+def no_preflight(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
+    """A profile with no preflight rules of its own."""
+    return []
+
+
+@dataclass(frozen=True)
 class EngineProfile:
-    """One engine: its name, the environment variable its API key is read from (never
-    argv), its /metrics names, and what its log lines say of a start."""
+    """One engine.
+
+    - `name` (the config's `engine`), `title` (its name in messages);
+    - `recognises(words)`: whether a lane's command or image words name this engine;
+    - `api_key_env`: the name laned reads the lane's API key by in its secrets file, and
+      that reaches the engine by name (never argv). `key_file`: (flag, key) where the engine
+      reads no variable for its key: the wrapper writes it into a 0600 YAML file of the
+      engine's own config format (`key: "..."`), named by `flag`;
+    - `serve_lines(spec, base)`: the flags laned adds (the port, the served model name, the
+      sampling defaults, what sleep and /metrics need), each with its reason; `env(spec)`:
+      the variables laned sets for it, (name, value, why);
+    - `metrics`, `read_line`: its /metrics names and what its log lines say of a start;
+    - `sleep`: how it sleeps (None: it cannot, and a swap stops it); `sleep_note`: why it
+      sleeps at those levels only, or not at all;
+    - `tokenizer`: how the gates count a prompt in its tokens (None: estimated);
+    - `model_in(words)`: the model path or name its command and args give;
+    - `preflight(lane, spec, facts)`: its own findings before a start, over the host's facts;
+    - `window(entry)`: the context window a request may fill, from its /v1/models entry;
+    - `owned`: the engine's flags that laned sets from a config key (flag: key), which a
+      lane's args must not give;
+    - `findings(spec, base)`: what is wrong with a lane of this engine that laned can see
+      without running it.
+    """
 
     name: str
+    title: str
+    recognises: Callable[[Sequence[str]], bool]
     api_key_env: str
     metrics: MetricNames
     read_line: Callable[[str], Seen | None]
+    serve_lines: Callable[[LaneConfig, str], list[Line]]
+    env: Callable[[LaneConfig], list[tuple[str, str, str]]]
+    sleep: SleepApi | None
+    sleep_note: str
+    tokenizer: Tokenizer | None
+    model_in: Callable[[Sequence[str]], str | None]
+    owned: Mapping[str, str]
+    preflight: Callable[[str, LaneConfig, LaneFacts], list[Finding]] = no_preflight
+    window: Callable[[Mapping[str, Any]], int | None] = max_model_len
+    findings: Callable[[LaneConfig, str], list[Finding]] = no_findings
+    key_file: tuple[str, str] | None = None

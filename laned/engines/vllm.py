@@ -1,5 +1,12 @@
 """vLLM: what laned knows of it, in one place (laned.engines.profile.EngineProfile).
 
+- The flags laned adds: --port, --served-model-name, the sampling defaults as
+  --override-generation-config, and for a lane that sleeps --enable-sleep-mode, loopback and
+  VLLM_SERVER_DEV_MODE=1 (its sleep routes are dev routes: vllm/entrypoints/serve/dev/).
+- How it sleeps: POST /sleep?level=N&mode=wait, POST /wake_up, GET /is_sleeping; after a
+  level-2 wake the weights read again (/collective_rpc reload_weights) and the prefix cache
+  reset (vLLM #29341); the level it sleeps at in `vllm:engine_sleep_state`.
+- Its tokenizer: POST /tokenize counts a prompt or chat messages (template included).
 - Its log lines as vLLM really prints them: the startup phases (sources in
   docs/simulator.md), and the settings dumps that name every feature and say nothing of
   where a start is.
@@ -11,10 +18,25 @@
 from __future__ import annotations
 
 import functools
+import json
 import re
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+from laned.config.model import LaneConfig
+from laned.config.sleep import LOOPBACK, loopback
 from laned.core.phases import BAR, CACHE_HIT, Phase, read_with
-from laned.engines.profile import EngineProfile, MetricNames
+from laned.engines.profile import (
+    Call,
+    EngineProfile,
+    Line,
+    MetricNames,
+    SleepApi,
+    Tokenizer,
+    flag_value,
+)
+from laned.errors import Finding, Severity
+from laned.preflight.facts import LaneFacts
 
 # (pattern, phase or None, note or None), first match wins; sources in docs/simulator.md.
 PHASES: list[tuple[re.Pattern[str], Phase | None, str | None]] = [
@@ -85,9 +107,225 @@ KV_USAGE = {"vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "gpu"
 
 read_line = functools.partial(read_with, PHASES, SETTINGS)
 
+DEV_MODE = ("VLLM_SERVER_DEV_MODE", "1")
+DEV_MODE_WHY = (
+    "set by laned for sleep_level: vLLM serves /sleep, /wake_up and /is_sleeping only in "
+    "its dev mode"
+)
+
+
+def recognises(words: Sequence[str]) -> bool:
+    """A command or image that names vLLM (`vllm serve`, vllm/vllm-openai, a venv's vllm)."""
+    return any("vllm" in word.lower() for word in words)
+
+
+def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
+    """The flags laned adds to a vLLM lane's command, each with its reason."""
+    lines: list[Line] = []
+    if spec.sampling is not None:
+        sampling = json.dumps(spec.sampling.as_json_dict(), separators=(",", ":"))
+        lines.append(
+            (
+                f"{base}.sampling: defaults for requests that send none (the seed's word-salad "
+                "fix), merged over the model's generation_config.json, whose stop ids stay",
+                ["--override-generation-config", sampling],
+            )
+        )
+    lines.append(
+        (f"set by laned from {base}.port: laned probes the same port", ["--port", str(spec.port)])
+    )
+    lines.append(
+        (
+            f"set by laned from {base}.served_model_name: readiness checks /v1/models for it",
+            ["--served-model-name", spec.served_model_name],
+        )
+    )
+    if not spec.sleep_level:
+        return lines
+    lines.append(
+        (
+            f"set by laned from {base}.sleep_level = {spec.sleep_level}: a swap away puts the "
+            "engine to sleep (its process, compile caches and graphs stay) instead of stopping it",
+            ["--enable-sleep-mode"],
+        )
+    )
+    if spec.engine_arg("--host") is None:
+        lines.append(
+            (
+                "set by laned: the sleep routes are vLLM's dev mode, which must not be "
+                "reachable from other hosts (laned's OpenAI endpoint serves them the model)",
+                ["--host", LOOPBACK],
+            )
+        )
+    return lines
+
+
+def env(spec: LaneConfig) -> list[tuple[str, str, str]]:
+    """VLLM_SERVER_DEV_MODE=1 for a lane that sleeps (unless its own env sets it)."""
+    if spec.sleep_level and DEV_MODE[0] not in spec.env:
+        return [(*DEV_MODE, DEV_MODE_WHY)]
+    return []
+
+
+def _field(key: str, want: object) -> Any:
+    return lambda answer: isinstance(answer, dict) and answer.get(key) == want
+
+
+def level_in_metrics(page: str) -> int | None:
+    """The level vLLM sleeps at, from `vllm:engine_sleep_state` (`weights_offloaded` 1 is
+    level 1, `discard_all` 1 level 2); None when the page does not say."""
+    for line in page.splitlines():
+        if line.startswith("vllm:engine_sleep_state{") and line.rstrip().endswith(" 1.0"):
+            for state, level in (('"weights_offloaded"', 1), ('"discard_all"', 2)):
+                if f"sleep_state={state}" in line:
+                    return level
+    return None
+
+
+SLEEP = SleepApi(
+    levels=(1, 2),
+    # `wait` lets a request still in flight end (laned drained them first; vLLM's default,
+    # `abort`, would cut it).
+    sleep=lambda level: Call("POST", "/sleep", {"level": level, "mode": "wait"}),
+    wake=Call("POST", "/wake_up"),
+    awake=_field("status", "awake"),
+    after_wake={
+        2: (
+            Call("POST", "/collective_rpc", body={"method": "reload_weights"}),
+            Call("POST", "/reset_prefix_cache"),
+        )
+    },
+    is_sleeping=Call("GET", "/is_sleeping"),
+    asleep=_field("is_sleeping", True),
+    level_in_metrics=level_in_metrics,
+    missing="the engine serves no sleep routes: is VLLM_SERVER_DEV_MODE=1 in its wrapper?",
+)
+
+
+def _tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call:
+    body = {"messages": messages} if messages is not None else {"prompt": prompt}
+    return Call("POST", "/tokenize", body=body)
+
+
+READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
+
+
+def model_in(words: Sequence[str]) -> str | None:
+    """The model a vLLM command names: the word after `serve`, else --model's value."""
+    words = list(words)
+    if "serve" in words and words.index("serve") + 1 < len(words):
+        return words[words.index("serve") + 1]
+    return flag_value(words, "--model")
+
+
+def findings(spec: LaneConfig, base: str) -> list[Finding]:
+    """vLLM's sleep routes are dev mode's (VLLM_SERVER_DEV_MODE=1), which also serves
+    /collective_rpc, /reset_prefix_cache and the rest of vllm/entrypoints/serve/dev/ to anyone
+    who reaches the port: a lane that sleeps listens on loopback (laned renders --host
+    127.0.0.1 unless the lane sets a host), and a host others can reach is refused unless
+    the lane says why (`dev_mode_exposed`)."""
+    host = spec.engine_arg("--host")
+    if not spec.sleep_level or host is None or loopback(host) or spec.dev_mode_exposed.strip():
+        return []
+    return [
+        Finding(
+            f"{base}.args",
+            f"--host {host} with sleep_level = {spec.sleep_level}: vLLM's dev mode, "
+            "which sleep needs, serves /collective_rpc, /reset_prefix_cache and /sleep to "
+            "anyone who reaches that address",
+            f"drop --host (laned listens on {LOOPBACK} for a lane that sleeps), or say "
+            f'why others may reach it: {base}.dev_mode_exposed = "..."',
+        )
+    ]
+
+
+def preflight(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
+    """vLLM's own rules for a lane about to start: its engine-ready timeout, and whether
+    its generation config keeps the sampling defaults and stop ids."""
+    return [*_ready_timeout(f"lanes.{lane}", spec), *_generation_config(lane, spec, facts)]
+
+
+def _ready_timeout(base: str, spec: LaneConfig) -> Iterator[Finding]:
+    """vLLM's engine-ready timeout under a long cold start."""
+    ready = spec.env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+    if ready is None and spec.start_timeout > READY_TIMEOUT_DEFAULT:
+        yield Finding(
+            "ready-timeout",
+            f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S is unset: older vLLM (0.16 and earlier at least) and any vLLM with "
+            f"--api-server-count > 1, gives up on an engine not ready within "
+            f"{READY_TIMEOUT_DEFAULT} s, shorter than start_timeout ({spec.start_timeout:g} s); "
+            "a current single API server does not enforce it (vLLM #48031)",
+            f'set {base}.env.VLLM_ENGINE_READY_TIMEOUT_S = "{spec.start_timeout:.0f}" (seed 001 sets 3600): harmless where it is not enforced',
+            severity=Severity.WARNING,
+        )
+    elif ready is not None:
+        try:
+            seconds = float(ready.value)
+        except ValueError:
+            seconds = -1.0
+        if seconds < spec.start_timeout:
+            yield Finding(
+                "ready-timeout",
+                f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S = {ready.value!r} is shorter than "
+                f"start_timeout ({spec.start_timeout:g} s): a vLLM that enforces it (0.16 and earlier at least, or "
+                "several API servers) would end a long cold start (vLLM #48031)",
+                f'set it to at least "{spec.start_timeout:.0f}"',
+                severity=Severity.WARNING,
+            )
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+def _generation_config(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    """Whether the sampling defaults take effect as written, and the stop ids stay.
+
+    vLLM (vllm/config/model.py) reads the model's generation_config.json — or a
+    `--generation-config DIR`'s *instead* — as a diff against Hugging Face's defaults, then
+    merges --override-generation-config (laned's `sampling`) over it; the stop ids
+    (`eos_token_id`) come from the same file."""
+    base = f"lanes.{lane}"
+    flag = spec.engine_arg("--generation-config")
+    model, chosen = facts.model_generation_config, facts.flag_generation_config
+    model_eos = (model or {}).get("eos_token_id")
+    if chosen is not None and model_eos and chosen.get("eos_token_id") != model_eos:
+        yield Finding(
+            "stop-ids",
+            f"{base}.args: --generation-config {flag} replaces the model's generation_config.json, "
+            f"and its eos_token_id ({chosen.get('eos_token_id')}) is not the model's ({model_eos}): "
+            "turns may never stop (vLLM #45591)",
+            f"drop --generation-config and set {base}.sampling (laned merges it over the "
+            "model's config), or copy the model's eos_token_id into that file",
+            severity=Severity.WARNING,
+        )
+    if spec.sampling is not None and flag in (None, "auto") and model:
+        written = spec.sampling.as_json_dict()
+        extra = {k: model[k] for k in SAMPLING_KEYS if k in model and k not in written}
+        if extra:
+            shown = ", ".join(f"{k}={v}" for k, v in extra.items())
+            yield Finding(
+                "sampling",
+                f"the model's generation_config.json also sets {shown}: vLLM applies it under "
+                f"{base}.sampling",
+                f"set it in {base}.sampling to change it",
+                severity=Severity.NOTE,
+            )
+
+
 VLLM = EngineProfile(
     name="vllm",
+    title="vLLM",
+    recognises=recognises,
     api_key_env="VLLM_API_KEY",
     metrics=MetricNames(SUMMED, KV_USAGE),
     read_line=read_line,
+    serve_lines=serve_lines,
+    env=env,
+    sleep=SLEEP,
+    sleep_note="level 1 keeps the weights in host RAM, level 2 reads them again",
+    tokenizer=Tokenizer(_tokenize, lambda answer: int(answer["count"])),
+    model_in=model_in,
+    preflight=preflight,
+    findings=findings,
+    owned={"--port": "port", "--served-model-name": "served_model_name"},
 )

@@ -163,7 +163,7 @@ class Seam(Protocol):
     async def accepts(self, port: int) -> bool:
         """Something accepts connections on the port."""
 
-    async def sample(self, port: int) -> EngineSample | None:
+    async def sample(self, spec: LaneConfig) -> EngineSample | None:
         """Its /metrics, as laned reads them (running, waiting, tokens)."""
 
     async def sleep(
@@ -177,7 +177,7 @@ class Seam(Protocol):
     async def asleep(self, spec: LaneConfig) -> bool:
         """Whether a running lane that can sleep sleeps now (False when it cannot say)."""
 
-    async def sleep_level(self, port: int) -> int | None:
+    async def sleep_level(self, spec: LaneConfig) -> int | None:
         """The level the engine says it sleeps at; None when it does not say."""
 
     def sleep_level_now(self, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:

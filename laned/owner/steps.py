@@ -15,8 +15,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from laned import engines
 from laned.adapters import journal, rendered
 from laned.adapters.commands import run_prepare
+from laned.adapters.engine_api import EngineClient
 from laned.adapters.host import Host
 from laned.adapters.kernel import meminfo, port_busy
 from laned.adapters.pagecache import (
@@ -233,7 +235,12 @@ class HostSeam:
     # --- the engines ------------------------------------------------------------------------
 
     def api_key(self, spec: LaneConfig) -> str | None:
-        return read_api_key(spec.secrets_path)
+        return read_api_key(spec.secrets_path, engines.for_lane(spec).api_key_env)
+
+    def _engine(self, spec: LaneConfig, key: str | None = None, timeout: float = 0) -> EngineClient:
+        """The lane's engine, as its profile says to reach it, over the probe's pool."""
+        profile = engines.for_lane(spec)
+        return self.probe.engine(spec.port, spec.served_model_name, key, timeout, profile)
 
     async def health(self, port: int, path: str = "/health") -> bool:
         return await self.probe.engine(port).healthy(path=path)
@@ -244,11 +251,14 @@ class HostSeam:
     async def accepts(self, port: int) -> bool:
         return await self.probe.accepts(port)
 
-    async def sample(self, port: int) -> EngineSample | None:
-        return await self.probe.engine(port).sample()
+    async def sample(self, spec: LaneConfig) -> EngineSample | None:
+        # llama-server and SGLang guard /metrics with the key (vLLM only /v1).
+        key = await asyncio.to_thread(self.api_key, spec)
+        return await self._engine(spec, key).sample()
 
-    async def sleep_level(self, port: int) -> int | None:
-        return await self.probe.engine(port).sleep_level()
+    async def sleep_level(self, spec: LaneConfig) -> int | None:
+        key = await asyncio.to_thread(self.api_key, spec)
+        return await self._engine(spec, key).sleep_level()
 
     async def sleep(
         self,
@@ -259,9 +269,11 @@ class HostSeam:
         level: int,
     ) -> Refused | Asleep:
         """Put the lane's engine to sleep at `level` (its requests drained first) and confirm
-        it: /is_sleeping, and where NVML lists processes, less GPU memory held by the engine's
-        processes than before (what stays is its residual, said in a note)."""
-        engine, host = self.probe.engine(spec.port), self.host
+        it: the engine's own word where it has one (vLLM's /is_sleeping), and where NVML
+        lists processes, less GPU memory held by the engine's processes than before (what
+        stays is its residual, said in a note)."""
+        key = await asyncio.to_thread(self.api_key, spec)
+        engine, host = self._engine(spec, key), self.host
         pids = (
             set()
             if host is None or seen is None
@@ -273,8 +285,10 @@ class HostSeam:
             asleep = await engine.is_sleeping()
         except LanedError as exc:
             return Refused(f"sleep (level {level}): {exc.message}", exc.hint)
-        if not asleep:
-            return Refused(f"sleep (level {level}): /is_sleeping still says false after /sleep")
+        if asleep is False:
+            return Refused(
+                f"sleep (level {level}): the engine still says it is awake after the sleep"
+            )
         after = None if host is None else await host.gpu_memory_of(spec, pids)
         if before is None or after is None:
             return Asleep(frozenset(pids), {})
@@ -293,8 +307,8 @@ class HostSeam:
 
     async def canary(self, spec: LaneConfig) -> canary.Answer:
         """The engine's answer to the canary prompt (LanedError when it cannot answer)."""
-        key = await asyncio.to_thread(read_api_key, spec.secrets_path)
-        return await self.probe.engine(spec.port, spec.served_model_name, key).canary(120)
+        key = await asyncio.to_thread(self.api_key, spec)
+        return await self._engine(spec, key).canary(120)
 
     def sleep_level_now(self, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
         """The level the lane sleeps at now (laned.preflight.fit.sleep_level_for): its own, or
@@ -309,21 +323,21 @@ class HostSeam:
         if not spec.sleep_level:
             return False
         try:
-            return await self.probe.engine(spec.port).is_sleeping()
+            key = await asyncio.to_thread(self.api_key, spec)
+            return await self._engine(spec, key).is_sleeping() is True
         except LanedError:
             return False
 
     async def wake(self, spec: LaneConfig, level: int) -> Refused | None:
-        """Wake the engine asleep at `level`: every tag; after level 2 the weights read again and
-        the prefix cache reset (a level-2 wake alone answers wrongly, vLLM #29341)."""
-        engine = self.probe.engine(spec.port)
+        """Wake the engine asleep at `level`, with what a wake at that level needs (the
+        engine's profile: after a vLLM level 2 the weights read again and the prefix cache
+        reset, a level-2 wake alone answering wrongly, vLLM #29341)."""
+        key = await asyncio.to_thread(self.api_key, spec)
+        engine = self._engine(spec, key)
         try:
-            awake = await engine.wake_up(timeout=spec.start_timeout)
-            if level == 2:
-                await engine.reload_weights(timeout=spec.start_timeout)
-                await engine.reset_prefix_cache()
+            awake = await engine.wake_up(level, timeout=spec.start_timeout)
             if not awake or await engine.is_sleeping():
-                return Refused("wake: the engine still says it sleeps after /wake_up")
+                return Refused("wake: the engine still says it sleeps after the wake")
         except LanedError as exc:
             return Refused(f"wake: {exc.message}", exc.hint)
         return None
@@ -356,10 +370,9 @@ class HostSeam:
         on_result: Callable[[GateResult], None],
     ) -> list[GateResult]:
         """Run acceptance gates against the lane's engine, over the probe's connections."""
-        client = self.probe.engine(
-            spec.port,
-            spec.served_model_name,
-            read_api_key(spec.secrets_path),
+        client = self._engine(
+            spec,
+            self.api_key(spec),
             timeout=max(spec.checks.deadline, spec.checks.context_deadline) + 30,
         )
         try:

@@ -131,7 +131,7 @@ class Supervisor:
                 # Taken to be asleep with the config laned starts with (which it cannot tell),
                 # at the level the engine says (a level 2 woken as 1 would skip its reload).
                 spec = r.config.lanes[lane]
-                level = await self.seam.sleep_level(spec.port)
+                level = await self.seam.sleep_level(spec)
                 # Its processes, for the GPU-memory gate.
                 pids = await self.seam.engine_pids(lane, spec, snap.control_group)
                 digest = render.lane_digest(r.config, lane, r.systemd_version)

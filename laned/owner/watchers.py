@@ -160,6 +160,7 @@ async def watch_liveness(seam: Seam, spec: LaneConfig, report: Report) -> None:
     stall = StallDetector(settings.stall_after)
     floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)
     failures = 0
+    last: EngineSample | None = None  # the last sample /metrics gave
     while True:
         await asyncio.sleep(settings.interval)
         if not report(Tick()):
@@ -170,14 +171,18 @@ async def watch_liveness(seam: Seam, spec: LaneConfig, report: Report) -> None:
                 return
             continue
         failures = 0
-        sample = await seam.sample(spec.port)
+        sample = await seam.sample(spec)
         now = time.monotonic()
         if sample is not None:
+            last = sample
             if not report(Sampled(sample, now)):
                 return
             if stall.observe(sample, now):
                 report(Stalled(sample, settings.stall_after))
                 return
+        elif last is not None and stall.unanswered(now):
+            report(Stalled(last, settings.stall_after))
+            return
         if settings.memory_floor_gib > 0:
             free = seam.mem_available()
             available = None if free is None else free / GIB

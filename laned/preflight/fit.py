@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
 from laned.errors import Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts, blocking, findings_json
@@ -163,9 +164,11 @@ def sleep_fit(
         return [
             Finding(
                 "sleep",
-                f"{where} = {spec.sleep_level}: vLLM's sleep mode runs on CUDA, ROCm and XPU only "
-                f"(vllm/platforms/interface.py) and laned sees no GPU here ({host.gpu_note or 'no NVML'})",
-                "vLLM refuses --enable-sleep-mode at start on a host without them; set sleep_level = 0",
+                f"{where} = {spec.sleep_level}: {engines.for_lane(spec).title}'s sleep releases "
+                "GPU memory (vLLM's runs on CUDA, ROCm and XPU only: vllm/platforms/interface.py; "
+                "SGLang's needs CUDA: torch_memory_saver) and laned sees no GPU here "
+                f"({host.gpu_note or 'no NVML'})",
+                "the engine refuses its sleep mode at start on a host without one; set sleep_level = 0",
                 severity=Severity.WARNING,
             )
         ]
@@ -196,7 +199,11 @@ def beside_sleepers(
     --gpu-memory-utilization ("Free memory on device ... is less than desired GPU memory
     utilization", vllm/v1/worker/utils.py `request_memory`). `coming`: the peers this swap
     puts to sleep, with what each kept per GPU at its last sleep. An error that says by how
-    much to lower that flag; nothing where no sleeper holds memory on its GPUs."""
+    much to lower that flag; nothing where no sleeper holds memory on its GPUs. Only vLLM's
+    rule is known here: SGLang's (--mem-fraction-static) and llama.cpp's (layers and
+    context) are not checked yet."""
+    if engines.for_lane(spec) is not engines.VLLM:
+        return []
     text = spec.engine_arg("--gpu-memory-utilization")
     try:
         wanted = float(text) if text is not None else VLLM_GPU_MEMORY_UTILIZATION

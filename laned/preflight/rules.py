@@ -4,11 +4,12 @@ Each finding has a severity (an error blocks activation unless forced; a warning
 a note records a check that was skipped and why), a message and a hint. The checks come
 from what costs a cold start on real boxes: an image that was never built, a missing model
 directory or bind-mount source, an API key file that is missing, readable by others or
-empty, a port something else holds (vLLM binds with SO_REUSEPORT, so a leftover engine
-would silently share it), a host that lacks the lane's `needs`, vLLM's own 600 s engine-ready
-timeout under a long cold start, a stop timeout shorter than the engine's graceful shutdown,
-no sampling defaults (seed 000's word salad), no compile cache, and an image rebuilt since
-the last good start (its bind-mounted patches and kernels must be re-derived).
+empty, a port something else holds (a leftover engine may share it: vLLM binds with SO_REUSEPORT),
+a host that lacks the lane's `needs`, a stop timeout shorter than the engine's graceful
+shutdown, no sampling defaults (seed 000's word salad), no compile cache, an image rebuilt
+since the last good start (its bind-mounted patches and kernels must be re-derived), and
+the engine's own rules (laned.engines: vLLM's 600 s engine-ready timeout under a long cold
+start, its generation config).
 """
 
 from __future__ import annotations
@@ -18,26 +19,27 @@ import posixpath
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
 from laned.errors import Finding, Severity
 from laned.preflight.facts import KeyFile, LaneFacts, blocking, findings_json, size
 from laned.preflight.fit import beside_sleepers, fit, sleep_fit
 
-VLLM_READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 GRACEFUL_STOP_MIN = 30.0  # seconds an engine's core and workers need to exit and free memory
 
 
 def model_path(spec: LaneConfig) -> str | None:
-    """The host path of the lane's model directory: `model_dir`, else the absolute path after
-    `serve` (for containers, mapped back through the bind mounts); None for hub names."""
+    """The host path of the lane's model directory or file: `model_dir`, else the path its
+    engine's command names (laned.engines: vLLM's after `serve`, SGLang's --model-path,
+    llama-server's -m), mapped back through the bind mounts for containers; None for hub
+    names."""
     if spec.model_dir:
         return spec.model_dir
     words = list(
         spec.exec.command if spec.exec else spec.container.command if spec.container else ()
     )
-    if "serve" not in words or words.index("serve") + 1 >= len(words):
-        return None
-    return host_path(spec, words[words.index("serve") + 1])
+    named = engines.for_lane(spec).model_in([*words, *spec.engine_args()])
+    return None if named is None else host_path(spec, named)
 
 
 def generation_config_path(spec: LaneConfig) -> str | None:
@@ -92,8 +94,8 @@ def evaluate(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
         *fit(lane, spec, facts.host, facts.disk_total_gib),
         *sleep_fit(lane, spec, facts.host, facts.weights_gib),
         *_beside_sleepers(lane, spec, facts),
-        *_engine(lane, spec),
-        *_sampling(lane, spec, facts),
+        *_engine(lane, spec, facts),
+        *_sampling(lane, spec),
         *_page_cache(lane, spec, facts),
     ]
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.NOTE: 2}
@@ -309,39 +311,17 @@ def _port(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
     yield Finding(
         "port",
         f"lanes.{lane}.port {spec.port} is already in use by a process laned does not run",
-        "vLLM binds with SO_REUSEPORT, so a leftover engine would silently share the port; "
+        "a leftover engine may share it silently (vLLM binds with SO_REUSEPORT); "
         f"find it with `ss -ltnp 'sport = :{spec.port}'` and stop it",
         severity=Severity.ERROR,
     )
 
 
-def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
+def _engine(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
+    """The engine's own rules (laned.engines: vLLM's ready timeout and generation config),
+    then a stop timeout shorter than its graceful shutdown."""
     base = f"lanes.{lane}"
-    ready = spec.env.get("VLLM_ENGINE_READY_TIMEOUT_S")
-    if ready is None and spec.start_timeout > VLLM_READY_TIMEOUT_DEFAULT:
-        yield Finding(
-            "ready-timeout",
-            f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S is unset: older vLLM (0.16 and earlier at least) and any vLLM with "
-            f"--api-server-count > 1, gives up on an engine not ready within "
-            f"{VLLM_READY_TIMEOUT_DEFAULT} s, shorter than start_timeout ({spec.start_timeout:g} s); "
-            "a current single API server does not enforce it (vLLM #48031)",
-            f'set {base}.env.VLLM_ENGINE_READY_TIMEOUT_S = "{spec.start_timeout:.0f}" (seed 001 sets 3600): harmless where it is not enforced',
-            severity=Severity.WARNING,
-        )
-    elif ready is not None:
-        try:
-            seconds = float(ready.value)
-        except ValueError:
-            seconds = -1.0
-        if seconds < spec.start_timeout:
-            yield Finding(
-                "ready-timeout",
-                f"{base}.env.VLLM_ENGINE_READY_TIMEOUT_S = {ready.value!r} is shorter than "
-                f"start_timeout ({spec.start_timeout:g} s): a vLLM that enforces it (0.16 and earlier at least, or "
-                "several API servers) would end a long cold start (vLLM #48031)",
-                f'set it to at least "{spec.start_timeout:.0f}"',
-                severity=Severity.WARNING,
-            )
+    yield from engines.for_lane(spec).preflight(lane, spec, facts)
     graceful = GRACEFUL_STOP_MIN
     shutdown = spec.engine_arg("--shutdown-timeout")
     if shutdown is not None:
@@ -357,20 +337,10 @@ def _engine(lane: str, spec: LaneConfig) -> Iterator[Finding]:
         )
 
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
-
-
-def _sampling(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
-    """Whether the sampling defaults take effect as written, and the stop ids stay.
-
-    vLLM (vllm/config/model.py) reads the model's generation_config.json — or a
-    `--generation-config DIR`'s *instead* — as a diff against Hugging Face's defaults, then
-    merges --override-generation-config (laned's `sampling`) over it; the stop ids
-    (`eos_token_id`) come from the same file."""
+def _sampling(lane: str, spec: LaneConfig) -> Iterator[Finding]:
+    """No sampling defaults: requests that send none get the model's raw ones."""
     base = f"lanes.{lane}"
-    flag = spec.engine_arg("--generation-config")
-    model, chosen = facts.model_generation_config, facts.flag_generation_config
-    if spec.sampling is None and flag is None:
+    if spec.sampling is None and spec.engine_arg("--generation-config") is None:
         yield Finding(
             "sampling",
             f"{base}.sampling is unset: requests that send no sampling parameters get the "
@@ -378,26 +348,3 @@ def _sampling(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding
             f"set {base}.sampling = {{ temperature = ..., top_p = ... }} from the model card",
             severity=Severity.WARNING,
         )
-    model_eos = (model or {}).get("eos_token_id")
-    if chosen is not None and model_eos and chosen.get("eos_token_id") != model_eos:
-        yield Finding(
-            "stop-ids",
-            f"{base}.args: --generation-config {flag} replaces the model's generation_config.json, "
-            f"and its eos_token_id ({chosen.get('eos_token_id')}) is not the model's ({model_eos}): "
-            "turns may never stop (vLLM #45591)",
-            f"drop --generation-config and set {base}.sampling (laned merges it over the "
-            "model's config), or copy the model's eos_token_id into that file",
-            severity=Severity.WARNING,
-        )
-    if spec.sampling is not None and flag in (None, "auto") and model:
-        written = spec.sampling.as_json_dict()
-        extra = {k: model[k] for k in SAMPLING_KEYS if k in model and k not in written}
-        if extra:
-            shown = ", ".join(f"{k}={v}" for k, v in extra.items())
-            yield Finding(
-                "sampling",
-                f"the model's generation_config.json also sets {shown}: vLLM applies it under "
-                f"{base}.sampling",
-                f"set it in {base}.sampling to change it",
-                severity=Severity.NOTE,
-            )

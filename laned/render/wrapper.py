@@ -1,8 +1,11 @@
 """The serve wrapper: the bash script a lane's unit runs, with every flag and the reason for it.
 
+What the engine's command gets from laned (its port, its model name, sleep, sampling) is
+the engine's profile's (laned.engines); the wrapper around it is the same for every engine.
 The wrapper exists for three reasons the seed lane learned the hard way:
 - it loads the API key from the unit's EnvironmentFile and passes it to the engine by
-  name only (never in argv);
+  name only (never in argv), or, for an engine that reads no variable for it (SGLang), in
+  a 0600 file of the engine's own config format;
 - it turns an exit nobody asked for into a failure: vLLM's API server exits 0 when its
   engine dies, and `Restart=on-failure` would read that as a deliberate stop;
 - it records the engine's own exit status before that mapping, for laned to report.
@@ -11,10 +14,10 @@ Every value is quoted with shlex.quote; a `why` becomes comment lines, each pref
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Iterable
 
+from laned import engines
 from laned.config.model import Config, LaneConfig
 from laned.config.names import (
     CACHE_MOUNT,
@@ -25,14 +28,9 @@ from laned.config.names import (
     unit_name,
     wrapper_name,
 )
-from laned.config.sleep import LOOPBACK
 from laned.core.exits import WRAPPER_EXIT_0
+from laned.engines.profile import Line
 from laned.render.units import generated_header
-
-# Status the wrapper exits with when the engine exited 0 without being asked to stop:
-# EX_TEMPFAIL, so systemd records Result=exit-code and Restart=on-failure applies.
-
-Line = tuple[str | None, list[str]]  # (why, argv words on one line)
 
 
 class Raw(str):
@@ -41,6 +39,11 @@ class Raw(str):
 
 # The container's `-e NAME` for each name in the lane's secrets file, found at run time.
 SECRET_ENV = Raw('"${secret_env[@]}"')
+# The key file's mount (a container lane) and its flag, where the engine reads its key from
+# a file (laned.engines.profile.EngineProfile.key_file): empty when no key is set.
+KEY_MOUNT = Raw('"${key_mount[@]}"')
+KEY_ARGS = Raw('"${key_args[@]}"')
+KEY_IN_CONTAINER = "/run/laned/api-key.yaml"
 
 
 def comment(text: str, indent: str = "") -> list[str]:
@@ -64,8 +67,10 @@ def _word(word: str) -> str:
 def engine_lines(config: Config, lane: str) -> list[Line]:
     """The engine's argv, one logical flag per line with its reason: what `engine=(...)` holds."""
     spec: LaneConfig = config.lanes[lane]
+    profile = engines.for_lane(spec)
     base = f"lanes.{lane}"
     lines: list[Line] = []
+    keyed = profile.key_file is not None and spec.secrets_path is not None
     if spec.container is not None:
         c = spec.container
         # No --rm: the wrapper reads how the container ended (OOMKilled) before removing it.
@@ -78,8 +83,7 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         lines += [(None, ["--security-opt", s]) for s in c.security_opt]
         lines += [(None, ["-v", v]) for v in c.volumes]
         lines += [(var.why, ["-e", f"{key}={var.value}"]) for key, var in spec.env.items()]
-        if spec.sleep_level and DEV_MODE[0] not in spec.env:
-            lines.append((DEV_MODE_WHY, ["-e", "=".join(DEV_MODE)]))
+        lines += [(why, ["-e", f"{key}={value}"]) for key, value, why in profile.env(spec)]
         lines += _cache_lines(config, lane)
         if spec.secrets_path:
             lines.append(
@@ -89,6 +93,8 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
                     [SECRET_ENV],
                 )
             )
+        if keyed:
+            lines.append((f"the API key file for {profile.title}, read-only", [KEY_MOUNT]))
         if c.podman_args:
             lines.append((f"verbatim from {base}.container.podman_args", list(c.podman_args)))
         if c.entrypoint:
@@ -98,51 +104,14 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         assert spec.exec is not None
         lines.append((None, list(spec.exec.command)))
     lines += [(arg.why, arg.argv()) for arg in spec.args]
-    if spec.sampling is not None:
-        sampling = json.dumps(spec.sampling.as_json_dict(), separators=(",", ":"))
+    lines += profile.serve_lines(spec, base)
+    if keyed:
         lines.append(
             (
-                f"{base}.sampling: defaults for requests that send none (the seed's word-salad "
-                "fix), merged over the model's generation_config.json, whose stop ids stay",
-                ["--override-generation-config", sampling],
-            )
-        )
-    lines.append(
-        (f"set by laned from {base}.port: laned probes the same port", ["--port", str(spec.port)])
-    )
-    lines.append(
-        (
-            f"set by laned from {base}.served_model_name: readiness checks /v1/models for it",
-            ["--served-model-name", spec.served_model_name],
-        )
-    )
-    return lines + _sleep_lines(spec, base)
-
-
-DEV_MODE = ("VLLM_SERVER_DEV_MODE", "1")
-DEV_MODE_WHY = (
-    "set by laned for sleep_level: vLLM serves /sleep, /wake_up and /is_sleeping only in "
-    "its dev mode"
-)
-
-
-def _sleep_lines(spec: LaneConfig, base: str) -> list[Line]:
-    """A lane that sleeps: vLLM's sleep mode, and loopback unless the lane says otherwise."""
-    if not spec.sleep_level:
-        return []
-    lines: list[Line] = [
-        (
-            f"set by laned from {base}.sleep_level = {spec.sleep_level}: a swap away puts the "
-            "engine to sleep (its process, compile caches and graphs stay) instead of stopping it",
-            ["--enable-sleep-mode"],
-        )
-    ]
-    if spec.engine_arg("--host") is None:
-        lines.append(
-            (
-                "set by laned: the sleep routes are vLLM's dev mode, which must not be "
-                "reachable from other hosts (laned's OpenAI endpoint serves them the model)",
-                ["--host", LOOPBACK],
+                f"set by laned: {profile.title} reads its API key from argv or a config file "
+                f"only, so the key ({profile.api_key_env} in {spec.secrets_path}) is in a 0600 "
+                "file (none without a key)",
+                [KEY_ARGS],
             )
         )
     return lines
@@ -176,11 +145,27 @@ def engine_argv(config: Config, lane: str, secret_names: Iterable[str] = ()) -> 
     """The engine's argv exactly as the wrapper runs it, with the names its secrets file
     defines at run time (`secret_names`)."""
     secret_env = [part for name in secret_names for part in ("-e", name)]
+    spec = config.lanes[lane]
+    profile = engines.for_lane(spec)
+    keyed = profile.key_file is not None and profile.api_key_env in secret_names
+    flag = profile.key_file[0] if profile.key_file else ""
+    file = key_file_path(config, lane) if spec.container is None else KEY_IN_CONTAINER
+    runtime = {
+        SECRET_ENV: secret_env,
+        KEY_MOUNT: ["-v", f"{key_file_path(config, lane)}:{KEY_IN_CONTAINER}:ro"] if keyed else [],
+        KEY_ARGS: [flag, file] if keyed else [],
+    }
     argv: list[str] = []
     for _, words in engine_lines(config, lane):
         for word in words:
-            argv += secret_env if word is SECRET_ENV else [word]
+            argv += runtime.get(word, [word]) if isinstance(word, Raw) else [word]
     return argv
+
+
+def key_file_path(config: Config, lane: str) -> str:
+    """Where the wrapper writes the key file of an engine that reads its key from a file:
+    beside the lane's exit record, in laned's state directory (mode 0700 there)."""
+    return exit_record_path(config, lane).rsplit("/", 1)[0] + f"/{lane}.api-key.yaml"
 
 
 def render_wrapper(config: Config, lane: str) -> str:
@@ -220,9 +205,10 @@ def render_wrapper(config: Config, lane: str) -> str:
             if var.why:
                 out += comment(var.why)
             out.append(f"export {key}={shlex.quote(var.value)}")
-        if spec.sleep_level and DEV_MODE[0] not in spec.env:
-            out += comment(DEV_MODE_WHY)
-            out.append("export " + "=".join(DEV_MODE))
+        for key, value, why in engines.for_lane(spec).env(spec):
+            out += comment(why)
+            out.append(f"export {key}={shlex.quote(value)}")
+    out += _key_file(config, lane)
     if spec.container is not None and spec.container.compile_cache:
         out += [
             "# The lane's compile cache outlives its containers (laned-owned, under state_dir).",
@@ -272,6 +258,43 @@ def _secret_names(path: str, key: str) -> list[str]:
         '  name=${name%"${name##*[![:space:]]}"}',
         '  if [[ $line == *=* && $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then secret_env+=(-e "$name"); fi',
         'done <"$secrets"',
+    ]
+
+
+def _key_file(config: Config, lane: str) -> list[str]:
+    """Bash that writes the API key into a 0600 file of the engine's config format, for an
+    engine that reads its key from argv or a file only (laned.engines: SGLang's --config)."""
+    spec = config.lanes[lane]
+    profile = engines.for_lane(spec)
+    if profile.key_file is None or spec.secrets_path is None:
+        return []
+    flag, key = profile.key_file
+    var, path = profile.api_key_env, key_file_path(config, lane)
+    where = f"lanes.{lane}.{spec.secrets_key}"
+    inside = KEY_IN_CONTAINER if spec.container is not None else path
+    bad = f"laned: {var} in {spec.secrets_path} ({where}) holds a quote, a backslash or a control character, which the key file cannot carry: use a key of letters and digits (openssl rand -hex 32)"
+    return [
+        "",
+        f"# {profile.title} reads its API key from argv (readable by every local user) or from",
+        f"# a config file ({flag}): the key goes into a file of its own, mode 0600, none without a key.",
+        "key_args=()",
+        "key_mount=()",
+        f"keyfile={shlex.quote(path)}",
+        'rm -f "$keyfile"',
+        f'if [[ -n "${{{var}:-}}" ]]; then',
+        '  if [[ "$' + var + '" == *[\\\\\\"]* || "$' + var + '" =~ [[:cntrl:]] ]]; then',
+        f"    echo {shlex.quote(bad)} >&2",
+        "    exit 1",
+        "  fi",
+        '  mkdir -p "${keyfile%/*}"',
+        "  (umask 077; printf '" + key + ': "%s"\\n\' "$' + var + '" >"$keyfile")',
+        f"  key_args=({shlex.quote(flag)} {shlex.quote(inside)})",
+        *(
+            [f'  key_mount=(-v "$keyfile:{KEY_IN_CONTAINER}:ro")']
+            if spec.container is not None
+            else []
+        ),
+        "fi",
     ]
 
 

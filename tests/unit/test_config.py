@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from laned import engines
 from laned.config.durations import parse_duration, systemd_seconds
 from laned.config.load import load_config, parse_config
 from laned.errors import ConfigError, Severity
@@ -35,7 +36,15 @@ def paths_of(text: str) -> set[str]:
 
 def test_example_config_is_valid_and_complete() -> None:
     config = load_config(str(ROOT / "config/laned.example.toml"), ENV)
-    assert set(config.lanes) == {"dsv41", "glm53"}
+    assert set(config.lanes) == {"dsv41", "glm53", "glm53-sglang", "coder"}
+    named = {name: engines.for_lane(spec).name for name, spec in config.lanes.items()}
+    assert named == {
+        "dsv41": "vllm",
+        "glm53": "vllm",
+        "glm53-sglang": "sglang",
+        "coder": "llamacpp",
+    }
+    assert config.lanes["glm53-sglang"].group == config.lanes["dsv41"].group
     dsv = config.lanes["dsv41"]
     assert dsv.start_timeout == 3600 and dsv.stop_timeout == 120 and dsv.restart_sec == 15
     assert dsv.api_key_file == "/home/op/.config/laned/dsv41.env"

@@ -61,6 +61,22 @@ def test_stall_needs_busy_and_flat_tokens_for_the_whole_window() -> None:
     assert not detector.observe(idle, 1000)
 
 
+def test_an_unanswered_scrape_is_no_progress_only_while_busy() -> None:
+    # llama-server's /metrics can hang behind a wedged decode loop while /health answers.
+    detector = StallDetector(after=10)
+    assert not detector.unanswered(50)  # nothing seen yet: nothing judged
+    idle = EngineSample(running=0, waiting=0, generation_tokens=5, prompt_tokens=2)
+    assert not detector.observe(idle, 0)
+    assert not detector.unanswered(100)  # idle at the last look: not stalled
+    busy = EngineSample(running=1, waiting=0, generation_tokens=5, prompt_tokens=2, steps=7)
+    assert not detector.observe(busy, 101)
+    assert not detector.unanswered(110)
+    assert detector.unanswered(111)  # busy, and nothing seen to move for 10 s
+    moved = EngineSample(running=1, waiting=0, generation_tokens=5, prompt_tokens=2, steps=8)
+    assert not detector.observe(moved, 112)  # a step: the clock starts again
+    assert not detector.unanswered(121)
+
+
 def test_phases_from_vllm_log_lines() -> None:
     assert parse_phase(
         "Loading safetensors checkpoint shards:  37% Completed | 3/8 [00:01<00:02]"
@@ -87,8 +103,9 @@ def test_exit_record_and_api_key_parsing(tmp_path: Path) -> None:
     assert read_exit_record(str(record)) is None
     keyfile = tmp_path / "k.env"
     keyfile.write_text('# comment\nVLLM_API_KEY="sk-1"\nOTHER=x\n')
-    assert read_api_key(str(keyfile)) == "sk-1"
-    assert read_api_key(str(tmp_path / "missing")) is None
+    assert read_api_key(str(keyfile), "VLLM_API_KEY") == "sk-1"
+    assert read_api_key(str(keyfile), "LLAMA_API_KEY") is None  # another engine's name
+    assert read_api_key(str(tmp_path / "missing"), "VLLM_API_KEY") is None
 
 
 def test_engine_metrics_summary() -> None:

@@ -37,6 +37,9 @@ class NoLanes:
     def engine_summary(self, lane: str) -> None:
         return None
 
+    def engine_info(self, lane: str) -> tuple[str, str]:
+        return "vllm", lane
+
     def proxy_counts(self, lane: str) -> dict[str, int]:
         return {"in_flight": 0, "queued": 0, "oldest_wait": 0.0}
 

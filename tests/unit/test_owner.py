@@ -192,8 +192,8 @@ class FakeHost:
     async def accepts(self, port: int) -> bool:
         return self._up(port)
 
-    async def sample(self, port: int) -> EngineSample | None:
-        return EngineSample(0, 0, 0, 0) if self._up(port) else None
+    async def sample(self, spec: LaneConfig) -> EngineSample | None:
+        return EngineSample(0, 0, 0, 0) if self._up(spec.port) else None
 
     async def sleep(
         self, lane: str, spec: LaneConfig, seen: UnitSnapshot | None, note: Note, level: int
@@ -206,7 +206,7 @@ class FakeHost:
     async def asleep(self, spec: LaneConfig) -> bool:
         return False
 
-    async def sleep_level(self, port: int) -> int | None:
+    async def sleep_level(self, spec: LaneConfig) -> int | None:
         return None
 
     def sleep_level_now(self, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:

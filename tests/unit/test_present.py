@@ -29,6 +29,9 @@ class Lanes:
             return None
         return {"requests_running": 3, "requests_waiting": 1, "kv_cache_usage": 0.25, "generation_tokens_per_second": 812.5}  # fmt: skip
 
+    def engine_info(self, lane: str) -> tuple[str, str]:
+        return ("llamacpp", "tiny") if lane == "a" else ("vllm", 'm"x')
+
     def proxy_counts(self, lane: str) -> dict[str, float]:
         return {"in_flight": 2, "queued": 1, "oldest_wait": 7.5} if lane == "a" else {"in_flight": 0, "queued": 0, "oldest_wait": 0.0}  # fmt: skip
 
@@ -54,6 +57,8 @@ def test_every_value_reads_back_through_the_librarys_parser() -> None:
     assert got[("laned_lane_state", (("lane", 'b"x'), ("state", "failed")))] == 1.0
     assert got[("laned_lane_desired_active", (("lane", "a"),))] == 1.0
     assert got[("laned_lane_ready", (("lane", 'b"x'),))] == 0.0
+    assert got[("laned_lane_info", (("engine", "llamacpp"), ("lane", "a"), ("model", "tiny")))] == 1.0  # fmt: skip
+    assert got[("laned_lane_info", (("engine", "vllm"), ("lane", 'b"x'), ("model", 'm"x')))] == 1.0  # fmt: skip
     assert got[("laned_cold_start_phase_seconds", (("lane", "a"), ("phase", 'odd "phase"\\')))] == 1e-7  # fmt: skip
     assert got[("laned_check_passed", (("gate", "tools"), ("lane", "a")))] == 0.0
     assert got[("laned_check_last_run_timestamp_seconds", (("lane", "a"),))] == 1733370000.25

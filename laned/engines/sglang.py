@@ -1,0 +1,192 @@
+"""SGLang (`python -m sglang.launch_server`): what laned knows of it, in one place. Read from
+its source, PyPI's sglang 0.5.23 (paths below are under sglang/); its CPU build was not run
+here (docs/simulator.md says why), so the simulator's SGLang face plays it from this reading.
+
+- The flags laned adds: --port, --served-model-name, --enable-metrics (no /metrics without
+  it: srt/arg_groups/fields/serving.py), the sampling defaults as
+  --preferred-sampling-params (JSON), and for a lane that sleeps --enable-memory-saver and
+  --enable-weights-cpu-backup (srt/arg_groups/fields/exec_.py).
+- Its API key: SGLang reads no variable for it, only --api-key
+  (srt/arg_groups/fields/serving.py), which would put it in argv; it also reads options from
+  a YAML file named by --config (srt/server_args.py, srt/utils/server_args_config_parser.py),
+  so laned's wrapper writes `api-key: "..."` into a 0600 file of its own and passes
+  --config. The secrets file defines it as SGLANG_API_KEY (laned's name, not SGLang's).
+- Readiness: /health answers 503 while the server starts (ServerStatus.Starting), 200 once
+  up (srt/entrypoints/http_server.py `health_generate`); /v1/models lists the served name.
+- Its log lines: "Load weight begin", the shard bar "Loading safetensors checkpoint shards"
+  (srt/model_loader/weight_utils.py), "Load weight end", "KV Cache is allocated" /
+  "Memory pool end" (srt/mem_cache/kv_cache_configurator.py), "Capture ... CUDA graph
+  begin" (srt/model_executor/model_runner_components/cuda_graph_setup.py), "Uvicorn running
+  on", "The server is fired up and ready to roll!" (srt/entrypoints/http_server.py).
+- Its /metrics (srt/observability/metrics_collector.py): sglang:num_running_reqs,
+  num_queue_reqs, prompt_tokens_total and generation_tokens_total (counted as a request
+  finishes), token_usage (the KV pool's use), and realtime_tokens_total (tokens processed,
+  updated each log interval while requests run: the progress the stall rule reads).
+- How it sleeps: POST /release_memory_occupation and /resume_memory_occupation (every tag:
+  weights, KV cache, CUDA graphs; srt/entrypoints/http_server.py), only with
+  --enable-memory-saver; the weights survive only with --enable-weights-cpu-backup
+  (srt/managers/scheduler_components/weight_updater.py), which is vLLM's level 1. Level 2
+  (weights dropped, read again from disk after the resume) is not laned's yet. It has no
+  route that says whether it sleeps: laned's record and the GPU memory say. Those routes
+  take the API key where one is set (AuthLevel.ADMIN_OPTIONAL, srt/utils/auth.py).
+- How it dies: a child that fails sends its parent SIGQUIT, whose handler kills the process
+  tree, itself last, with SIGKILL (srt/managers/tokenizer_manager.py
+  `running_phase_sigquit_handler`, srt/utils/common.py `kill_process_tree`): the wrapper
+  sees status 137, or 0 where the kill of itself fails and `sys.exit(0)` runs.
+- Its tokenizer: POST /tokenize as vLLM's (a prompt or chat messages; `count`:
+  srt/entrypoints/openai/protocol.py TokenizeRequest, TokenizeResponse).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from laned.config.model import LaneConfig
+from laned.core.phases import BAR, Phase, read_with
+from laned.engines.profile import (
+    Call,
+    EngineProfile,
+    Line,
+    MetricNames,
+    SleepApi,
+    Tokenizer,
+    flag_value,
+)
+from laned.errors import Finding
+
+PHASES: list[tuple[re.Pattern[str], Phase | None, str | None]] = [
+    (re.compile(r"Loading safetensors checkpoint shards" + BAR), Phase.LOADING_WEIGHTS, None),
+    (re.compile(r"Load weight begin"), Phase.LOADING_WEIGHTS, None),
+    (re.compile(r"Load weight end"), Phase.WEIGHTS_LOADED, None),
+    (re.compile(r"KV Cache is allocated|Memory pool end"), Phase.PROFILING, None),
+    (re.compile(r"DeepG[Ee][Mm][Mm]|deep_gemm"), Phase.DEEPGEMM, None),
+    (re.compile(r"Capture .*(?:CUDA graph|cuda graph).* begin"), Phase.CUDA_GRAPHS, None),
+    (re.compile(r"Uvicorn running on"), Phase.API_SERVER, None),
+    (re.compile(r"The server is fired up and ready to roll"), Phase.SERVING, None),
+    (re.compile(r"Init torch distributed begin"), Phase.LOADING_MODEL, None),
+]
+# "server_args=ServerArgs(...)" names every feature: it says nothing of where a start is.
+SETTINGS = re.compile(r"server_args=ServerArgs\(")
+
+SUMMED = {
+    "sglang:num_running_reqs": "running",
+    "sglang:num_queue_reqs": "waiting",
+    "sglang:generation_tokens_total": "generation_tokens",
+    "sglang:prompt_tokens_total": "prompt_tokens",
+    "sglang:realtime_tokens_total": "steps",
+}
+USAGE = {"sglang:token_usage": "kv"}
+
+KEY_FLAG, KEY_NAME = "--config", "api-key"
+
+
+def model_in(words: Sequence[str]) -> str | None:
+    """The model an SGLang command names: --model-path (or its alias --model)."""
+    return flag_value(words, "--model-path", "--model")
+
+
+def recognises(words: Sequence[str]) -> bool:
+    """A command or image that names SGLang (`python -m sglang.launch_server`,
+    lmsysorg/sglang images, `sglang serve`)."""
+    return any("sglang" in word.lower() for word in words)
+
+
+def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
+    """The flags laned adds to an SGLang lane's command, each with its reason."""
+    lines: list[Line] = []
+    if spec.sampling is not None:
+        sampling = json.dumps(spec.sampling.as_json_dict(), separators=(",", ":"))
+        lines.append(
+            (
+                f"{base}.sampling: defaults for requests that send none",
+                ["--preferred-sampling-params", sampling],
+            )
+        )
+    lines.append(
+        (f"set by laned from {base}.port: laned probes the same port", ["--port", str(spec.port)])
+    )
+    lines.append(
+        (
+            f"set by laned from {base}.served_model_name: readiness checks /v1/models for it",
+            ["--served-model-name", spec.served_model_name],
+        )
+    )
+    if "--enable-metrics" not in spec.engine_args():
+        lines.append(
+            (
+                "set by laned: SGLang serves /metrics only with --enable-metrics, and laned "
+                "reads its load and progress there",
+                ["--enable-metrics"],
+            )
+        )
+    if spec.sleep_level:
+        lines.append(
+            (
+                f"set by laned from {base}.sleep_level = 1: a swap away releases its GPU memory "
+                "(/release_memory_occupation), the weights kept in host memory",
+                ["--enable-memory-saver", "--enable-weights-cpu-backup"],
+            )
+        )
+    return lines
+
+
+def no_env(spec: LaneConfig) -> list[tuple[str, str, str]]:
+    """SGLang needs no variable of laned's."""
+    return []
+
+
+def findings(spec: LaneConfig, base: str) -> list[Finding]:
+    """--config is laned's on an SGLang lane with a secrets file (the key's file)."""
+    out = []
+    if spec.secrets_path and spec.engine_arg(KEY_FLAG) is not None:
+        out.append(
+            Finding(
+                f"{base}.args",
+                f"{KEY_FLAG} is laned's on an SGLang lane with a secrets file: the wrapper "
+                "hands SGLang its API key in a config file of its own",
+                f"move the options of that file into {base}.args",
+            )
+        )
+    return out
+
+
+SLEEP = SleepApi(
+    levels=(1,),
+    sleep=lambda level: Call("POST", "/release_memory_occupation", body={}),
+    wake=Call("POST", "/resume_memory_occupation", body={}),
+    awake=None,
+    after_wake={},
+    is_sleeping=None,
+    asleep=lambda answer: False,
+    level_in_metrics=lambda page: None,
+    missing="the engine serves no memory routes: is --enable-memory-saver in its wrapper?",
+)
+
+
+def _tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call:
+    body = {"messages": messages} if messages is not None else {"prompt": prompt}
+    return Call("POST", "/tokenize", body=body)
+
+
+SGLANG = EngineProfile(
+    name="sglang",
+    title="SGLang",
+    recognises=recognises,
+    api_key_env="SGLANG_API_KEY",
+    metrics=MetricNames(SUMMED, USAGE),
+    read_line=functools.partial(read_with, PHASES, SETTINGS),
+    serve_lines=serve_lines,
+    env=no_env,
+    sleep=SLEEP,
+    sleep_note="its weights come back after a level-2 release only through "
+    "/update_weights_from_disk, which laned does not drive",
+    tokenizer=Tokenizer(_tokenize, lambda answer: int(answer["count"])),
+    model_in=model_in,
+    owned={"--port": "port", "--served-model-name": "served_model_name"},
+    findings=findings,
+    key_file=(KEY_FLAG, KEY_NAME),
+)

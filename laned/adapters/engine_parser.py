@@ -1,12 +1,13 @@
-"""The adapter behind `laned validate --engine-flags`: runs vLLM's own argument parser in
-a lane's Python or image and reads the flags it accepts (laned.config.engine_flags judges them)."""
+"""The adapter behind `laned validate --engine-flags`: runs the engine's own argument parser
+in a lane's Python or image (vLLM, SGLang), or its program's --help (llama-server), and reads
+the flags it accepts (laned.config.engine_flags judges them; laned.engines say how)."""
 
 from __future__ import annotations
 
 import os
 
 from laned.adapters import commands
-from laned.config.engine_flags import PARSER_PROBE, KnownFlags, Source, parse_probe
+from laned.config.engine_flags import KnownFlags, Source, parse_probe
 from laned.errors import CommandFailed, EngineParserFailed
 
 # Importing vLLM imports torch: seconds on a warm page cache, a minute on a cold one.
@@ -16,27 +17,24 @@ QUIET = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
 def read_flags(source: Source, podman: str = "podman") -> KnownFlags:
-    """The option strings `vllm serve` accepts at `source` (blocking). Raises CommandFailed
-    when the interpreter or the image cannot run the probe."""
+    """The option strings the engine at `source` accepts (blocking). Raises
+    EngineParserFailed when the interpreter, the program or the image cannot run the probe."""
+    probe = source.profile.flag_probe
+    tail = ["-c", probe.script] if probe.script is not None else list(probe.help)
     if source.python is not None:
-        argv = [source.python, "-c", PARSER_PROBE]
+        argv = [source.python, *tail]
+    elif source.program is not None:
+        argv = [source.program, *tail]
     else:
         assert source.image is not None
         quiet = [part for key, value in QUIET.items() for part in ("-e", f"{key}={value}")]
-        # --pull=never: checking flags never downloads an image of tens of GB.
+        # --pull=never: checking flags never downloads an image of tens of GB. A Python
+        # probe runs python3 in it; a help probe its own entrypoint (llama.cpp's images').
+        entry = ["--entrypoint", "python3"] if probe.script is not None else []
         argv = [
-            podman,
-            "run",
-            "--rm",
-            "--pull=never",
-            "--network=none",
-            *quiet,
-            "--entrypoint",
-            "python3",
-            source.image,
-            "-c",
-            PARSER_PROBE,
-        ]
+            podman, "run", "--rm", "--pull=never", "--network=none", *quiet, *entry,
+            source.image, *tail,
+        ]  # fmt: skip
     try:
         text = commands.run(argv, {**os.environ, **QUIET}, timeout=PROBE_TIMEOUT)
     except CommandFailed as exc:
@@ -47,6 +45,6 @@ def read_flags(source: Source, podman: str = "podman") -> KnownFlags:
             else exc.message
         )
         raise EngineParserFailed(
-            f"{source}: vLLM's argument parser did not run ({what})", exc.hint
+            f"{source}: {source.profile.title}'s argument parser did not run ({what})", exc.hint
         ) from exc
     return parse_probe(text, source)

@@ -36,14 +36,15 @@ def parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--engine-flags",
         action="store_true",
-        help="also check each vLLM lane's flags against vLLM's own argument parser: in the "
-        "lane's Python (exec lanes) or image (podman, never pulled); unknown flags are "
-        "warnings, with the nearest known flag",
+        help="also check each lane's flags against its engine's own argument parser: vLLM's "
+        "and SGLang's in the lane's Python (exec lanes) or image (podman, never pulled), "
+        "llama-server's --help; unknown flags are warnings, with the nearest known flag",
     )
     validate.add_argument(
         "--python",
         metavar="PATH",
-        help="with --engine-flags: the interpreter whose vLLM to ask, for every lane",
+        help="with --engine-flags: the interpreter whose vLLM or SGLang to ask, for every "
+        "lane of that engine",
     )
     render = sub.add_parser(
         "render",

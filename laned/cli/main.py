@@ -47,8 +47,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _engine_flags(config: Config, python: str | None) -> list[Finding]:
-    """Each vLLM lane's flags against its vLLM's own parser (read once per interpreter or
-    image); what could not be read is a warning too, never a reason to fail."""
+    """Each lane's flags against its engine's own parser (read once per interpreter,
+    program or image); what could not be read is a warning too, never a reason to fail."""
     from laned.adapters.engine_parser import read_flags
     from laned.config import engine_flags
 
@@ -56,23 +56,27 @@ def _engine_flags(config: Config, python: str | None) -> list[Finding]:
     known: dict[engine_flags.Source, engine_flags.KnownFlags | LanedError] = {}
     for lane, spec in sorted(config.lanes.items()):
         base = f"lanes.{lane}"
-        source = engine_flags.source_of(spec, python) if engine_flags.is_vllm(spec) else None
+        source = engine_flags.source_of(spec, python)
         if source is None:
             print(
-                f"{base}: engine flags not checked: not a vLLM lane, or no Python to ask "
+                f"{base}: engine flags not checked: no Python or program to ask "
                 "(give one: --python PATH)"
             )
             continue
+        title = source.profile.title
         if source not in known:
-            print(f"{base}: reading vLLM's flags from {source} ...", file=sys.stderr)
+            print(f"{base}: reading {title}'s flags from {source} ...", file=sys.stderr)
             try:
                 known[source] = read_flags(source, config.daemon.podman)
             except LanedError as exc:
                 known[source] = exc
         flags = known[source]
         if isinstance(flags, LanedError):
-            hint = "give an interpreter with vLLM: --python PATH" + (
-                f" (or `podman pull {source.image}`)" if source.image else ""
+            hint = (
+                f"is {source.program} there? The lane's command names it"
+                if source.program
+                else f"give an interpreter with {title}: --python PATH"
+                + (f" (or `podman pull {source.image}`)" if source.image else "")
             )
             found.append(
                 Finding(base, f"engine flags not checked: {flags.message}", hint, Severity.WARNING)
@@ -82,7 +86,7 @@ def _engine_flags(config: Config, python: str | None) -> list[Finding]:
         unknown = sum(p.severity is Severity.WARNING for p in said)
         print(
             f"{base}: {unknown} unknown engine flag(s), {len(said) - unknown} note(s), for "
-            f"vLLM {flags.version} ({source})"
+            f"{title} {flags.version} ({source})"
         )
         found += said
     return found

@@ -1,13 +1,16 @@
-"""A lane's engine flags checked against an installed vLLM's own argument parser, pure.
+"""A lane's engine flags checked against its installed engine's own argument parser, pure.
 
-`laned validate --engine-flags` runs PARSER_PROBE in the lane's Python (an exec lane's
-interpreter, or `--python`) or in its image (podman), and compares every flag the lane's
-engine would get with the option strings `vllm serve` accepts there. An unknown flag is a
-warning with the nearest known one: a lane may target a newer vLLM than the one installed.
+`laned validate --engine-flags` reads the option strings the lane's engine accepts, as its
+profile says (laned.engines.profile.FlagProbe: vLLM's and SGLang's parsers built in the
+lane's Python, an exec lane's interpreter or `--python`, or in its image; llama-server's
+own `--help`), and compares every flag the lane's engine would get with them. An unknown
+flag is a warning with the nearest known one: a lane may target a newer engine than the
+one installed.
 
 vLLM reads flags loosely (vllm/utils/argparse_utils.py, FlexibleArgumentParser.parse_args):
 `--max_model_len` is `--max-model-len`, `--compilation-config.mode` sets a key of
-`--compilation-config`, `-O3` is `--optimization-level 3`; the same rules apply here.
+`--compilation-config`, `-O3` is `--optimization-level 3`; for vLLM lanes the same rules
+apply here (FlagProbe.loose).
 """
 
 from __future__ import annotations
@@ -18,46 +21,36 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from laned import engines
 from laned.config.model import Config, LaneConfig
+from laned.engines.profile import EngineProfile
 from laned.errors import EngineParserFailed, Finding, Severity
-
-# Runs in the target Python: prints vLLM's version and every option string of the parser
-# `vllm serve` builds (vllm/entrypoints/cli/serve.py: make_arg_parser). Module paths moved
-# between releases; both the 0.32 and the older ones are tried.
-PARSER_PROBE = """
-import json
-try:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-except ImportError:
-    from vllm.utils import FlexibleArgumentParser
-try:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-import vllm
-parser = make_arg_parser(FlexibleArgumentParser())
-flags = sorted({o for a in parser._actions for o in a.option_strings})
-version = getattr(vllm, "__version__", "unknown")
-print(json.dumps({"version": version, "flags": flags, "abbrev": parser.allow_abbrev}))
-"""
 
 NUMBER = re.compile(r"^-\d")
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a lane's vLLM is: an interpreter on this host, or an image (run with podman)."""
+    """Where a lane's engine is: an interpreter on this host, a program on this host, or an
+    image (run with podman); `engine`: which engine (laned.engines), so which probe."""
 
     python: str | None = None
     image: str | None = None
+    program: str | None = None
+    engine: str = "vllm"
 
     def __str__(self) -> str:
-        return self.python or f"image {self.image}"
+        return self.python or self.program or f"image {self.image}"
+
+    @property
+    def profile(self) -> EngineProfile:
+        """The engine's profile."""
+        return engines.ENGINES[self.engine]
 
 
 @dataclass(frozen=True)
 class KnownFlags:
-    """The option strings one vLLM accepts."""
+    """The option strings one engine accepts."""
 
     version: str
     flags: frozenset[str]
@@ -72,44 +65,51 @@ class KnownFlags:
         return longer[0] if len(longer) == 1 else None
 
 
-def _program(command: Sequence[str]) -> int | None:
-    """Where the engine's program is in an exec command: the first Python or `vllm`
-    (a wrapper before it, as `taskset -c 0 python -m ...`, is not the engine's)."""
+def _program(command: Sequence[str], name: str) -> int | None:
+    """Where the engine's program is in an exec command: the first Python or `name` (a
+    wrapper before it, as `taskset -c 0 python -m ...`, is not the engine's)."""
     for i, word in enumerate(command):
-        name = word.rsplit("/", 1)[-1]
-        if name.startswith("python") or name == "vllm":
+        base = word.rsplit("/", 1)[-1]
+        if base.startswith("python") or base == name:
             return i
     return None
 
 
-def is_vllm(spec: LaneConfig) -> bool:
-    """Whether a lane runs vLLM (its command or image names it)."""
-    if spec.exec is not None:
-        return any("vllm" in part for part in spec.exec.command)
-    c = spec.container
-    assert c is not None
-    return any("vllm" in part for part in (c.image, c.entrypoint or "", *c.command[:2]))
-
-
 def source_of(spec: LaneConfig, python: str | None) -> Source | None:
-    """Where to read the lane's flags from: `python` when given, else an exec lane's own
-    interpreter (a `vllm` console script's sibling `python`), else its image."""
-    if python:
-        return Source(python=python)
+    """Where to read the lane's flags from: for an engine whose parser is Python, `python`
+    when given, else an exec lane's own interpreter (a console script's sibling `python`);
+    for one that prints its help (llama-server), an exec lane's program; else its image.
+    None: nothing here to ask."""
+    profile = engines.for_lane(spec)
+    probe = profile.flag_probe
+    if probe.script is not None and python:
+        return Source(python=python, engine=profile.name)
     if spec.exec is not None:
-        at = _program(spec.exec.command)
+        at = _program(spec.exec.command, probe.program)
         program = "" if at is None else spec.exec.command[at]
+        if probe.script is None:
+            return Source(program=program, engine=profile.name) if program else None
         if program.rsplit("/", 1)[-1].startswith("python"):
-            return Source(python=program)
-        if "/" in program:  # a `vllm` script: its venv's python
-            return Source(python=program.rsplit("/", 1)[0] + "/python")
+            return Source(python=program, engine=profile.name)
+        if "/" in program:  # a console script (`vllm`, `sglang`): its venv's python
+            return Source(python=program.rsplit("/", 1)[0] + "/python", engine=profile.name)
         return None
     assert spec.container is not None
-    return Source(image=spec.container.image)
+    return Source(image=spec.container.image, engine=profile.name)
 
 
 def parse_probe(text: str, source: Source) -> KnownFlags:
-    """PARSER_PROBE's output (its last line), checked."""
+    """What the engine's probe printed, checked: a script's JSON (its last line), or the
+    program's help read by its profile."""
+    probe, title = source.profile.flag_probe, source.profile.title
+    if probe.script is None:
+        assert probe.read_help is not None
+        version, found = probe.read_help(text)
+        if not found:
+            raise EngineParserFailed(
+                f"{source}: {title}'s help lists no flags", f"does `{source} --help` run?"
+            )
+        return KnownFlags(version, found, source, abbrev=False)
     try:
         data = json.loads(text.strip().splitlines()[-1])
         flags = frozenset(str(f) for f in data["flags"])
@@ -117,11 +117,11 @@ def parse_probe(text: str, source: Source) -> KnownFlags:
         abbrev = bool(data.get("abbrev", True))
     except (ValueError, IndexError, KeyError, TypeError) as exc:
         raise EngineParserFailed(
-            f"{source}: vLLM's argument parser gave no flag list ({exc})",
-            "is vLLM installed there? `python -c 'import vllm'` says",
+            f"{source}: {title}'s argument parser gave no flag list ({exc})",
+            f"is {title} installed there? `python -c 'import {probe.program}'` says",
         ) from exc
     if not flags:
-        raise EngineParserFailed(f"{source}: vLLM's argument parser has no flags", "")
+        raise EngineParserFailed(f"{source}: {title}'s argument parser has no flags", "")
     return KnownFlags(version, flags, source, abbrev)
 
 
@@ -130,9 +130,10 @@ def flag_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
     command after the engine's program (and after `-m module`), `args`, laned's own."""
     spec = config.lanes[lane]
     base = f"lanes.{lane}"
+    profile = engines.for_lane(spec)
     if spec.exec is not None:
         command = spec.exec.command
-        at = _program(command) or 0
+        at = _program(command, profile.flag_probe.program) or 0
         skip = at + (3 if tuple(command[at + 1 : at + 2]) == ("-m",) else 1)
         yield from ((f"{base}.exec.command[{i}]", w) for i, w in enumerate(command) if i >= skip)
     else:
@@ -142,16 +143,24 @@ def flag_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
         )
     for i, arg in enumerate(spec.args):
         yield f"{base}.args[{i}]", arg.flag
-    if spec.sampling is not None:
-        yield f"{base}.sampling", "--override-generation-config"
-    yield f"{base}.port", "--port"
-    yield f"{base}.served_model_name", "--served-model-name"
+    # laned's own flags, each under the key it comes from.
+    keys = {f: k for k in ("port", "served_model_name") for f in profile.flags_for(k)}
+    for why, words in profile.serve_lines(spec, base):
+        for word in words:
+            if word.startswith("-"):
+                key = keys.get(word) or (
+                    "sampling" if (why or "").startswith(f"{base}.sampling") else "engine"
+                )
+                yield f"{base}.{key}", word
 
 
-def normalize(word: str) -> str | None:
-    """The option string vLLM's parser matches a word with; None for a word that is no flag."""
+def normalize(word: str, loose: bool = True) -> str | None:
+    """The option string the engine's parser matches a word with (vLLM's rules where
+    `loose`); None for a word that is no flag."""
     if not word.startswith("-") or NUMBER.match(word) or word in ("-", "--"):
         return None
+    if not loose:
+        return word.split("=", 1)[0]
     if word.startswith("--"):
         key = word.split("=", 1)[0]
         return "--" + key[2:].split(".", 1)[0].replace("_", "-")
@@ -164,15 +173,17 @@ def unknown_flags(config: Config, lane: str, known: KnownFlags) -> list[Finding]
     """A warning for each of the lane's flags that `known` does not have, with the nearest;
     a note for an abbreviation (taken today, ambiguous once a flag with its prefix comes)."""
     problems = []
+    profile = known.source.profile
+    title = f"{profile.title} {known.version}"
     for where, word in flag_words(config, lane):
-        flag = normalize(word)
+        flag = normalize(word, profile.flag_probe.loose)
         if flag is None or flag in known.flags:
             continue
         if full := known.expand(flag):
             problems.append(
                 Finding(
                     where,
-                    f"{flag} abbreviates {full}: vLLM {known.version} takes it (argparse "
+                    f"{flag} abbreviates {full}: {title} takes it (argparse "
                     "matches a prefix), a release that adds a flag with that prefix refuses it",
                     f"write {full}",
                     Severity.NOTE,
@@ -184,9 +195,9 @@ def unknown_flags(config: Config, lane: str, known: KnownFlags) -> list[Finding]
         problems.append(
             Finding(
                 where,
-                f"{flag} is not a flag of vLLM {known.version} ({known.source})",
-                hint + "a lane may target a newer vLLM than this one: check its image's "
-                "`vllm serve --help`, and fix the flag if it is a typo",
+                f"{flag} is not a flag of {title} ({known.source})",
+                hint + f"a lane may target a newer {profile.title} than this one: check its "
+                f"image's `{profile.flag_probe.program} --help`, and fix the flag if it is a typo",
                 Severity.WARNING,
             )
         )

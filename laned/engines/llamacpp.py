@@ -36,7 +36,15 @@ from typing import Any
 
 from laned.config.model import LaneConfig
 from laned.core.phases import Phase, read_with
-from laned.engines.profile import Call, EngineProfile, Line, MetricNames, Tokenizer, flag_value
+from laned.engines.profile import (
+    Call,
+    EngineProfile,
+    FlagProbe,
+    Line,
+    MetricNames,
+    Tokenizer,
+    flag_value,
+)
 
 PHASES: list[tuple[re.Pattern[str], Phase | None, str | None]] = [
     (re.compile(r"load_model: loading model "), Phase.LOADING_MODEL, None),
@@ -128,6 +136,22 @@ def _tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call
     return Call("POST", "/tokenize", body={"content": prompt or ""})
 
 
+# An option line of `llama-server --help` (common/arg.cpp prints them): its option strings,
+# comma-separated, then the value's name, then the description after two or more spaces.
+_OPTION = re.compile(r"(?<![\w-])(-{1,2}[A-Za-z][\w-]*)")
+_DESCRIPTION = re.compile(r"\s{2,}(?=[^\s-])")
+
+
+def read_help(text: str) -> tuple[str, frozenset[str]]:
+    """(version, option strings) from `llama-server --help` (its version is --version's:
+    "unknown" here)."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("-"):
+            flags.update(_OPTION.findall(_DESCRIPTION.split(line, maxsplit=1)[0]))
+    return "unknown", frozenset(flags)
+
+
 LLAMACPP = EngineProfile(
     name="llamacpp",
     title="llama.cpp (llama-server)",
@@ -148,5 +172,7 @@ LLAMACPP = EngineProfile(
     ),
     model_in=model_in,
     owned={"--port": "port", "--alias": "served_model_name", "-a": "served_model_name"},
+    flag_probe=FlagProbe("llama-server", read_help=read_help),
+    default_port=8080,  # common/arg.cpp: --port's default
     window=window,
 )

@@ -72,6 +72,24 @@ class SleepApi:
 
 
 @dataclass(frozen=True)
+class FlagProbe:
+    """How `laned validate --engine-flags` reads the option strings the engine accepts.
+
+    `script`: Python its interpreter (or image) runs, printing {"version", "flags",
+    "abbrev"} as JSON on its last line; else its program runs with `help` and
+    `read_help(text)` reads (version, flags) from what it prints. `program`: the command
+    word that is the engine (`vllm`, `sglang`, `llama-server`; a Python before `-m` runs a
+    script engine). `loose`: the engine reads `--a_b` as `--a-b`, `--a.b` as a key of `--a`
+    and `-O3` as `--optimization-level 3` (vLLM's FlexibleArgumentParser)."""
+
+    program: str
+    script: str | None = None
+    help: tuple[str, ...] = ("--help",)
+    read_help: Callable[[str], tuple[str, frozenset[str]]] | None = None
+    loose: bool = False
+
+
+@dataclass(frozen=True)
 class Tokenizer:
     """How the engine's tokenizer counts a prompt without generating: `call(messages,
     prompt)` is the request (None where it cannot count that kind), `count(answer)` reads
@@ -131,6 +149,9 @@ class EngineProfile:
     - `tokenizer`: how the gates count a prompt in its tokens (None: estimated);
     - `model_in(words)`: the model path or name its command and args give;
     - `preflight(lane, spec, facts)`: its own findings before a start, over the host's facts;
+    - `default_port`: the port it listens on without --port; `parallel_flags`: the flags
+      whose sizes multiply to the GPUs a host gives it (for `laned import`'s guess);
+    - `flag_probe`: how its own parser's flags are read (`laned validate --engine-flags`);
     - `window(entry)`: the context window a request may fill, from its /v1/models entry;
     - `owned`: the engine's flags that laned sets from a config key (flag: key), which a
       lane's args must not give;
@@ -151,7 +172,15 @@ class EngineProfile:
     tokenizer: Tokenizer | None
     model_in: Callable[[Sequence[str]], str | None]
     owned: Mapping[str, str]
+    default_port: int
+    flag_probe: FlagProbe
+    parallel_flags: tuple[str, ...] = ()
     preflight: Callable[[str, LaneConfig, LaneFacts], list[Finding]] = no_preflight
     window: Callable[[Mapping[str, Any]], int | None] = max_model_len
+
+    def flags_for(self, key: str) -> tuple[str, ...]:
+        """The engine's flags that laned sets from config key `key` (port, served_model_name)."""
+        return tuple(flag for flag, owner in self.owned.items() if owner == key)
+
     findings: Callable[[LaneConfig, str], list[Finding]] = no_findings
     key_file: tuple[str, str] | None = None

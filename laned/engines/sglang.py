@@ -50,6 +50,7 @@ from laned.core.phases import BAR, Phase, read_with
 from laned.engines.profile import (
     Call,
     EngineProfile,
+    FlagProbe,
     Line,
     MetricNames,
     SleepApi,
@@ -172,6 +173,22 @@ def _tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call
     return Call("POST", "/tokenize", body=body)
 
 
+# Runs in the target Python: prints SGLang's version and every option string of the parser
+# `python -m sglang.launch_server` builds (srt/server_args.py: `prepare_server_args`).
+FLAG_SCRIPT = """
+import argparse
+import json
+from sglang.srt.server_args import ServerArgs
+try:
+    from sglang.version import __version__ as version
+except ImportError:
+    version = "unknown"
+parser = argparse.ArgumentParser(prog="sglang serve")
+ServerArgs.add_cli_args(parser)
+flags = sorted({o for a in parser._actions for o in a.option_strings})
+print(json.dumps({"version": version, "flags": flags, "abbrev": parser.allow_abbrev}))
+"""
+
 SGLANG = EngineProfile(
     name="sglang",
     title="SGLang",
@@ -187,6 +204,9 @@ SGLANG = EngineProfile(
     tokenizer=Tokenizer(_tokenize, lambda answer: int(answer["count"])),
     model_in=model_in,
     owned={"--port": "port", "--served-model-name": "served_model_name"},
+    flag_probe=FlagProbe("sglang", script=FLAG_SCRIPT),
+    default_port=30000,  # srt/arg_groups/fields/serving.py: port's default
+    parallel_flags=("--tp-size", "--tp", "--pp-size", "--dp-size", "--dp"),
     findings=findings,
     key_file=(KEY_FLAG, KEY_NAME),
 )

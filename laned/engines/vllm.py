@@ -29,6 +29,7 @@ from laned.core.phases import BAR, CACHE_HIT, Phase, read_with
 from laned.engines.profile import (
     Call,
     EngineProfile,
+    FlagProbe,
     Line,
     MetricNames,
     SleepApi,
@@ -312,6 +313,26 @@ def _generation_config(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterato
             )
 
 
+# Runs in the target Python: prints vLLM's version and every option string of the parser
+# `vllm serve` builds (vllm/entrypoints/cli/serve.py: make_arg_parser). Module paths moved
+# between releases; both the 0.32 and the older ones are tried.
+FLAG_SCRIPT = """
+import json
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+import vllm
+parser = make_arg_parser(FlexibleArgumentParser())
+flags = sorted({o for a in parser._actions for o in a.option_strings})
+version = getattr(vllm, "__version__", "unknown")
+print(json.dumps({"version": version, "flags": flags, "abbrev": parser.allow_abbrev}))
+"""
+
 VLLM = EngineProfile(
     name="vllm",
     title="vLLM",
@@ -328,4 +349,11 @@ VLLM = EngineProfile(
     preflight=preflight,
     findings=findings,
     owned={"--port": "port", "--served-model-name": "served_model_name"},
+    flag_probe=FlagProbe("vllm", script=FLAG_SCRIPT, loose=True),
+    default_port=8000,  # vllm/entrypoints/openai/cli_args.py: --port's default
+    parallel_flags=(
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--data-parallel-size",
+    ),
 )

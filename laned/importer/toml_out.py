@@ -8,7 +8,7 @@ from laned.importer import toml_text as t
 from laned.importer.run_options import Imported
 
 TOP_KEYS = (
-    "description", "port", "served_model_name", "aliases", "secrets_file", "secrets", "needs",
+    "description", "engine", "port", "served_model_name", "aliases", "secrets_file", "secrets", "needs",
 )  # fmt: skip
 CONTAINER_KEYS = (
     "image", "name", "entrypoint", "command", "devices", "network", "ipc", "security_opt",

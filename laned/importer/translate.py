@@ -9,7 +9,10 @@ is translated, each change with a note that says what and why (docs/import.md):
   after reading how it ended, systemd runs it in the foreground and restarts it;
 - `--shm-size` goes beside `--ipc host` (seed 000: the host's /dev/shm is used then);
 - `-p` is kept for the engine's port, dropped under `--network host`;
-- the engine's `--port` and `--served-model-name` become `port` and `served_model_name`;
+- the engine is read from the image and command (vLLM, SGLang's `python3 -m
+  sglang.launch_server` or `sglang serve`, llama.cpp's server images: laned.engines), and
+  its own port and model-name flags (`--port`, `--served-model-name`, llama-server's
+  `--alias`) become `port` and `served_model_name`;
   a secret (`--api-key`, `--hf-token`, `-e HF_TOKEN=...` or any name laned.config.secrecy calls
   secret, `--env-file`) leaves the argv and the TOML for a line in the lane's
   `secrets_file`, named, never with its value (a placeholder for it is never asked for);
@@ -25,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from laned import engines
 from laned.config.secrecy import SECRET_FLAGS, looks_secret, secret_flag, secrets_file_line
 from laned.errors import BadImport
 from laned.importer.cmdline import CLOSE, OPEN, PLACEHOLDER, Word, command_at
@@ -37,7 +41,6 @@ from laned.importer.run_options import (
 )
 
 PER_NODE = ("NODE_RANK", "HEAD_IP", "NODE_IP", "MASTER_ADDR", "CX7_IF", "CX7_IB")
-VLLM_DEFAULT_PORT = 8000  # vllm/entrypoints/openai/cli_args.py: --port default
 
 
 SHARED = ("HEAD_IP", "MASTER_ADDR")  # the same on every rank of a lane over several hosts
@@ -74,14 +77,18 @@ def import_run(
         )
         for i, w in enumerate(rest)
     ]
-    _engine(out, engine, rest)
+    profile = engines.inferred([image.text, *engine[:3]]) or engines.VLLM
+    if profile is not engines.VLLM:
+        out.lane["engine"] = profile.name
+        out.notes["engine"] = f"{profile.title}, read from the recipe's image and command"
+    _engine(out, engine, rest, profile)
     out.name = name or _lane_name(str(out.lane["served_model_name"]))
     translate_options(out, options, resolve, resolve.values)
     if out.secrets or out.secret_files:
         _secrets_file(out)
     out.container = {"image": resolve(image, "the image"), **out.container}
     resolve.finish(out)
-    _needs(out)
+    _needs(out, profile)
     _caches(out)
     if nodes:
         _nodes(out, nodes, values)
@@ -183,14 +190,25 @@ class _Resolver:
         out.per_node = self.per_node
 
 
-def _engine(out: Imported, engine: list[str], words: list[Word]) -> None:
-    """The words after the image: command (`serve MODEL`), then `--flag [value]` pairs."""
+def _engine(
+    out: Imported, engine: list[str], words: list[Word], profile: engines.EngineProfile
+) -> None:
+    """The words after the image: command (`serve MODEL`, `python3 -m MODULE`), then
+    `--flag [value]` pairs, read as the engine's own (laned.engines)."""
     command: list[str] = []
     i = 0
-    while i < len(engine) and not engine[i].startswith("-"):
+    while i < len(engine) and (
+        not engine[i].startswith("-")
+        or (
+            engine[i] == "-m"
+            and command[-1:]
+            and command[-1].rsplit("/", 1)[-1].startswith("python")
+        )
+    ):
         command.append(engine[i])
         i += 1
     pairs: list[tuple[str, str | None, str]] = []
+    served = profile.flags_for("served_model_name")
     while i < len(engine):
         flag, comment, value = engine[i], comment_of(words, i), None
         if flag.startswith("--") and "=" in flag:
@@ -203,33 +221,34 @@ def _engine(out: Imported, engine: list[str], words: list[Word]) -> None:
             pairs.append((flag, engine[i + 1], comment))  # nargs="+" in vLLM
             i += 1
         i += 1
-    model = command[1] if command[:1] == ["serve"] and len(command) > 1 else None
+    model = profile.model_in([*command, *(w for f, v, _ in pairs for w in (f, v or ""))])
     names, port, kept = [], None, []
     for flag, value, why in pairs:
-        if flag == "--model" and value is not None:
-            model = model or value
-        if flag == "--served-model-name" and value is not None:
+        if flag in served and value is not None:
             names.append(value)
-        elif flag == "--port" and value is not None:
+        elif flag in profile.flags_for("port") and value is not None:
             port = value
         elif (secret_name := secret_flag(flag)) is not None:  # --api_key, --api-k too
-            secret(out, SECRET_FLAGS[secret_name], f"engine flag {flag}")
+            name = profile.api_key_env if secret_name == "--api-key" else SECRET_FLAGS[secret_name]
+            secret(out, name, f"engine flag {flag}")
         else:
             kept.append((flag, value, why))
     out.args = kept
     out.container["command"] = command
-    _model_names(out, names, model)
-    _port(out, port)
+    _model_names(out, names, model, profile)
+    _port(out, port, profile)
 
 
 def _is_value(word: str) -> bool:
     return not word.startswith("-") or bool(re.fullmatch(r"-[0-9.]+", word))
 
 
-def _model_names(out: Imported, names: list[str], model: str | None) -> None:
+def _model_names(
+    out: Imported, names: list[str], model: str | None, profile: engines.EngineProfile
+) -> None:
     if names:
         out.lane["served_model_name"] = names[0]
-        out.notes["served_model_name"] = "the recipe's --served-model-name (laned passes it)"
+        out.notes["served_model_name"] = f"the recipe's {served_flag(profile)} (laned passes it)"
         if names[1:]:
             out.lane["aliases"] = names[1:]
             out.notes["aliases"] = (
@@ -238,18 +257,30 @@ def _model_names(out: Imported, names: list[str], model: str | None) -> None:
             out.changes.append("--served-model-name's later names became `aliases`")
     elif model:
         out.lane["served_model_name"] = model
-        out.notes["served_model_name"] = "no --served-model-name: vLLM names the model by its path"
+        out.notes["served_model_name"] = (
+            f"no {served_flag(profile)}: {profile.title} names the model by its path"
+        )
     else:
         raise BadImport(
-            "the engine's arguments name no model (`serve MODEL`, --model or --served-model-name)",
-            "is this a vLLM command line? laned import reads `vllm serve` launches",
+            f"the engine's arguments name no model ({profile.title}: none of its model flags, "
+            f"nor {served_flag(profile)})",
+            "laned import reads launches of vLLM (`vllm serve MODEL`), SGLang "
+            "(`python3 -m sglang.launch_server --model-path M`) and llama-server (`-m FILE`)",
         )
 
 
-def _port(out: Imported, port: str | None) -> None:
+def served_flag(profile: engines.EngineProfile) -> str:
+    """The engine's flag for the name clients ask for (`--served-model-name`, `--alias`)."""
+    return profile.flags_for("served_model_name")[0]
+
+
+def _port(out: Imported, port: str | None, profile: engines.EngineProfile) -> None:
     if port is None:
-        out.lane["port"] = VLLM_DEFAULT_PORT
-        out.notes["port"] = "no --port: vLLM's default, 8000 (laned passes --port itself)"
+        out.lane["port"] = profile.default_port
+        out.notes["port"] = (
+            f"no --port: {profile.title}'s default, {profile.default_port} "
+            "(laned passes --port itself)"
+        )
         return
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise BadImport(f"--port {port!r} is not a port number", "give --port a number")
@@ -277,11 +308,11 @@ def _lane_name(model: str) -> str:
     return (slug or "lane")[:32]
 
 
-def _needs(out: Imported) -> None:
+def _needs(out: Imported, profile: engines.EngineProfile) -> None:
     """The GPUs one host gives the lane, from its parallel sizes (a guess to confirm)."""
     sizes = {flag: value for flag, value, _ in out.args}
     product = 1
-    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size"):
+    for flag in profile.parallel_flags:
         text = sizes.get(flag) or "1"
         product *= int(text) if text.isdigit() else 1
     nodes = sizes.get("--nnodes") or "1"

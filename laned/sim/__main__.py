@@ -1,4 +1,5 @@
-"""`laned sim serve MODEL [vLLM flags]` (also `python -m laned.sim serve ...`, and `vllm` in the image).
+"""`laned sim serve MODEL [vLLM flags]` (also `python -m laned.sim serve ...`, and `vllm` in the image);
+`laned sim sglang --model-path MODEL [SGLang flags]` plays SGLang (laned/sim/sglang.py).
 
 Startup is paced like vLLM's: the port is bound at once but refuses connections while the
 engine "loads", and the log shows vLLM's own lines in their shapes (laned/sim/startup.py). Tuning comes from the environment so
@@ -33,7 +34,7 @@ from typing import Any
 
 from laned.config.durations import parse_count
 from laned.errors import EngineError
-from laned.sim import generation, ranks, startup, timeline
+from laned.sim import generation, ranks, sglang, startup, timeline
 from laned.sim.engine import VERSION, Engine
 from laned.sim.http import Server, bind_socket
 from laned.sim.settings import Settings
@@ -93,8 +94,10 @@ def _json(text: str, flag: str) -> dict[str, Any]:
 def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     """Parse vLLM-style arguments and LANED_SIM_* tuning into Settings."""
     args = list(argv)
+    if args[:1] == ["sglang"]:
+        return _tune(sglang.parse(args[1:], env, Settings(model="")), env)
     if not args or args[0] != "serve":
-        raise EngineError("expected the `serve` subcommand", USAGE)
+        raise EngineError("expected the `serve` (vLLM) or `sglang` subcommand", USAGE)
     args = args[1:]
     if not args or args[0].startswith("-"):
         raise EngineError("expected the model path or name after `serve`", USAGE)
@@ -170,6 +173,15 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         raise EngineError(
             f"--max-model-len {settings.max_model_len} is too small", "use at least 16"
         )
+    # vllm/envs.py: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0"))), so "true" fails there too.
+    settings.dev_mode = bool(_int(env.get("VLLM_SERVER_DEV_MODE") or "0", "VLLM_SERVER_DEV_MODE"))
+    settings.keep_alive_on_engine_death = _flag(env, "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")
+    settings.cache_root = env.get("VLLM_CACHE_ROOT") or None
+    return _tune(settings, env)
+
+
+def _tune(settings: Settings, env: Mapping[str, str]) -> Settings:
+    """What both faces take from the environment: LANED_SIM_* tuning."""
     settings.generation = generation.effective(
         settings.model, settings.generation_config, settings.override_generation_config
     )
@@ -180,12 +192,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     settings.shutdown = _float(env, "LANED_SIM_SHUTDOWN", 0.0)
     settings.hold_gpu_gib = _float(env, "LANED_SIM_HOLD_GPU_GIB", 0.0)
     settings.gpu_linger = _float(env, "LANED_SIM_GPU_LINGER", 0.0)
-    settings.cache_root = env.get("VLLM_CACHE_ROOT") or None
     settings.legacy_metrics = _flag(env, "LANED_SIM_LEGACY_METRICS")
     settings.old_api_line = _flag(env, "LANED_SIM_OLD_API_LINE")
-    settings.keep_alive_on_engine_death = _flag(env, "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")
-    # vllm/envs.py: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0"))), so "true" fails there too.
-    settings.dev_mode = bool(_int(env.get("VLLM_SERVER_DEV_MODE") or "0", "VLLM_SERVER_DEV_MODE"))
     settings.weights_gib = _float(env, "LANED_SIM_WEIGHTS_GIB", 1.0)
     settings.reload_gibps = _float(env, "LANED_SIM_RELOAD_GIBPS", 2.0)
     settings.read_weights = _flag(env, "LANED_SIM_READ_WEIGHTS")
@@ -207,6 +215,8 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     pid = os.getpid()
+    if settings.face == "sglang":
+        return await _serve_sglang(settings, stop, pid)
     if settings.nnodes > 1 and (settings.node_rank > 0 or settings.headless):
         return await ranks.serve_worker(settings, stop)
     log("INFO", "api_server.py:1", f"vLLM API server version {VERSION}")
@@ -297,6 +307,47 @@ async def serve(settings: Settings) -> int:
         await asyncio.sleep(settings.shutdown)
     print("INFO:     Application shutdown complete.", file=sys.stderr, flush=True)
     print(f"INFO:     Finished server process [{pid}]", file=sys.stderr, flush=True)
+    return 0
+
+
+async def _serve_sglang(settings: Settings, stop: asyncio.Event, pid: int) -> int:
+    """SGLang's order: load, then listen, then warm up (laned/sim/sglang.py)."""
+
+    async def pause(seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=max(seconds, 0))
+            return False
+        except asyncio.TimeoutError:
+            return True
+
+    sglang.say(f"server_args=ServerArgs(model_path={settings.model!r}, port={settings.port}, ...)")  # fmt: skip
+    for flag in settings.unknown:
+        sglang.say(f"accepted SGLang flag {flag} (no effect in the simulator)")
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address ('{settings.host}', {settings.port}): {exc.strerror}", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    if not await sglang.cold_start(settings, pause):
+        sock.close()
+        return 0
+
+    def exit_now(code: int, linger: float = 0.0) -> None:
+        sys.stderr.flush()
+        os._exit(code)
+
+    engine = Engine(settings, exit_now)
+    engine.warmed = False
+    server = Server(engine.handle)
+    await server.start(sock)
+    sglang.listening_lines(settings, pid)
+    warm = asyncio.get_running_loop().create_task(sglang.warm_up(engine, settings.startup * 0.1))
+    await stop.wait()
+    warm.cancel()
+    sglang.say("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+    while engine.metrics.running + engine.metrics.waiting > 0:
+        await asyncio.sleep(0.05)
+    await server.close()
     return 0
 
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from laned.errors import EngineDead
-from laned.sim import answers, faults, gpu, responses, sleep
+from laned.sim import answers, faults, gpu, responses, sglang, sleep
 from laned.sim.http import Request, Response
 from laned.sim.metrics import Metrics
 from laned.sim.responses import Job, error
@@ -43,6 +43,7 @@ class Engine:
             legacy=settings.legacy_metrics,
         )
         self.dead = False
+        self.warmed = True  # SGLang's face: /health is 503 until its warmup request is done
         self.closing = False  # draining after SIGTERM: new requests fail (vLLM 0.32)
         self.stalled = False
         self.cached_blocks: set[str] = set()
@@ -69,6 +70,8 @@ class Engine:
         route = (request.method, request.path)
         if request.path not in ("/health", "/metrics"):
             log("INFO", "api_server.py:1", f'"{request.method} {request.path} HTTP/1.1"')
+        if self.settings.face == "sglang" and (answer := await sglang.route(self, request)):
+            return answer
         if route == ("GET", "/health"):
             return Response(503 if self.dead else 200, b"", "application/json")
         if route == ("GET", "/version"):
@@ -86,7 +89,7 @@ class Engine:
         if route == ("POST", "/tokenize"):
             return self._tokenize(request)
         if request.path.startswith("/v1/"):
-            denied = self._authorize(request)
+            denied = self.authorize(request)
             if denied is not None:
                 return denied
             if route == ("GET", "/v1/models"):
@@ -100,7 +103,8 @@ class Engine:
             return Response.json({"detail": "Method Not Allowed"}, 405)
         return Response.json({"detail": "Not Found"}, 404)
 
-    def _authorize(self, request: Request) -> Response | None:
+    def authorize(self, request: Request) -> Response | None:
+        """401 for a request without the engine's key, where it has one."""
         key = self.settings.api_key
         if not key:
             return None
@@ -111,6 +115,8 @@ class Engine:
 
     def _models(self) -> dict[str, Any]:
         s = self.settings
+        if s.face == "sglang":
+            return {"object": "list", "data": [sglang.models_entry(s, self.started)]}
         return {
             "object": "list",
             "data": [
@@ -162,6 +168,9 @@ class Engine:
         self.log_engine_death()
 
     def log_engine_death(self) -> None:
+        if self.settings.face == "sglang":
+            sglang.die()
+            return
         log(
             "ERROR",
             "core_client.py:564",

@@ -13,6 +13,9 @@ class Settings:
     """Everything the engine was started with (command line, environment)."""
 
     model: str
+    face: str = "vllm"  # the engine it plays: "vllm", or "sglang" (laned/sim/sglang.py)
+    enable_metrics: bool = True  # SGLang serves /metrics only with --enable-metrics
+    weights_cpu_backup: bool = False  # SGLang's --enable-weights-cpu-backup: a release keeps them
     host: str = "0.0.0.0"
     port: int = 8000
     served_model_name: str = ""

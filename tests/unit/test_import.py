@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from laned import engines
 from laned.cli.main import main
 from laned.config import paths
 from laned.config.load import parse_config
@@ -394,3 +395,43 @@ def test_the_seed_001_lane_is_the_recipe_and_fit_says_what_a_small_host_lacks() 
     assert small["fits"] is False  # type: ignore[index]
     assert any("needs 4 GPUs, this host has 2" in m for m in messages)
     assert any("378.8 GiB of GPU memory, its GPUs have 191.2 GiB" in m for m in messages)
+
+
+ENGINE_RECIPES = {
+    # golden: (recipe, engine, served name, port, secrets, gpus)
+    "import-engines-sglang-docker-page.toml": (
+        "sglang-docker-page.txt", "sglang", "meta-llama/Llama-3.1-8B-Instruct", 30000, ["HF_TOKEN"], 1,
+    ),
+    "import-engines-sglang-glm-cookbook.toml": (
+        "sglang-glm-cookbook.txt", "sglang", "glm-4.6", 30000, ["SGLANG_API_KEY"], 4,
+    ),
+    "import-engines-llamacpp-server-readme.toml": (
+        "llamacpp-server-readme.txt", "llamacpp", "models/7B/ggml-model.gguf", 8080, [], 1,
+    ),
+    "import-engines-llamacpp-docker-page.toml": (
+        "llamacpp-docker-page.txt", "llamacpp", "/models/7B/ggml-model-q4_0.gguf", 8080, ["LLAMA_API_KEY"], 1,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("golden", "case"), sorted(ENGINE_RECIPES.items()))
+def test_sglang_and_llama_cpp_recipes_import_as_lanes_of_their_engine(
+    golden: str, case: tuple[str, str, str, int, list[str], int]
+) -> None:
+    recipe, engine, served, port, secrets, gpus = case
+    text = render_import(import_run((RECIPES / recipe).read_text(), "t1"), recipe)
+    if os.environ.get("LANED_UPDATE_GOLDEN"):
+        (GOLDEN / golden).write_text(text)
+    assert (GOLDEN / golden).read_text() == text, (
+        f"{golden} differs (LANED_UPDATE_GOLDEN=1 rewrites)"
+    )
+    assert "SENTINEL" not in text, "a secret's value reached the imported TOML"
+    config, lane = lane_config(text)
+    spec = config.lanes[lane]
+    assert engines.for_lane(spec).name == engine and spec.engine == engine
+    assert (spec.served_model_name, spec.port, list(spec.secrets)) == (served, port, secrets)
+    assert spec.needs.gpus == gpus
+    argv = engine_argv(config, lane, secrets)
+    flags = {"sglang": ["--port", "--served-model-name"], "llamacpp": ["--port", "--alias"]}[engine]
+    assert all(argv.count(flag) == 1 for flag in flags), argv  # laned's, once
+    assert not [w for w in argv if w.startswith("--api-key")], argv

@@ -3,10 +3,11 @@
 (prints tables, writes JSON, asserts nothing).
 
     scripts/harness up && scripts/build-sim-image && .venv/bin/python bench/swap.py
-        [--swaps 20] [--kinds exec,container] [--startup 1] [--smoke] [--json FILE]
+        [--swaps 20] [--kinds exec,container,mixed] [--startup 1] [--smoke] [--json FILE]
 
 Two lanes of one group on one port, the simulated engine (exec lanes: a host process; container
-lanes: the simulator image under podman), swapped back and forth. The engine writes its own
+lanes: the simulator image under podman; mixed: exec lanes, `a` on the simulator's SGLang face
+and `b` on its vLLM face), swapped back and forth. The engine writes its own
 milestones with sub-millisecond stamps (LANED_SIM_TIMELINE: process created, main(), port
 listening, SIGTERM, exit; laned/sim/timeline.py) and laned's events carry theirs, so each swap
 splits into
@@ -86,9 +87,14 @@ class Bench:
         )
         for lane, unit in zip(("a", "b"), self.units, strict=True):
             extra = f'group = "g"\n{PROBE}'
-            if self.kind == "exec":
+            if self.kind in ("exec", "mixed"):
                 env = f'LANED_SIM_TIMELINE = "{self.tmp}/{lane}.jsonl"\n'
-                text += sim_lane(lane, unit, self.port, extra, env, model=str(self.tmp))
+                table = sim_lane(lane, unit, self.port, extra, env, model=str(self.tmp))
+                if self.kind == "mixed" and lane == "a":  # SGLang's face (laned/sim/sglang.py)
+                    table = table.replace(
+                        f'"serve", "{self.tmp}"]', f'"sglang", "--model-path", "{self.tmp}"]'
+                    ).replace(f"[lanes.{lane}.exec]", f'engine = "sglang"\n[lanes.{lane}.exec]')
+                text += table
                 text = text.replace(
                     'LANED_SIM_STARTUP = "1"', f'LANED_SIM_STARTUP = "{self.startup:g}"'
                 )
@@ -115,7 +121,7 @@ class Bench:
 
     def watch_exit(self, lane: str) -> ExitWatch | None:
         """Watch the lane's engine process end (exec lanes: the pid is the host's)."""
-        return ExitWatch(self.pid(lane)) if self.kind == "exec" else None
+        return ExitWatch(self.pid(lane)) if self.kind in ("exec", "mixed") else None
 
     def pid(self, lane: str) -> int:
         rows = (self.tmp / f"{lane}.jsonl").read_text().splitlines()

@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from laned.config.model import GATES
+from laned.engines import ENGINES
 from laned.errors import LanedError
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         )
         command.add_argument(
             "--engine",
-            choices=("vllm", "sglang", "llamacpp"),
+            choices=sorted(ENGINES),
             default="vllm",
             help="with --base-url: the server's engine (how its tokenizer counts, its key's name)",
         )

@@ -44,6 +44,8 @@ from laned.engines.profile import (
     MetricNames,
     Tokenizer,
     flag_value,
+    port_line,
+    served_line,
 )
 
 PHASES: list[tuple[re.Pattern[str], Phase | None, str | None]] = [
@@ -96,16 +98,9 @@ def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
                     [SAMPLING_FLAGS[key], f"{value:g}" if isinstance(value, float) else str(value)],
                 )
             )
-    lines.append(
-        (f"set by laned from {base}.port: laned probes the same port", ["--port", str(spec.port)])
-    )
-    lines.append(
-        (
-            f"set by laned from {base}.served_model_name: readiness checks /v1/models for it "
-            "(without --alias llama-server lists the file's name)",
-            ["--alias", spec.served_model_name],
-        )
-    )
+    lines.append(port_line(spec, base))
+    more = " (without --alias llama-server lists the file's name)"
+    lines.append(served_line(spec, base, "--alias", more))
     if "--metrics" not in spec.engine_args():
         lines.append(
             (
@@ -115,11 +110,6 @@ def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
             )
         )
     return lines
-
-
-def no_env(spec: LaneConfig) -> list[tuple[str, str, str]]:
-    """llama-server needs no variable of laned's."""
-    return []
 
 
 def window(entry: Mapping[str, Any]) -> int | None:
@@ -160,7 +150,6 @@ LLAMACPP = EngineProfile(
     metrics=MetricNames(SUMMED, {}),
     read_line=functools.partial(read_with, PHASES, None),
     serve_lines=serve_lines,
-    env=no_env,
     sleep=None,
     sleep_note="its --sleep-idle-seconds unloads the model on its own when idle, and nothing "
     "asks it to; a small GGUF model starts again in seconds",

@@ -114,6 +114,27 @@ def flag_value(words: Sequence[str], *flags: str) -> str | None:
     return None
 
 
+def port_line(spec: LaneConfig, base: str) -> Line:
+    """`--port N`, which every engine laned knows takes as its port flag."""
+    return (
+        f"set by laned from {base}.port: laned probes the same port",
+        ["--port", str(spec.port)],
+    )
+
+
+def served_line(spec: LaneConfig, base: str, flag: str, more: str = "") -> Line:
+    """The engine's flag for the name /v1/models lists (`--served-model-name`, `--alias`)."""
+    why = f"set by laned from {base}.served_model_name: readiness checks /v1/models for it"
+    return (why + more, [flag, spec.served_model_name])
+
+
+def openai_tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call:
+    """POST /tokenize of vLLM's shape (a prompt, or chat messages with the template), which
+    SGLang serves too; it answers `count`."""
+    body = {"messages": messages} if messages is not None else {"prompt": prompt}
+    return Call("POST", "/tokenize", body=body)
+
+
 def max_model_len(entry: Mapping[str, Any]) -> int | None:
     """The window /v1/models lists for a model as vLLM and SGLang do: `max_model_len`."""
     value = entry.get("max_model_len")
@@ -122,6 +143,11 @@ def max_model_len(entry: Mapping[str, Any]) -> int | None:
 
 def no_findings(spec: LaneConfig, base: str) -> list[Finding]:
     """A profile with no rules of its own for a lane."""
+    return []
+
+
+def no_env(spec: LaneConfig) -> list[tuple[str, str, str]]:
+    """A profile that sets no variable of laned's."""
     return []
 
 
@@ -166,7 +192,6 @@ class EngineProfile:
     metrics: MetricNames
     read_line: Callable[[str], Seen | None]
     serve_lines: Callable[[LaneConfig, str], list[Line]]
-    env: Callable[[LaneConfig], list[tuple[str, str, str]]]
     sleep: SleepApi | None
     sleep_note: str
     tokenizer: Tokenizer | None
@@ -182,5 +207,6 @@ class EngineProfile:
         """The engine's flags that laned sets from config key `key` (port, served_model_name)."""
         return tuple(flag for flag, owner in self.owned.items() if owner == key)
 
+    env: Callable[[LaneConfig], list[tuple[str, str, str]]] = no_env
     findings: Callable[[LaneConfig, str], list[Finding]] = no_findings
     key_file: tuple[str, str] | None = None

@@ -43,7 +43,6 @@ import functools
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from laned.config.model import LaneConfig
 from laned.core.phases import BAR, Phase, read_with
@@ -56,6 +55,9 @@ from laned.engines.profile import (
     SleepApi,
     Tokenizer,
     flag_value,
+    openai_tokenize,
+    port_line,
+    served_line,
 )
 from laned.errors import Finding
 
@@ -86,8 +88,17 @@ KEY_FLAG, KEY_NAME = "--config", "api-key"
 
 
 def model_in(words: Sequence[str]) -> str | None:
-    """The model an SGLang command names: --model-path (or its alias --model)."""
-    return flag_value(words, "--model-path", "--model")
+    """The model an SGLang command names: --model-path (or its alias --model), or the word
+    after `sglang serve` (its newer form: `sglang serve MODEL_PATH`)."""
+    words = list(words)
+    named = flag_value(words, "--model-path", "--model")
+    if (
+        named is None
+        and "serve" in words[:-1]
+        and not words[words.index("serve") + 1].startswith("-")
+    ):
+        return words[words.index("serve") + 1]
+    return named
 
 
 def recognises(words: Sequence[str]) -> bool:
@@ -107,15 +118,7 @@ def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
                 ["--preferred-sampling-params", sampling],
             )
         )
-    lines.append(
-        (f"set by laned from {base}.port: laned probes the same port", ["--port", str(spec.port)])
-    )
-    lines.append(
-        (
-            f"set by laned from {base}.served_model_name: readiness checks /v1/models for it",
-            ["--served-model-name", spec.served_model_name],
-        )
-    )
+    lines += [port_line(spec, base), served_line(spec, base, "--served-model-name")]
     if "--enable-metrics" not in spec.engine_args():
         lines.append(
             (
@@ -133,11 +136,6 @@ def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
             )
         )
     return lines
-
-
-def no_env(spec: LaneConfig) -> list[tuple[str, str, str]]:
-    """SGLang needs no variable of laned's."""
-    return []
 
 
 def findings(spec: LaneConfig, base: str) -> list[Finding]:
@@ -168,11 +166,6 @@ SLEEP = SleepApi(
 )
 
 
-def _tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call:
-    body = {"messages": messages} if messages is not None else {"prompt": prompt}
-    return Call("POST", "/tokenize", body=body)
-
-
 # Runs in the target Python: prints SGLang's version and every option string of the parser
 # `python -m sglang.launch_server` builds (srt/server_args.py: `prepare_server_args`).
 FLAG_SCRIPT = """
@@ -197,11 +190,10 @@ SGLANG = EngineProfile(
     metrics=MetricNames(SUMMED, USAGE),
     read_line=functools.partial(read_with, PHASES, SETTINGS),
     serve_lines=serve_lines,
-    env=no_env,
     sleep=SLEEP,
     sleep_note="its weights come back after a level-2 release only through "
     "/update_weights_from_disk, which laned does not drive",
-    tokenizer=Tokenizer(_tokenize, lambda answer: int(answer["count"])),
+    tokenizer=Tokenizer(openai_tokenize, lambda answer: int(answer["count"])),
     model_in=model_in,
     owned={"--port": "port", "--served-model-name": "served_model_name"},
     flag_probe=FlagProbe("sglang", script=FLAG_SCRIPT),

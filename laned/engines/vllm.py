@@ -35,6 +35,9 @@ from laned.engines.profile import (
     SleepApi,
     Tokenizer,
     flag_value,
+    openai_tokenize,
+    port_line,
+    served_line,
 )
 from laned.errors import Finding, Severity
 from laned.preflight.facts import LaneFacts
@@ -132,15 +135,7 @@ def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
                 ["--override-generation-config", sampling],
             )
         )
-    lines.append(
-        (f"set by laned from {base}.port: laned probes the same port", ["--port", str(spec.port)])
-    )
-    lines.append(
-        (
-            f"set by laned from {base}.served_model_name: readiness checks /v1/models for it",
-            ["--served-model-name", spec.served_model_name],
-        )
-    )
+    lines += [port_line(spec, base), served_line(spec, base, "--served-model-name")]
     if not spec.sleep_level:
         return lines
     lines.append(
@@ -201,11 +196,6 @@ SLEEP = SleepApi(
     level_in_metrics=level_in_metrics,
     missing="the engine serves no sleep routes: is VLLM_SERVER_DEV_MODE=1 in its wrapper?",
 )
-
-
-def _tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call:
-    body = {"messages": messages} if messages is not None else {"prompt": prompt}
-    return Call("POST", "/tokenize", body=body)
 
 
 READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
@@ -344,7 +334,7 @@ VLLM = EngineProfile(
     env=env,
     sleep=SLEEP,
     sleep_note="level 1 keeps the weights in host RAM, level 2 reads them again",
-    tokenizer=Tokenizer(_tokenize, lambda answer: int(answer["count"])),
+    tokenizer=Tokenizer(openai_tokenize, lambda answer: int(answer["count"])),
     model_in=model_in,
     preflight=preflight,
     findings=findings,

@@ -252,7 +252,7 @@ class HostSeam:
         return await self.probe.accepts(port)
 
     async def sample(self, spec: LaneConfig) -> EngineSample | None:
-        # llama-server and SGLang guard /metrics with the key (vLLM only /v1).
+        # llama-server guards /metrics with its key (vLLM and SGLang do not).
         key = await asyncio.to_thread(self.api_key, spec)
         return await self._engine(spec, key).sample()
 

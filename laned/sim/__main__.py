@@ -37,7 +37,7 @@ from laned.errors import EngineError
 from laned.sim import generation, ranks, sglang, startup, timeline
 from laned.sim.engine import VERSION, Engine
 from laned.sim.http import Server, bind_socket
-from laned.sim.settings import Settings
+from laned.sim.settings import Settings, split_flags
 from laned.sim.startup import log
 
 # vLLM flags that take no value: anything else unknown that is followed by a word takes it.
@@ -102,21 +102,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     if not args or args[0].startswith("-"):
         raise EngineError("expected the model path or name after `serve`", USAGE)
     settings = Settings(model=args[0])
-    values: dict[str, str] = {}
-    i = 1
-    while i < len(args):
-        item = args[i]
-        if not item.startswith("--"):
-            raise EngineError(f"unexpected argument {item!r}", USAGE)
-        flag, has_eq, value = item.partition("=")
-        if not has_eq:
-            if flag not in _SWITCHES and i + 1 < len(args) and not args[i + 1].startswith("--"):
-                value = args[i + 1]
-                i += 1
-            else:
-                value = ""
-        values[flag] = value
-        i += 1
+    values = split_flags(args[1:], _SWITCHES, USAGE)
     known: dict[str, Callable[[str], None]] = {
         "--host": lambda v: setattr(settings, "host", v),
         "--port": lambda v: setattr(settings, "port", _int(v, "--port")),
@@ -313,13 +299,7 @@ async def serve(settings: Settings) -> int:
 async def _serve_sglang(settings: Settings, stop: asyncio.Event, pid: int) -> int:
     """SGLang's order: load, then listen, then warm up (laned/sim/sglang.py)."""
 
-    async def pause(seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=max(seconds, 0))
-            return False
-        except asyncio.TimeoutError:
-            return True
-
+    pause = startup.pauser(stop)
     sglang.say(f"server_args=ServerArgs(model_path={settings.model!r}, port={settings.port}, ...)")  # fmt: skip
     for flag in settings.unknown:
         sglang.say(f"accepted SGLang flag {flag} (no effect in the simulator)")
@@ -340,6 +320,7 @@ async def _serve_sglang(settings: Settings, stop: asyncio.Event, pid: int) -> in
     engine.warmed = False
     server = Server(engine.handle)
     await server.start(sock)
+    timeline.mark("listen")
     sglang.listening_lines(settings, pid)
     warm = asyncio.get_running_loop().create_task(sglang.warm_up(engine, settings.startup * 0.1))
     await stop.wait()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from laned.errors import EngineError
 from laned.sim.generation import Effective
 
 
@@ -71,3 +73,24 @@ class Settings:
     def kv_capacity(self) -> int:
         """KV cache capacity in tokens."""
         return max(self.max_model_len * 4, 1)
+
+
+def split_flags(args: Sequence[str], switches: Collection[str], usage: str) -> dict[str, str]:
+    """`--flag value`, `--flag=value` and switches (no value) into {flag: value}, as both
+    engines' parsers read them: a flag not among `switches` takes the next word unless it is
+    a flag itself."""
+    values: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        item = args[i]
+        if not item.startswith("--"):
+            raise EngineError(f"unexpected argument {item!r}", usage)
+        flag, has_eq, value = item.partition("=")
+        if not has_eq:
+            if flag not in switches and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = args[i + 1], i + 1
+            else:
+                value = ""
+        values[flag] = value
+        i += 1
+    return values

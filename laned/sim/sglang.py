@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from laned.errors import EngineError
 from laned.sim.http import Request, Response
 from laned.sim.metrics import Metrics, _labels, _num
-from laned.sim.settings import Settings
+from laned.sim.settings import Settings, split_flags
 from laned.sim.sleep import Sleep
 from laned.sim.startup import Pause, tqdm_bar
 
@@ -97,20 +97,7 @@ def _config_file(path: str) -> dict[str, str]:
 
 def parse(args: Sequence[str], env: Mapping[str, str], settings: Settings) -> Settings:
     """SGLang's flags into `settings` (whose LANED_SIM_* tuning the caller reads)."""
-    values: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        item = args[i]
-        if not item.startswith("--"):
-            raise EngineError(f"unexpected argument {item!r}", USAGE)
-        flag, has_eq, value = item.partition("=")
-        if not has_eq:
-            if flag not in SWITCHES and i + 1 < len(args) and not args[i + 1].startswith("--"):
-                value, i = args[i + 1], i + 1
-            else:
-                value = ""
-        values[flag] = value
-        i += 1
+    values = split_flags(args, SWITCHES, USAGE)
     if "--config" in values:
         for key, value in _config_file(values.pop("--config")).items():
             values.setdefault("--" + key.replace("_", "-"), value)

@@ -239,8 +239,8 @@ async def cuda_graphs(s: Settings, pause: Pause) -> bool:
     return True
 
 
-async def cold_start(s: Settings, stop: asyncio.Event) -> bool:
-    """vLLM's startup over LANED_SIM_STARTUP seconds (plus LANED_SIM_JIT); False when told to stop."""
+def pauser(stop: asyncio.Event) -> Pause:
+    """A pause of some seconds that ends early, answering False, once `stop` is set."""
 
     async def pause(seconds: float) -> bool:
         try:
@@ -249,6 +249,13 @@ async def cold_start(s: Settings, stop: asyncio.Event) -> bool:
         except asyncio.TimeoutError:
             return True
 
+    return pause
+
+
+async def cold_start(s: Settings, stop: asyncio.Event) -> bool:
+    """vLLM's startup over LANED_SIM_STARTUP seconds (plus LANED_SIM_JIT); False when told to stop."""
+
+    pause = pauser(stop)
     started = time.monotonic()
     config_dump(s)
     gpu.hold(s.hold_gpu_gib, s.gpu_linger)

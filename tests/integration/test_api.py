@@ -195,11 +195,17 @@ def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
             assert sd == [
                 {
                     "targets": [f"127.0.0.1:{port}"],
-                    "labels": {"lane": "b", "model": "b", "unit": f"{units.name('b')}.service"},
+                    "labels": {
+                        "lane": "b",
+                        "model": "b",
+                        "unit": f"{units.name('b')}.service",
+                        "engine": "vllm",
+                    },
                 }
             ]
             exposition = (await client.get("/metrics")).text
             assert 'laned_lane_state{lane="b",state="ready"} 1.0' in exposition
+            assert 'laned_lane_info{engine="vllm",lane="b",model="b"} 1.0' in exposition
             assert 'laned_lane_ready{lane="a"} 0.0' in exposition
             assert 'laned_swaps_total{from_lane="a",result="ready",to_lane="b"}' in exposition
             assert "superseded" not in exposition  # a second activate joins the first

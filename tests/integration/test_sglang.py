@@ -1,7 +1,7 @@
 """SGLang lanes on the real user manager, played by the simulator's SGLang face
 (laned/sim/sglang.py, from SGLang's source: docs/simulator.md): a start read from SGLang's
-own lines, its key handed over in a 0600 file (never argv), a swap with a vLLM lane of its
-group that releases its GPU memory (its sleep) and resumes it with the canary, a stall seen
+own lines, its key handed over in a 0600 file (never argv), the six gates, a swap with a
+vLLM lane of its group that releases its GPU memory (its sleep) and resumes it with the canary, a stall seen
 in its own /metrics, and its death (SIGKILL of itself) taken for a failure."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 
 from laned import engines
+from laned.config.model import GATES
 from laned.core.lanes import LaneState
 from laned.core.phases import Phase
-from tests.helpers import free_port
+from tests.helpers import argv_holding, free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
 from tests.integration.test_sleep import main_pid
@@ -35,18 +36,11 @@ def sglang_lane(tmp: Path) -> str:
         PROBING + 'engine = "sglang"\nsleep_level = 1\n'
         f'secrets_file = "{tmp}/s.env"\nsampling = {{ temperature = 0.6 }}\n'
         f'[lanes.s.exec]\ncommand = ["{sys.executable}", "-m", "laned", "sim", "sglang", '
-        f'"--model-path", "{tmp}/models/s", "--tp-size", "2"]\n'
+        f'"--model-path", "{tmp}/models/s", "--tp-size", "2", "--context-length", "8192", '
+        '"--reasoning-parser", "glm45", "--tool-call-parser", "glm45"]\n'
         '[lanes.s.env]\nLANED_SIM_STARTUP = "1"\nLANED_SIM_WEIGHTS_GIB = "0.5"\n'
+        'LANED_SIM_DECODE_TPS = "400"\nLANED_SIM_PREFILL_TPS = "200000"\n'
     )
-
-
-def key_in_any_argv() -> list[int]:
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            if KEY.encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-    return found
 
 
 def test_an_sglang_lane_starts_sleeps_stalls_and_dies_as_sglang_does(
@@ -65,13 +59,18 @@ def test_an_sglang_lane_starts_sleeps_stalls_and_dies_as_sglang_does(
             # Ready with the key it read from the file laned wrote (its /v1 refuses without).
             assert httpx.get(f"{engine}/v1/models", timeout=10).status_code == 401
             assert httpx.get(f"{engine}/v1/models", headers=auth, timeout=10).status_code == 200
-            assert key_in_any_argv() == []
+            assert argv_holding(KEY) == []
             # Its start, from SGLang's own lines.
             wanted = {Phase.LOADING_WEIGHTS.value, Phase.WEIGHTS_LOADED.value,
                       Phase.PROFILING.value, Phase.CUDA_GRAPHS.value, Phase.API_SERVER.value}  # fmt: skip
             await until(lambda: wanted <= set(sup.statuses["s"].last_phases), 10, "its phases")
             # Its load, read by SGLang's names.
             await until(lambda: sup.engine_summary("s") is not None, 10, "its /metrics read")
+            # The six gates, with the key, its /tokenize and its window (/v1/models).
+            checked = await sup.check("s")
+            assert checked["passed"] is True, checked
+            assert set(checked["gates"]) == set(GATES)
+            assert checked["gates"]["context"]["measured"]["max_model_len"] == 8192
 
             # A swap to the vLLM lane of its group: SGLang releases its memory, same process.
             pid = main_pid(harness, units, "s")

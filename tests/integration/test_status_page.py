@@ -103,6 +103,9 @@ def test_the_status_page_shows_the_host_in_four_states_and_swaps_live(
                 expect(state[lane]).to_have_text("inactive")
                 expect(rung[lane]).to_contain_text("stopped")
             expect(page.locator("#live")).to_have_text("live")
+            expect(row["a"].locator(".engine-name")).to_have_text(
+                "vllm · a"
+            )  # its engine, its model
             expect(page.locator("#gpus")).to_contain_text("no GPU read: ")
             expect(page.locator('#timeline .band[data-group="gpu"]')).to_have_attribute("aria-label", "nothing ran")  # fmt: skip
             expect(page.locator('#cache [data-cache="b"]')).to_contain_text("b · 8 MiB of 8 MiB (100%) · 1 file")  # fmt: skip

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from laned.core.phases import Phase
 from laned.engines.llamacpp import SUMMED
-from tests.helpers import free_port, journal, wait_until
+from tests.helpers import argv_holding, free_port, journal, wait_until
 from tests.integration.lanes import FAST
 from tests.llamacpp.conftest import RealLlamacpp
 from tests.reliability.conftest import unit_property
@@ -85,16 +85,6 @@ def server_pid(main_pid: int, binary: str) -> int:
         if argv0 == binary and int(stat[1]) == main_pid:
             return int(proc.name)
     raise AssertionError(f"no {binary} under pid {main_pid}")
-
-
-def key_in_any_argv() -> list[int]:
-    """Processes whose argv holds the key (there must be none)."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            if KEY.encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-    return found
 
 
 def post_long(url: str, tokens: int, out: list[int]) -> threading.Thread:
@@ -161,7 +151,7 @@ def test_laned_runs_real_llama_server_from_start_to_death(
     # process on this machine has it in its argv.
     assert httpx.get(f"{engine}/v1/models", timeout=10).status_code == 401
     assert httpx.get(f"{engine}/v1/models", headers=auth, timeout=10).status_code == 200
-    assert key_in_any_argv() == []
+    assert argv_holding(KEY) == []
 
     # Service discovery, and every engine metric laned reads exists on the real page.
     targets = httpx.get(f"{serve.url}/sd", timeout=10).json()

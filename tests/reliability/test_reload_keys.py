@@ -103,6 +103,7 @@ def test_every_key_changed_by_reload_is_applied_deferred_or_refused(
     lane_values = {
         "description": '"now described"',
         "unit": '"other-name.service"',
+        "engine": '"vllm"',  # named, as the command already says: a next-start key
         "group": '"g2"',
         "port": str(other),
         "health_path": '"/v1/models"',

@@ -136,6 +136,10 @@ def test_sglang_gets_its_flags_and_its_sleep_flags() -> None:
         "--enable-weights-cpu-backup",
     ]  # fmt: skip
     assert engines.for_lane(lane(spec)).model_in(argv) == "/m"
+    assert (
+        engines.SGLANG.model_in(["sglang", "serve", "zai-org/GLM-4.6", "--tp", "4"])
+        == "zai-org/GLM-4.6"
+    )
 
 
 def test_llama_servers_real_startup_lines_are_its_phases() -> None:

@@ -138,7 +138,17 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
             (f"{base}.container.command[{i}]", p) for i, p in enumerate(lane.container.command)
         ]
     seen: dict[str, str] = {}
-    owned = engines.for_lane(lane).owned
+    profile = engines.for_lane(lane)
+    owned = profile.owned
+    # The engine's flags laned writes `sampling` as (vLLM's --override-generation-config,
+    # SGLang's --preferred-sampling-params, llama-server's --temp ...).
+    sampling_flags = {
+        word
+        for why, words in profile.serve_lines(lane, base)
+        if (why or "").startswith(f"{base}.sampling")
+        for word in words
+        if word.startswith("-")
+    }
     for where, text in engine_parts:
         flag = _flag_of(text)
         if flag in owned:
@@ -150,11 +160,11 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
             )
         if (secret := secret_flag(text)) is not None:
             yield secret_in_config(base, lane, where, _secret_name(lane, secret), flag)
-        if flag == "--override-generation-config" and lane.sampling is not None:
+        if flag in sampling_flags:
             yield Finding(
                 where,
-                "--override-generation-config conflicts with `sampling`",
-                f"laned passes {base}.sampling as --override-generation-config; keep one of the two",
+                f"{flag} conflicts with `sampling`",
+                f"laned passes {base}.sampling as {flag}; keep one of the two",
             )
         if flag.startswith("--") and flag in seen:
             yield Finding(

@@ -113,6 +113,11 @@ def test_the_rules_of_each_engine() -> None:
     assert sleep.endswith("| set sleep_level = 0: a swap stops a lane that does not sleep")
     [key] = problems(llama + 'args = [{ flag = "--api-key", value = "k" }]')
     assert "LLAMA_API_KEY=" in key and key.startswith("lanes.a.args[0]: --api-key puts a secret")
+    [temp] = problems(llama + 'sampling = { temperature = 0.2 }\nargs = ["--temp", "0.7"]')
+    assert temp == (
+        "lanes.a.args[0]: --temp conflicts with `sampling` | laned passes lanes.a.sampling "
+        "as --temp; keep one of the two"
+    )
     sglang = 'exec = { command = ["python", "-m", "sglang.launch_server"] }\n'
     [level] = problems(sglang + "sleep_level = 2")
     assert level.startswith("lanes.a.sleep_level: = 2: SGLang sleeps at level 1 only (")

@@ -8,6 +8,7 @@ counts a prompt, and the findings a lane of this engine gets. Nothing here does 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,15 @@ def served_line(spec: LaneConfig, base: str, flag: str, more: str = "") -> Line:
     """The engine's flag for the name /v1/models lists (`--served-model-name`, `--alias`)."""
     why = f"set by laned from {base}.served_model_name: readiness checks /v1/models for it"
     return (why + more, [flag, spec.served_model_name])
+
+
+def json_sampling_line(spec: LaneConfig, why: str, flag: str) -> list[Line]:
+    """The lane's sampling defaults as one flag with a JSON value (vLLM's
+    --override-generation-config, SGLang's --preferred-sampling-params); none without them."""
+    if spec.sampling is None:
+        return []
+    sampling = json.dumps(spec.sampling.as_json_dict(), separators=(",", ":"))
+    return [(why, [flag, sampling])]
 
 
 def openai_tokenize(messages: list[dict[str, Any]] | None, prompt: str | None) -> Call:

@@ -40,7 +40,6 @@ here (docs/simulator.md says why), so the simulator's SGLang face plays it from 
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Sequence
 
@@ -55,6 +54,7 @@ from laned.engines.profile import (
     SleepApi,
     Tokenizer,
     flag_value,
+    json_sampling_line,
     openai_tokenize,
     port_line,
     served_line,
@@ -109,15 +109,11 @@ def recognises(words: Sequence[str]) -> bool:
 
 def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
     """The flags laned adds to an SGLang lane's command, each with its reason."""
-    lines: list[Line] = []
-    if spec.sampling is not None:
-        sampling = json.dumps(spec.sampling.as_json_dict(), separators=(",", ":"))
-        lines.append(
-            (
-                f"{base}.sampling: defaults for requests that send none",
-                ["--preferred-sampling-params", sampling],
-            )
-        )
+    lines = json_sampling_line(
+        spec,
+        f"{base}.sampling: defaults for requests that send none",
+        "--preferred-sampling-params",
+    )
     lines += [port_line(spec, base), served_line(spec, base, "--served-model-name")]
     if "--enable-metrics" not in spec.engine_args():
         lines.append(

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -35,6 +34,7 @@ from laned.engines.profile import (
     SleepApi,
     Tokenizer,
     flag_value,
+    json_sampling_line,
     openai_tokenize,
     port_line,
     served_line,
@@ -125,16 +125,12 @@ def recognises(words: Sequence[str]) -> bool:
 
 def serve_lines(spec: LaneConfig, base: str) -> list[Line]:
     """The flags laned adds to a vLLM lane's command, each with its reason."""
-    lines: list[Line] = []
-    if spec.sampling is not None:
-        sampling = json.dumps(spec.sampling.as_json_dict(), separators=(",", ":"))
-        lines.append(
-            (
-                f"{base}.sampling: defaults for requests that send none (the seed's word-salad "
-                "fix), merged over the model's generation_config.json, whose stop ids stay",
-                ["--override-generation-config", sampling],
-            )
-        )
+    lines = json_sampling_line(
+        spec,
+        f"{base}.sampling: defaults for requests that send none (the seed's word-salad "
+        "fix), merged over the model's generation_config.json, whose stop ids stay",
+        "--override-generation-config",
+    )
     lines += [port_line(spec, base), served_line(spec, base, "--served-model-name")]
     if not spec.sleep_level:
         return lines

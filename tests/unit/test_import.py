@@ -239,6 +239,20 @@ def test_a_secret_in_any_spelling_of_e_leaves_the_argv_and_the_next_option_stays
 
 
 RECIPES = ROOT / "tests" / "recipes"
+
+
+def imported_as_golden(recipe: str, golden: str) -> str:
+    """`laned import` of a recipe, held to its golden file, with no secret's value in it."""
+    text = render_import(import_run((RECIPES / recipe).read_text(), "t1"), recipe)
+    if os.environ.get("LANED_UPDATE_GOLDEN"):
+        (GOLDEN / golden).write_text(text)
+    assert (GOLDEN / golden).read_text() == text, (
+        f"{golden} differs (LANED_UPDATE_GOLDEN=1 rewrites)"
+    )
+    assert "SENTINEL" not in text, "a secret's value reached the imported TOML"
+    return text
+
+
 SECRET_RECIPES = {
     "import-secrets-vllm-docker-page.toml": ("vllm-docker-page.txt", ["HUGGING_FACE_HUB_TOKEN"]),
     "import-secrets-hf-token-from-shell.toml": (
@@ -254,13 +268,7 @@ def test_recipes_that_pass_secrets_import_with_a_named_line_for_each(
     golden: str, case: tuple[str, list[str]]
 ) -> None:
     recipe, names = case
-    text = render_import(import_run((RECIPES / recipe).read_text(), "t1"), recipe)
-    if os.environ.get("LANED_UPDATE_GOLDEN"):
-        (GOLDEN / golden).write_text(text)
-    assert (GOLDEN / golden).read_text() == text, (
-        f"{golden} differs (LANED_UPDATE_GOLDEN=1 rewrites)"
-    )
-    assert "SENTINEL" not in text, "a secret's value reached the imported TOML"
+    text = imported_as_golden(recipe, golden)
     config, lane = lane_config(text)  # valid: parse_config raises on an error
     spec = config.lanes[lane]
     assert spec.secrets_file == "/home/op/.config/laned/t1.env"
@@ -419,13 +427,7 @@ def test_sglang_and_llama_cpp_recipes_import_as_lanes_of_their_engine(
     golden: str, case: tuple[str, str, str, int, list[str], int]
 ) -> None:
     recipe, engine, served, port, secrets, gpus = case
-    text = render_import(import_run((RECIPES / recipe).read_text(), "t1"), recipe)
-    if os.environ.get("LANED_UPDATE_GOLDEN"):
-        (GOLDEN / golden).write_text(text)
-    assert (GOLDEN / golden).read_text() == text, (
-        f"{golden} differs (LANED_UPDATE_GOLDEN=1 rewrites)"
-    )
-    assert "SENTINEL" not in text, "a secret's value reached the imported TOML"
+    text = imported_as_golden(recipe, golden)
     config, lane = lane_config(text)
     spec = config.lanes[lane]
     assert engines.for_lane(spec).name == engine and spec.engine == engine

@@ -16,7 +16,12 @@ from collections.abc import Collection
 from laned.adapters import secret_files
 from laned.adapters.gpus import GateResult, Nvml, wait_released
 from laned.adapters.kernel import cgroup_of, cgroup_pids, disk_total_gib, meminfo, port_busy
-from laned.adapters.pagecache import read_generation_config, resident_weights, weights_gib
+from laned.adapters.pagecache import (
+    read_generation_config,
+    read_quantization,
+    resident_weights,
+    weights_gib,
+)
 from laned.adapters.podman import Podman
 from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
@@ -117,6 +122,7 @@ class Host:
             last_image_id=last_image_id,
             model_generation_config=read_generation_config(model),
             flag_generation_config=read_generation_config(generation_config_path(spec)),
+            model_quantization=read_quantization(model) if spec.weight_cache else None,
             weights_gib=await asyncio.to_thread(weights_gib, model) if spec.sleep_level else None,
             weights_resident=await asyncio.to_thread(resident_weights, model),
             sleepers=sleepers,
@@ -161,22 +167,28 @@ class Host:
             for gpu in readings
         }
 
-    async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
-        """Every process of the lane's engine: its unit's cgroup, and a container's own
-        (podman puts a container in a cgroup of its own, outside the unit's)."""
+    async def engine_pids(
+        self, lane: str, spec: LaneConfig, control_group: str, container: str | None = None
+    ) -> set[int]:
+        """Every process of the lane's engine (or of `container`, its weight-cache daemon's):
+        its unit's cgroup, and a container's own (podman puts a container in a cgroup of its
+        own, outside the unit's)."""
         pids = await asyncio.to_thread(cgroup_pids, control_group)
         if spec.container is not None:
             try:
-                found = await self.podman.container(container_name(lane, spec))
+                found = await self.podman.container(container or container_name(lane, spec))
             except PodmanError:
                 found = None
             if found is not None and found.pid:
                 pids |= await asyncio.to_thread(cgroup_pids, cgroup_of(found.pid))
         return pids
 
-    async def wait_container_gone(self, lane: str, spec: LaneConfig, timeout: float) -> bool:
-        """After a stop: poll until the lane's container is gone (removing an exited one)."""
-        name = container_name(lane, spec)
+    async def wait_container_gone(
+        self, lane: str, spec: LaneConfig, timeout: float, name: str | None = None
+    ) -> bool:
+        """After a stop: poll until the lane's container (or `name`) is gone (removing an
+        exited one)."""
+        name = name or container_name(lane, spec)
         deadline = time.monotonic() + timeout
         delay = 0.05
         while True:

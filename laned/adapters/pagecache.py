@@ -177,16 +177,30 @@ def prefetch(
     return Prefetched(read, time.monotonic() - began, "done")
 
 
-def read_generation_config(directory: str | None) -> dict[str, Any] | None:
-    """DIR/generation_config.json as a dict; None when there is none (or it is unreadable)."""
+def _json_in(directory: str | None, name: str) -> dict[str, Any] | None:
+    """DIR/NAME as a JSON object; None when there is none (or it is unreadable)."""
     if directory is None:
         return None
     try:
-        with open(os.path.join(directory, "generation_config.json"), encoding="utf-8") as handle:
+        with open(os.path.join(directory, name), encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_generation_config(directory: str | None) -> dict[str, Any] | None:
+    """DIR/generation_config.json as a dict; None when there is none (or it is unreadable)."""
+    return _json_in(directory, "generation_config.json")
+
+
+def read_quantization(directory: str | None) -> str | None:
+    """DIR/config.json's quantization_config.quant_method (what vLLM reads the checkpoint's
+    quantization from); None without one."""
+    data = _json_in(directory, "config.json")
+    quant = data.get("quantization_config") if data is not None else None
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    return method if isinstance(method, str) else None
 
 
 def resident_weights(model: str | None) -> tuple[int, int] | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from laned import engines
 from laned.config.load import load_config
 from laned.config.model import GATES, Config, LaneConfig
-from laned.config.names import unit_name
+from laned.config.names import unit_name, weights_unit_name
 from laned.config.ranks import rank_here
 from laned.core import policy
 from laned.core.lanes import Event, LaneState, LaneStatus
@@ -138,6 +138,20 @@ class Front:
             "ready_in": _ready_in(status),
             "container": await self._container(lane),
             "rank": ranks,
+            "weight_cache": self._weight_cache(lane, status),
+        }
+
+    def _weight_cache(self, lane: str, status: LaneStatus) -> dict[str, Any] | None:
+        """The lane's weight-cache daemon: its unit, its state, the GPU memory it holds by its
+        own word (None where it does not answer), its /health port; None without one."""
+        spec = self.supervisor.engine_spec(lane)
+        if spec.weight_cache is None:
+            return None
+        return {
+            "unit": weights_unit_name(lane, spec),
+            "state": status.weights or "stopped",
+            "held_bytes": status.weights_held,
+            "health_port": spec.weight_cache_ports()[0],
         }
 
     def rank_view(self, lane: str) -> dict[str, Any] | None:

@@ -91,6 +91,14 @@ class LanedMetrics(Recorder):
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self.start_seconds = Histogram(
+            "laned_start_duration_seconds",
+            "Time from a start to ready, by its kind: cold (weights from disk), weight-cache "
+            "(mapped from the lane's daemon), sleep (a wake).",
+            ["lane", "kind"],
+            buckets=tuple(sorted(set(SLEEP_BUCKETS) | set(DURATION_BUCKETS))),
+            registry=r,
+        )
         self.sleep_mode_seconds = Histogram(
             "laned_sleep_mode_duration_seconds",
             "Time to put a lane to sleep, and from a wake's start to ready (docs/sleep.md).",
@@ -175,7 +183,7 @@ class LanedMetrics(Recorder):
         self._changed = True
         for kind in RestartKind:
             self.restarts.labels(lane, kind.value)
-        for seen_by in ("exit", "health", "stalled", "start-timeout", "memory-guard"):
+        for seen_by in ("exit", "health", "stalled", "start-timeout", "memory-guard", "weights"):
             self.failures.labels(lane, seen_by)
         for each in (self.probe_failures, self.stalls, self.preflight_refusals):
             each.labels(lane)
@@ -216,6 +224,10 @@ class LanedMetrics(Recorder):
     def cold_start(self, lane: str, seconds: float) -> None:
         self._changed = True
         self.cold_start_seconds.labels(lane).observe(seconds)
+
+    def start(self, lane: str, kind: str, seconds: float) -> None:
+        self._changed = True
+        self.start_seconds.labels(lane, kind).observe(seconds)
 
     def canary_mismatch(self, lane: str, after: str) -> None:
         self._changed = True

@@ -37,6 +37,9 @@ GAUGES = {
     "laned_requests_queued": "Requests at laned's OpenAI endpoint waiting for the lane to be ready.",
     "laned_requests_oldest_wait_seconds": "How long the oldest request waiting for the lane has waited (0: none waits).",
     "laned_lane_rank": "This host's rank in a lane over several hosts (0: the head).",
+    "laned_start_last_seconds": "The lane's last start of each kind that became ready (cold, weight-cache, sleep): the next one's prediction.",
+    "laned_weight_cache_state": "1 for the state of the lane's weight-cache daemon (docs/weight-cache.md).",
+    "laned_weight_cache_bytes": "GPU memory the lane's weight-cache daemon holds, by its own word.",
     "laned_peer_up": "On a lane's head: 1 when the worker's laned answered at the last look.",
 }
 SUMMARY = {  # the engine summary's keys, by gauge
@@ -50,6 +53,7 @@ BUILD = (
     f'laned_build_info{{version="{__version__}"}} 1.0\n'
 )
 STATES = tuple(LaneState)
+WEIGHTS_STATES = ("loading", "ready", "stopping", "stopped", "failed")
 
 
 class LaneSource(Protocol):
@@ -132,6 +136,19 @@ def render_present(source: LaneSource) -> bytes:
                 passed = "1.0" if result.get("passed") else "0.0"
                 lines["laned_check_passed"].append(
                     f'laned_check_passed{{gate="{_label(gate)}",{lane}}} {passed}'
+                )
+        for kind, seconds in sorted(status.last_starts.items()):
+            lines["laned_start_last_seconds"].append(
+                f'laned_start_last_seconds{{kind="{_label(kind)}",{lane}}} {value(seconds)}'
+            )
+        if status.weights is not None:
+            lines["laned_weight_cache_state"] += [
+                f'laned_weight_cache_state{{{lane},state="{each}"}} {"1.0" if status.weights == each else "0.0"}'
+                for each in WEIGHTS_STATES
+            ]
+            if status.weights_held is not None:
+                lines["laned_weight_cache_bytes"].append(
+                    f"laned_weight_cache_bytes{{{lane}}} {value(status.weights_held)}"
                 )
         ready = "1.0" if status.state is LaneState.READY else "0.0"
         lines["laned_lane_ready"].append(f"laned_lane_ready{{{lane}}} {ready}")

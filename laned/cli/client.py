@@ -87,8 +87,19 @@ def ready_in_cell(lane: dict[str, Any]) -> str:
     return f"~{shown} ({'wake' if lane['state'] == 'sleeping' else 'cold start'})"
 
 
+def weights_cell(lane: dict[str, Any]) -> str:
+    """The lane's weight-cache daemon: its state and the GPU memory it holds; "-" for none."""
+    cache = lane.get("weight_cache")
+    if not cache:
+        return "-"
+    held = cache.get("held_bytes")
+    return str(cache["state"]) + (f" {held / 2**30:.1f} GiB" if held else "")
+
+
 def table(lanes: list[dict[str, Any]], colour: bool = False) -> str:
-    """The `laned status` table (its state column coloured, for a terminal)."""
+    """The `laned status` table (its state column coloured, for a terminal); WEIGHTS where a
+    lane keeps its weights in a weight-cache daemon."""
+    cached = any(lane.get("weight_cache") for lane in lanes)
     rows = [
         (
             "LANE",
@@ -101,6 +112,7 @@ def table(lanes: list[dict[str, Any]], colour: bool = False) -> str:
             "RESTARTS",
             "CHECKS",
             "READY IN",
+            *(("WEIGHTS",) if cached else ()),
             "REASON",
         )
     ]
@@ -126,6 +138,7 @@ def table(lanes: list[dict[str, Any]], colour: bool = False) -> str:
                 str(lane["restarts"]),
                 _checks_cell(lane.get("checks")),
                 ready_in_cell(lane),
+                *((weights_cell(lane),) if cached else ()),
                 lane.get("reason") or "",
             )
         )
@@ -220,8 +233,13 @@ def follow_start(client: Client, lane: str, timeout: float | None) -> dict[str, 
         phase = view.get("phase") or view["state"]
         percent = f" {view['progress']:.0f}%" if view.get("progress") is not None else ""
         startup = view.get("startup") or {}
+        kind = (
+            "restart from the weight cache"
+            if startup.get("kind") == "weight-cache"
+            else "cold start"
+        )
         expected = (
-            f" (~{startup['remaining']:.0f}s left by the last cold start, {startup['expected']:.0f}s)"
+            f" (~{startup['remaining']:.0f}s left by the last {kind}, {startup['expected']:.0f}s)"
             if startup.get("remaining") is not None
             else f" (last cold start {view['last_cold_start']:.0f}s)"
             if view.get("last_cold_start")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from laned import engines
 from laned.config.model import Config, LaneConfig
 from laned.engines.profile import EngineProfile
+from laned.engines.vllm import WEIGHT_CACHE_DOC
 from laned.errors import EngineParserFailed, Finding, Severity
 
 NUMBER = re.compile(r"^-\d")
@@ -56,6 +57,8 @@ class KnownFlags:
     flags: frozenset[str]
     source: Source
     abbrev: bool = True  # argparse takes an unambiguous prefix of a long flag
+    # vLLM: the flags of `vllm preload` (its weight-cache daemon); None where it has none
+    daemon: frozenset[str] | None = None
 
     def expand(self, flag: str) -> str | None:
         """The one long flag `flag` abbreviates here; None when none or several."""
@@ -115,6 +118,8 @@ def parse_probe(text: str, source: Source) -> KnownFlags:
         flags = frozenset(str(f) for f in data["flags"])
         version = str(data["version"])
         abbrev = bool(data.get("abbrev", True))
+        daemon = data.get("preload")
+        daemon_flags = None if daemon is None else frozenset(str(f) for f in daemon)
     except (ValueError, IndexError, KeyError, TypeError) as exc:
         raise EngineParserFailed(
             f"{source}: {title}'s argument parser gave no flag list ({exc})",
@@ -122,7 +127,7 @@ def parse_probe(text: str, source: Source) -> KnownFlags:
         ) from exc
     if not flags:
         raise EngineParserFailed(f"{source}: {title}'s argument parser has no flags", "")
-    return KnownFlags(version, flags, source, abbrev)
+    return KnownFlags(version, flags, source, abbrev, daemon_flags)
 
 
 def flag_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
@@ -152,6 +157,56 @@ def flag_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
                     "sampling" if (why or "").startswith(f"{base}.sampling") else "engine"
                 )
                 yield f"{base}.{key}", word
+
+
+def daemon_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
+    """(key path, word) of every argv word a weight-cache lane's daemon gets after its
+    program: `preload --model MODEL`, the engine's flags that shape the weights, its own."""
+    spec = config.lanes[lane]
+    api = engines.for_lane(spec).weight_cache
+    if spec.weight_cache is None or api is None:
+        return
+    base = f"lanes.{lane}"
+    command = list(
+        spec.exec.command if spec.exec else spec.container.command if spec.container else ()
+    )
+    words = api.command([*command, *spec.engine_args()]) or []
+    at = words.index("preload") + 1 if "preload" in words else 0
+    yield from ((f"{base}.args", word) for word in words[at:])
+    for _why, own in api.daemon_lines(spec, base, "/run/laned/weights"):
+        yield from ((f"{base}.weight_cache", word) for word in own)
+
+
+def daemon_unknown(config: Config, lane: str, known: KnownFlags) -> list[Finding]:
+    """A weight-cache lane's daemon flags against `vllm preload`'s parser."""
+    spec = config.lanes[lane]
+    if spec.weight_cache is None:
+        return []
+    title = f"{known.source.profile.title} {known.version}"
+    if known.daemon is None:
+        return [
+            Finding(
+                f"lanes.{lane}.weight_cache",
+                f"{title} ({known.source}) has no `vllm preload`: its weight cache came in vLLM 0.32",
+                "run the lane on vLLM 0.32 or later, or remove weight_cache",
+                Severity.WARNING,
+            )
+        ]
+    problems = []
+    for where, word in daemon_words(config, lane):
+        flag = normalize(word, True)
+        if flag is None or flag in known.daemon:
+            continue
+        problems.append(
+            Finding(
+                where,
+                f"{flag} is not a flag of {title}'s `vllm preload` ({known.source}), which the "
+                "lane's weight-cache daemon runs",
+                f"check `vllm preload --help` there; see {WEIGHT_CACHE_DOC}",
+                Severity.WARNING,
+            )
+        )
+    return problems
 
 
 def normalize(word: str, loose: bool = True) -> str | None:
@@ -201,4 +256,4 @@ def unknown_flags(config: Config, lane: str, known: KnownFlags) -> list[Finding]
                 Severity.WARNING,
             )
         )
-    return problems
+    return problems + daemon_unknown(config, lane, known)

@@ -268,6 +268,19 @@ class Node(_Model):
         return value.rstrip("/")
 
 
+class WeightCacheConfig(_Model):
+    """`[lanes.X.weight_cache]`, or `weight_cache = true`: vLLM's weight-cache daemon (`vllm
+    preload`) holds the lane's weights on its GPUs across engine restarts (docs/weight-cache.md).
+    Its ports: `health_port` (its /health; default the lane's port + 10000) and
+    `master_port` (its own rendezvous, apart from the engine's; default health_port + 1,
+    and the next one for a speculative draft's group)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    health_port: int | None = Field(default=None, ge=1, le=65535)
+    master_port: int | None = Field(default=None, ge=1, le=65535)
+
+
 class RankConfig(_Model):
     """`[lanes.X.rank.N]`: what differs on rank N (values for `${NAME}`, more args and env)."""
 
@@ -348,6 +361,16 @@ class LaneConfig(_Model):
     dev_mode_exposed: Annotated[str, NEXT_START] = (
         ""  # why vLLM's dev routes may be reached from other hosts
     )
+    # vLLM's weight cache: its daemon keeps the weights on the GPUs across engine restarts.
+    weight_cache: Annotated[WeightCacheConfig | None, NEXT_START] = None
+
+    @field_validator("weight_cache", mode="before")
+    @classmethod
+    def _weight_cache_switch(cls, value: Any) -> Any:
+        # `weight_cache = true` is the table with its defaults; `false` is none.
+        if value is True:
+            return {}
+        return None if value is False else value
 
     @field_validator("secrets_file", "api_key_file", "model_dir")
     @classmethod
@@ -370,6 +393,13 @@ class LaneConfig(_Model):
     def secrets_key(self) -> str:
         """The config key that names the secrets file (for messages)."""
         return "api_key_file" if self.api_key_file and not self.secrets_file else "secrets_file"
+
+    def weight_cache_ports(self) -> tuple[int, int, int]:
+        """The weight-cache daemon's ports: (its /health, its rendezvous, its draft group's)."""
+        wc = self.weight_cache or WeightCacheConfig()
+        health = wc.health_port or self.port + 10000
+        master = wc.master_port or health + 1
+        return health, master, master + 1
 
     def engine_args(self) -> list[str]:
         """The user's engine arguments as argv elements (without laned's own additions)."""

@@ -29,6 +29,36 @@ def unit_name(lane: str, spec: LaneConfig) -> str:
     return spec.unit or f"laned-{lane}.service"
 
 
+def weights_unit_name(lane: str, spec: LaneConfig) -> str:
+    """The unit of the lane's weight-cache daemon: the lane's unit's stem plus `-weights`."""
+    return unit_name(lane, spec).removesuffix(".service") + "-weights.service"
+
+
+def weights_container_name(lane: str, spec: LaneConfig) -> str:
+    """The weight-cache daemon's container: the lane's container name plus `-weights`."""
+    return container_name(lane, spec) + "-weights"
+
+
+def weights_wrapper_path(config: Config, lane: str) -> str:
+    """Where the weight-cache daemon's wrapper is written (the serve wrapper's plus -weights)."""
+    return wrapper_path(config, lane) + "-weights"
+
+
+def weights_exit_record_path(config: Config, lane: str) -> str:
+    """Where the daemon's wrapper records the daemon's own exit status."""
+    return f"{lane_state_dir(config, lane)}/weights-exit"
+
+
+def weights_socket_dir(lane: str, runtime_dir: str = "${XDG_RUNTIME_DIR}") -> str:
+    """The daemon's socket directory: under the user's runtime directory, short enough for
+    AF_UNIX's 108 bytes (the socket's own name is 61: vllm_weight_cache_<md5>_draft.sock,
+    vllm/model_executor/model_loader/weight_cache/protocol.py get_socket_path)."""
+    return f"{runtime_dir}/laned-weights/{lane}"
+
+
+WEIGHTS_SOCKETS_MOUNT = "/run/laned/weights"  # where both containers see the socket directory
+
+
 def container_name(lane: str, spec: LaneConfig) -> str:
     """The podman container name: `container.name`, else `laned-<lane>`."""
     if spec.container and spec.container.name:

@@ -176,6 +176,16 @@ def _check_engine(base: str, lane: LaneConfig) -> Iterator[Finding]:
             + ": a swap stops a lane that does not sleep",
         )
     yield from profile.findings(lane, base)
+    if lane.weight_cache is not None:
+        if profile.weight_cache is None:
+            yield Finding(
+                f"{base}.weight_cache",
+                f"keeps the weights in vLLM's weight-cache daemon (`vllm preload`); this lane "
+                f"runs {profile.title}, which has none",
+                "remove weight_cache from this lane",
+            )
+        else:
+            yield from profile.weight_cache.findings(lane, base)
 
 
 def _check_identity(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]:

@@ -83,6 +83,7 @@ class EventKind(str, Enum):
     CANARY = "canary"  # the canary's answer kept, or found different (laned.core.canary)
     SCHEDULE = "schedule"  # a swap the requests waiting asked for, and why (laned.core.schedule)
     PREFETCH = "prefetch"  # the weights read ahead during a swap; how much was resident at a start
+    WEIGHTS = "weights"  # the lane's weight-cache daemon: started, stopped, restarted, died
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,9 @@ class Event:
         )
 
 
+START_COLD, START_WEIGHT_CACHE, START_SLEEP = "cold", "weight-cache", "sleep"
+
+
 @dataclass
 class LaneStatus:
     """Everything laned knows about one lane, its current run included: one record per lane,
@@ -155,6 +159,14 @@ class LaneStatus:
     failed: tuple[int, str] | None = None
     stopping: bool = False  # a stop laned asked for is under way (its exit is not a failure)
     woke: bool = False  # the current run became ready from a wake (its swap-in cost)
+    # This run: "cold" (weights from disk), "weight-cache" (mapped from the lane's daemon) or
+    # "sleep" (woken); what it was expected to be at its start, then what its log said.
+    start_kind: str = ""
+    last_starts: dict[str, float] = field(default_factory=dict)  # kind -> s, the last of each
+    # The lane's weight-cache daemon (docs/weight-cache.md): loading, ready, stopping,
+    # stopped, failed; None for a lane without one.
+    weights: str | None = None
+    weights_held: int | None = None  # bytes its ranks hold on the GPUs, by their own word
     checking: int = 0  # acceptance checks running against it now (they keep it busy)
     samples: deque[tuple[float, EngineSample]] = field(default_factory=deque)  # /metrics, 60 s
     sleepers: frozenset[int] = frozenset()  # asleep: its engine's processes (the GPU gate)
@@ -177,6 +189,10 @@ class LaneStatus:
             "last_exit": self.last_exit.to_json() if self.last_exit else None,
             "last_cold_start": self.last_cold_start,
             "last_wake": self.last_wake,
+            "start_kind": self.start_kind or None,
+            "last_starts": dict(self.last_starts),
+            "weights": self.weights,
+            "weights_held": self.weights_held,
             "last_phases": self.last_phases,
             "weights_at_start": self.weights_at_start,
             "image_id": self.image_id,
@@ -188,7 +204,9 @@ class LaneStatus:
         if self.state is not LaneState.STARTING or self.started_at is None:
             return None
         elapsed = max(now - self.started_at, 0.0)
-        expected = self.last_cold_start
+        expected = self.last_starts.get(self.start_kind) or self.last_cold_start
+        if self.start_kind == START_WEIGHT_CACHE and START_WEIGHT_CACHE not in self.last_starts:
+            expected = None  # a first restart from the weight cache: nothing measured yet
         return {
             "elapsed": round(elapsed, 1),
             "expected": expected,
@@ -198,6 +216,7 @@ class LaneStatus:
                 for name, seconds in phase_durations(self.phases, now)
             ],
             "notes": list(self.notes),
+            "kind": self.start_kind or None,
         }
 
 

@@ -45,6 +45,7 @@ class RestartKind(str, Enum):
     FAILURE = "failure"
     HEALTH = "health"
     STALLED = "stalled"
+    WEIGHTS = "weights"  # its weight-cache daemon died (docs/weight-cache.md)
 
 
 class SwapResult(str, Enum):

@@ -29,6 +29,9 @@ class Recorder:
     def cold_start(self, lane: str, seconds: float) -> None:
         """A start became ready after `seconds`."""
 
+    def start(self, lane: str, kind: str, seconds: float) -> None:
+        """A start of `kind` (cold, weight-cache, sleep) became ready after `seconds`."""
+
     def sleep_mode(self, lane: str, operation: str, seconds: float) -> None:
         """A lane went to sleep (`sleep`: /sleep until it says it sleeps), or a wake became
         ready (`wake`: from the wake's start to ready), after `seconds`."""

@@ -73,6 +73,35 @@ class SleepApi:
 
 
 @dataclass(frozen=True)
+class WeightCacheApi:
+    """How an engine keeps its weights in a daemon of its own across engine restarts (vLLM's
+    `vllm preload`; docs/weight-cache.md).
+
+    `command(words)`: the daemon's command from the engine's (None: the engine's command has
+    no form the daemon takes); `flags(words)`: for each of the engine's words after its
+    command, whether the daemon gets it (those that shape the weights: a change to the others
+    restarts the engine alone); `engine_lines(spec,
+    base, sockets)`: what the engine gets to map the daemon's weights; `daemon_lines(spec,
+    base, sockets)`: the daemon's own flags (its socket directory, ports); `mapped` and
+    `missed`: the notes its log lines give when the engine mapped the weights, or fell back to
+    reading them from disk; `env(name, value)`: the daemon's own value of one of the lane's
+    variables and why, where it must differ from the engine's; `socket_glob`: the daemon's sockets in their directory (one per
+    GPU); `findings(spec, base)`: what is wrong with a lane that keeps its weights, seen
+    without running it; `preflight(lane, spec, facts)`: what is, on this host."""
+
+    command: Callable[[Sequence[str]], list[str] | None]
+    flags: Callable[[Sequence[str]], list[bool]]
+    engine_lines: Callable[[LaneConfig, str, str], list[Line]]
+    daemon_lines: Callable[[LaneConfig, str, str], list[Line]]
+    mapped: str
+    missed: str
+    env: Callable[[str, str], tuple[str, str] | None]
+    socket_glob: str
+    findings: Callable[[LaneConfig, str], list[Finding]]
+    preflight: Callable[[str, LaneConfig, LaneFacts], list[Finding]]
+
+
+@dataclass(frozen=True)
 class FlagProbe:
     """How `laned validate --engine-flags` reads the option strings the engine accepts.
 
@@ -192,7 +221,8 @@ class EngineProfile:
     - `owned`: the engine's flags that laned sets from a config key (flag: key), which a
       lane's args must not give;
     - `findings(spec, base)`: what is wrong with a lane of this engine that laned can see
-      without running it.
+      without running it;
+    - `weight_cache`: how its weights outlive its restarts in a daemon (None: they cannot).
     """
 
     name: str
@@ -220,3 +250,4 @@ class EngineProfile:
     env: Callable[[LaneConfig], list[tuple[str, str, str]]] = no_env
     findings: Callable[[LaneConfig, str], list[Finding]] = no_findings
     key_file: tuple[str, str] | None = None
+    weight_cache: WeightCacheApi | None = None

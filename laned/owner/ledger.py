@@ -22,6 +22,8 @@ from typing import Any, Protocol
 from laned.adapters import state
 from laned.config.model import LaneConfig
 from laned.core.lanes import (
+    START_COLD,
+    START_SLEEP,
     Desired,
     Event,
     EventKind,
@@ -194,6 +196,7 @@ class Ledger:
             status.spec = spec
             status.started_at = self.clock()
             status.phases, status.notes, status.weights_at_start = [], [], None
+            status.start_kind = ""  # said by the one who starts it (the weight cache's part)
             # No stop of laned's is under way for a run that just began: a stop flagged for
             # the one before by an operation superseded before it ran must not make this
             # run's own death look asked for (a dead lane left `ready`).
@@ -285,9 +288,12 @@ class Ledger:
         now = self.clock()
         took = round(now - (now if status.started_at is None else status.started_at), 3)
         status.woke = status.mode is Mode.WAKING  # what this run's swap-in cost
+        kind = START_SLEEP if status.woke else (status.start_kind or START_COLD)
+        status.start_kind = kind
+        status.last_starts[kind] = took  # each kind predicts its own next start
         if status.woke:  # a wake from sleep: its own figure, not the cold start's prediction
             status.last_wake = took
-        else:
+        elif kind == START_COLD:  # a restart from the weight cache is no cold start
             status.last_cold_start = took
         if status.phases:
             status.last_phases = dict(phase_durations(status.phases, now))
@@ -299,6 +305,21 @@ class Ledger:
         status.ready_at = now
         self.fire(lane, Ev.READY, reason)
         return took
+
+    def start_kind(self, lane: str, kind: str) -> None:
+        """What the current start is (cold, weight-cache): expected at its start, corrected
+        by what the engine's log says (a weight cache missed reads from disk)."""
+        self.statuses[lane].start_kind = kind
+        self.changed()
+
+    def weights_seen(self, lane: str, state: str | None, held: int | None = None) -> None:
+        """The lane's weight-cache daemon, as its unit shows it now, and the GPU memory its
+        ranks said they hold (kept while it is ready)."""
+        status = self.statuses[lane]
+        held = held if held is not None or state != "ready" else status.weights_held
+        if status.weights != state or status.weights_held != held:
+            status.weights, status.weights_held = state, held
+            self.changed()
 
     def phase_seen(self, lane: str, seen: Seen, at: float) -> bool:
         """A startup phase or note from the engine's log line, logged at `at`, kept for the

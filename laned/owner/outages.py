@@ -92,7 +92,7 @@ class Outages:
     def _reader(self, unit: str) -> Callable[[str], Seen | None]:
         """How the engine of `unit`'s lane writes its start in its log (laned.engines)."""
         r = self.records
-        return engines.for_lane(r.config.lanes[r.units[unit]]).read_line
+        return engines.for_lane(r.config.lanes[r.all_units()[unit]]).read_line
 
     # --- journald ------------------------------------------------------------------------------
 
@@ -106,7 +106,7 @@ class Outages:
             try:
                 await watchers.follow_phases(
                     self.seam,
-                    lambda: r.units,
+                    r.all_units,
                     self._reader,
                     self.reactions.phase_seen,
                     since,

@@ -17,11 +17,12 @@ import logging
 from collections.abc import Coroutine
 from typing import Protocol
 
+from laned import engines
 from laned.adapters import state
 from laned.config.model import Config, LaneConfig
 from laned.config.names import exit_record_path
 from laned.core import canary, exits, policy
-from laned.core.lanes import Desired, EventKind, LastExit, Mode, Verdict
+from laned.core.lanes import START_COLD, Desired, EventKind, LastExit, Mode, Verdict
 from laned.core.machine import Ev
 from laned.core.phases import Seen
 from laned.core.policy import ExitAction, OpKind, RestartKind
@@ -31,6 +32,7 @@ from laned.owner import watchers
 from laned.owner.checks import Checks
 from laned.owner.records import Records
 from laned.owner.seam import Refused, Seam
+from laned.owner.weights import Weights
 from laned.render import plan as render
 
 log = logging.getLogger("laned.supervisor")
@@ -77,9 +79,11 @@ class Reactions:
         seam: Seam,
         checks: Checks,
         restarts: Restarts,
+        weights: Weights,
     ) -> None:
         self.records, self.seam = records, seam
         self.checks, self.restarts = checks, restarts
+        self.weights = weights
         self.systemd_restarts = systemd_restarts(records.systemd_version)
 
     # --- what systemd tells ---------------------------------------------------------------------
@@ -87,6 +91,9 @@ class Reactions:
     def unit_changed(self, unit: str, props: dict[str, object]) -> None:
         """A PropertiesChanged signal of a lane's unit."""
         r = self.records
+        if unit in r.weights_units:
+            self.weights.changed(unit, props)
+            return
         lane = r.units.get(unit)
         if lane is None or r.closing:
             return
@@ -163,8 +170,15 @@ class Reactions:
             r.fire(lane, Ev.RESTART_LATER, plan.reason, delay=plan.delay)
         elif plan.action is ExitAction.CRASH_LOOP:
             r.fire(lane, Ev.CRASH_LOOP, plan.reason)
+            r.spawn(self._weights_down(lane))  # a lane given up holds no GPU memory
         else:  # FAIL: not desired
             r.fire(lane, Ev.EXIT_FAILED, plan.reason)
+            r.spawn(self._weights_down(lane))
+
+    async def _weights_down(self, lane: str) -> None:
+        refused = await self.weights.down(lane)
+        if refused is not None:
+            self.records.ledger.note(lane, EventKind.WEIGHTS, refused.reason)
 
     async def _stopped_outside(self, lane: str, what: str) -> None:
         """A stop laned did not ask for: an operator's, unless the whole manager is going down."""
@@ -182,6 +196,7 @@ class Reactions:
             return
         r.ledger.desire(lane, Desired.INACTIVE)
         r.fire(lane, Ev.STOPPED_OUTSIDE, f"stopped outside laned ({what})")
+        await self._weights_down(lane)  # its weights go with it
 
     # --- what the watchers observe -----------------------------------------------------------------
 
@@ -247,9 +262,11 @@ class Reactions:
         )
         if took is None:
             return False  # not starting any more
-        if r.statuses[lane].woke:
+        status = r.statuses[lane]
+        r.recorder.start(lane, status.start_kind, took)
+        if status.woke:
             r.recorder.sleep_mode(lane, "wake", took)
-        else:
+        elif status.start_kind == START_COLD:
             r.recorder.cold_start(lane, took)
         if spec.checks.after_activate:
             r.spawn(self.checks.after_activate(lane))
@@ -288,9 +305,12 @@ class Reactions:
     def phase_seen(self, unit: str, seen: Seen, at: float) -> None:
         """A startup phase or note from the engine's log line, logged at `at`."""
         r = self.records
-        lane = r.units.get(unit)
+        lane = r.all_units().get(unit)
         if lane is None or lane not in r.statuses:
             return  # not a lane's
+        cache = engines.for_lane(r.config.lanes[lane]).weight_cache
+        if cache is not None and seen.note == cache.missed and r.statuses[lane].start_kind:
+            r.ledger.start_kind(lane, START_COLD)  # the engine reads the weights from disk
         if r.ledger.phase_seen(lane, seen, at):
             r.poke(lane).set()
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from laned.adapters import state
 from laned.config.groups import group_peers
 from laned.config.model import Config, LaneConfig
-from laned.config.names import unit_name
+from laned.config.names import unit_name, weights_unit_name
 from laned.core import policy
 from laned.core.lanes import Desired, LaneState, LaneStatus
 from laned.core.machine import SERVING_MODES, Ev
@@ -33,7 +33,9 @@ class Records:
 
     def __init__(self, config: Config, clock: Callable[[], float], systemd_version: int) -> None:
         self.config, self.clock, self.systemd_version = config, clock, systemd_version
-        self.units = {unit_name(n, spec): n for n, spec in config.lanes.items()}  # unit -> lane
+        self.units: dict[str, str] = {}  # unit -> lane
+        self.weights_units: dict[str, str] = {}  # weight-cache daemon's unit -> lane
+        self.name_units(config)
         self.writer = state.StateWriter(
             config.daemon.state_dir,
             lambda: self.ledger.saved(),
@@ -53,6 +55,19 @@ class Records:
         self.pokes: dict[str, asyncio.Event] = {}
         self._watch: Callable[[str, int], Coroutine[object, object, None]] | None = None
         self._restart: Callable[[str], None] | None = None
+
+    def name_units(self, config: Config) -> None:
+        """The lanes' units and their weight-cache daemons', by name (at start, at reload)."""
+        self.units = {unit_name(n, spec): n for n, spec in config.lanes.items()}
+        self.weights_units = {
+            weights_unit_name(n, spec): n
+            for n, spec in config.lanes.items()
+            if spec.weight_cache is not None
+        }
+
+    def all_units(self) -> dict[str, str]:
+        """Every unit laned keeps loaded and follows: the lanes' and their daemons'."""
+        return {**self.units, **self.weights_units}
 
     def bind(
         self,

@@ -32,9 +32,10 @@ from laned.errors import (
 from laned.owner.operations import Operation
 from laned.owner.prefetching import Prefetches
 from laned.owner.records import Records
-from laned.owner.seam import Seam
+from laned.owner.seam import Refused, Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
+from laned.owner.weights import Weights
 from laned.preflight.facts import Sleepers, blocking
 from laned.preflight.rules import refusal
 
@@ -51,9 +52,10 @@ class Requests:
         traffic: Traffic,
         sleeping: Sleeping,
         prefetches: Prefetches,
+        weights: Weights,
     ) -> None:
         self.records, self.seam = records, seam
-        self.traffic = traffic
+        self.traffic, self.weights = traffic, weights
         self.sleeping, self.prefetches = sleeping, prefetches
         self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
 
@@ -361,22 +363,45 @@ class Requests:
         the operation is still current, then the unit's start job."""
         lane = op.lane
         spec = self.records.config.lanes[lane]
-        refused = await self.seam.clear_for_start(
-            lane,
-            spec,
-            self.ledger.statuses[lane].image_id,
-            functools.partial(self.ledger.note, lane),
-            self.records.recorder,
-            sleepers=self.records.sleepers(),
-        )
+        refused = await self.weights.before_start(lane)  # a daemon of other weights goes
+        self._ensure_current(op)
+        # The lane's own weight-cache daemon keeps its GPU memory through the gate.
+        exempt = await self.weights.exempt(lane) if refused is None else frozenset()
+        if refused is None:
+            refused = await self.seam.clear_for_start(
+                lane,
+                spec,
+                self.ledger.statuses[lane].image_id,
+                functools.partial(self.ledger.note, lane),
+                self.records.recorder,
+                sleepers=self.records.sleepers() | exempt,
+            )
         self.prefetches.end(lane)  # the GPUs are free: the engine reads the rest itself
         self._ensure_current(op)
         if refused is not None:
             self.records.fire(lane, Ev.START_REFUSED, refused.reason)
             raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
         self.records.fire(lane, Ev.START, reason)  # a new run of a new engine, watched
+        refused = await self.weights.up(lane)  # the daemon serves first
+        self._ensure_current(op)
+        if refused is not None:
+            self._weights_failed(lane, refused)
+            return
         self.prefetches.at_start(lane)
         await self.seam.start(unit_name(lane, spec))
+
+    def _weights_failed(self, lane: str, refused: Refused) -> None:
+        """The daemon did not come up: the run's failure, counted; a restart after the
+        backoff, or the end of a crash loop."""
+        r, spec = self.records, self.records.config.lanes[lane]
+        counted = r.count_failure(lane, "weights", refused.reason)
+        if counted is not None and counted.crash_loop:
+            r.fire(lane, Ev.CRASH_LOOP, counted.reason)
+            raise ActivationFailed(f"lane {lane}: {counted.reason}", refused.hint)
+        failures = len(counted.failures) if counted is not None else 1
+        delay = policy.backoff_delay(spec.restart_sec, failures, spec.restart_max_delay)
+        why = f"{refused.reason}; restarting in {delay:g}s"
+        r.fire(lane, Ev.RESTART_LATER, why, delay=delay)
 
     async def _stop_and_confirm(self, lane: str, reason: str, force: bool = False) -> None:
         """Stop the lane's unit and confirm it is gone (for containers, ExecStopPost removed it).
@@ -389,6 +414,7 @@ class Requests:
         if not await self.seam.still_ending(unit, r.snapshots.get(lane)):
             # Not running (a failed lane included: deactivating it acknowledges the failure).
             r.fire(lane, Ev.ALREADY_STOPPED, reason)
+            await self._weights_down(lane)
             return
         try:
             r.fire(lane, Ev.STOP, reason)
@@ -398,12 +424,20 @@ class Requests:
                 raise ActivationFailed(refused.reason, refused.hint)
             note = functools.partial(self.ledger.note, lane)
             refused = await self.seam.container_gone(lane, spec, note)
+            if refused is None:
+                refused = await self.weights.down(lane)  # its weights go with it
             if refused is not None:
                 r.fire(lane, Ev.STOP_FAILED, refused.reason)  # not `stopping`
                 raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
         finally:
             self.ledger.stop_over(lane)
         r.fire(lane, Ev.STOPPED, reason)
+
+    async def _weights_down(self, lane: str) -> None:
+        """The lane's weight-cache daemon stopped with it; a failure to is said."""
+        refused = await self.weights.down(lane)
+        if refused is not None:
+            self.ledger.note(lane, EventKind.WEIGHTS, refused.reason)
 
     async def _drain(self, lane: str, force: bool) -> None:
         note = functools.partial(self.ledger.note, lane, EventKind.DRAIN)
@@ -416,6 +450,7 @@ class Requests:
         try:
             unit = unit_name(lane, self.records.engine_spec(lane))
             refused = await self.seam.stop(unit)  # the one confirmed stop
+            await self._weights_down(lane)  # a lane given up holds no GPU memory
         finally:
             self.ledger.stop_over(lane)
         if refused is not None:

@@ -109,6 +109,25 @@ class Seam(Protocol):
     def exit_record(self, path: str) -> ExitRecord | None:
         """The serve wrapper's record of the engine's last exit (blocking, small)."""
 
+    # --- the weight-cache daemon of a lane that keeps its weights (docs/weight-cache.md) ----------
+
+    async def start_weights(self, lane: str, spec: LaneConfig) -> Refused | None:
+        """Start the lane's weight-cache daemon and confirm it serves (its start job ends when
+        its /health answers 200); why not, or None."""
+
+    async def stop_weights(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
+        """Stop the daemon and confirm it is gone (its container too)."""
+
+    def weights_digest(self, path: str) -> str | None:
+        """The digest of what the running daemon loads, as its wrapper wrote it (blocking)."""
+
+    async def weights_held(self, lane: str) -> int | None:
+        """The GPU memory the daemon's ranks hold, by their own word; None: no answer."""
+
+    async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        """The daemon's processes (its unit's cgroup, its container's): the engine's start
+        gate leaves the GPU memory they hold to them."""
+
     def follow_logs(
         self, units: Iterable[str], since: float | None, opened: Callable[[], None] | None
     ) -> AsyncIterator[tuple[str, str, float]]:

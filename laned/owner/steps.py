@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mappi
 from typing import Any
 
 from laned import engines
-from laned.adapters import journal, rendered
+from laned.adapters import journal, rendered, weight_cache
 from laned.adapters.commands import run_prepare
 from laned.adapters.engine_api import EngineClient
 from laned.adapters.host import Host
@@ -33,7 +33,13 @@ from laned.adapters.probes import Probe
 from laned.adapters.secret_files import read_api_key
 from laned.adapters.systemd import Systemd, UnitCallback
 from laned.config.model import Config, LaneConfig
-from laned.config.names import container_name, podman_socket
+from laned.config.names import (
+    container_name,
+    podman_socket,
+    weights_container_name,
+    weights_socket_dir,
+    weights_unit_name,
+)
 from laned.core import canary, policy
 from laned.core.exits import ExitRecord, parse_exit_record
 from laned.core.lanes import EventKind, LaneState
@@ -219,6 +225,56 @@ class HostSeam:
                 )
             await asyncio.sleep(0.1)
         return None
+
+    async def start_weights(self, lane: str, spec: LaneConfig) -> Refused | None:
+        """Start the daemon's unit: its start job ends when its /health answers 200 (its
+        wrapper's `ready`, the unit's ExecStartPost) or when it fails."""
+        unit = weights_unit_name(lane, spec)
+        await self.systemd.reset_failed_unit(unit)
+        result = await self.systemd.start_unit(unit)
+        snap = await self.systemd.snapshot(unit)
+        if result in ("done", "skipped") and snap.running:
+            return None
+        return Refused(
+            f"its weight-cache daemon did not come up (start job {result}, {snap.active_state})",
+            f"journalctl --user -u {unit} says why",
+        )
+
+    async def stop_weights(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
+        unit = weights_unit_name(lane, spec)
+        await self.systemd.stop_unit(unit)
+        snap = await self.systemd.snapshot(unit)
+        if snap.running:
+            return Refused(f"{unit} is still {snap.active_state} after its stop job")
+        if self.host is None or spec.container is None:
+            return None
+        name = weights_container_name(lane, spec)
+        try:
+            gone = await self.host.wait_container_gone(lane, spec, spec.stop_timeout, name)
+        except PodmanError as exc:
+            note(EventKind.GATE, f"cannot confirm the daemon's container is gone: {exc.message}")
+            return None
+        return None if gone else Refused(f"container {name} is still there after its stop")
+
+    def weights_digest(self, path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read().strip() or None
+        except OSError:
+            return None
+
+    async def weights_held(self, lane: str) -> int | None:
+        runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+        pattern = engines.VLLM.weight_cache.socket_glob if engines.VLLM.weight_cache else ""
+        directory = weights_socket_dir(lane, runtime)
+        return await asyncio.to_thread(weight_cache.held_bytes, directory, pattern)
+
+    async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        if self.host is None:
+            return set()
+        return await self.host.engine_pids(
+            lane, spec, control_group, weights_container_name(lane, spec)
+        )
 
     async def start(self, unit: str) -> None:
         """Clear a failed state and start the unit (the start job ends when it runs)."""

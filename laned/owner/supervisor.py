@@ -54,6 +54,7 @@ from laned.owner.scheduler import Scheduler
 from laned.owner.seam import Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
+from laned.owner.weights import Weights
 from laned.preflight.facts import HostFacts
 from laned.preflight.rules import model_path
 from laned.render import plan as render
@@ -76,16 +77,20 @@ class Supervisor:
         self.records = records = Records(config, clock, systemd_version)
         self.traffic = Traffic(clock)  # laned's OpenAI endpoint counts its requests here
         self.checks = Checks(records, seam)
-        self.reactions = Reactions(records, seam, self.checks, restarts=self)
+        self.weights = Weights(records, seam)
+        self.weights.restarts = self
+        self.reactions = Reactions(records, seam, self.checks, restarts=self, weights=self.weights)
         sleeping = Sleeping(records, seam, self.traffic, self.reactions)
         self.prefetches = Prefetches(records, seam)
-        self.requests = Requests(records, seam, self.traffic, sleeping, self.prefetches)
+        self.requests = Requests(
+            records, seam, self.traffic, sleeping, self.prefetches, self.weights
+        )
         records.bind(self.reactions.watch, self.requests.restart_after_failure)
         self.outages = Outages(records, seam, self.reactions, self.requests)
         self.scheduler = Scheduler(records, self.traffic, self.requests.activate)
         self.bus = BusKeeper(
             seam,
-            lambda: records.units,
+            records.all_units,
             self.reactions.unit_changed,
             self.outages.resynced,
             functools.partial(records.trouble, "user manager"),
@@ -139,6 +144,8 @@ class Supervisor:
                 r.ledger.found_asleep(lane, digest, level or 0, frozenset(pids))
             elif snap.running:
                 running.append(lane)
+        for unit, lane in r.weights_units.items():
+            self.weights.seen(lane, await self.bus.snapshot(unit))
         desired = {n: s.desired for n, s in r.statuses.items()}
         plan = resume.plan_reconcile(r.config, running, desired, r.ledger.states(), first)
         for lane in plan.adopt:
@@ -170,7 +177,7 @@ class Supervisor:
         keys = policy.reload_changes(r.config, new)
         self.seam.use_podman(new)
         old, r.config = r.config, new
-        r.units = {unit_name(n, spec): n for n, spec in new.lanes.items()}
+        r.name_units(new)
         for lane in old.lanes.keys() - new.lanes.keys():
             r.ledger.drop(lane)
         for lane in new.lanes:

@@ -103,6 +103,7 @@ class LaneFacts:
     last_image_id: str | None = None  # at the lane's last good start
     model_generation_config: dict[str, Any] | None = None  # the model's generation_config.json
     flag_generation_config: dict[str, Any] | None = None  # that of a --generation-config DIR
+    model_quantization: str | None = None  # config.json's quantization_config.quant_method
     weights_gib: float | None = None  # a lane that sleeps: its model's weight files, on disk
     weights_resident: tuple[int, int] | None = (
         None  # its weight files: (bytes in the page cache, bytes)

@@ -321,7 +321,10 @@ def _engine(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
     """The engine's own rules (laned.engines: vLLM's ready timeout and generation config),
     then a stop timeout shorter than its graceful shutdown."""
     base = f"lanes.{lane}"
-    yield from engines.for_lane(spec).preflight(lane, spec, facts)
+    profile = engines.for_lane(spec)
+    yield from profile.preflight(lane, spec, facts)
+    if profile.weight_cache is not None:
+        yield from profile.weight_cache.preflight(lane, spec, facts)
     graceful = GRACEFUL_STOP_MIN
     shutdown = spec.engine_arg("--shutdown-timeout")
     if shutdown is not None:

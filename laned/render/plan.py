@@ -11,9 +11,14 @@ from dataclasses import dataclass
 from enum import Enum
 
 from laned.config.model import Config
-from laned.config.names import unit_path, wrapper_path
-from laned.render.units import lane_unit
-from laned.render.wrapper import render_wrapper
+from laned.config.names import (
+    unit_path,
+    weights_unit_name,
+    weights_wrapper_path,
+    wrapper_path,
+)
+from laned.render.units import lane_unit, weights_unit
+from laned.render.wrapper import render_weights_wrapper, render_wrapper
 
 MANIFEST = "generated.json"
 
@@ -47,6 +52,12 @@ def plan(config: Config, systemd_version: int = DEFAULT_SYSTEMD_VERSION) -> list
             GeneratedFile(unit_path(config, lane), lane_unit(config, lane, systemd_version), 0o644)
         )
         files.append(GeneratedFile(wrapper_path(config, lane), render_wrapper(config, lane), 0o755))
+        spec = config.lanes[lane]
+        if spec.weight_cache is not None:
+            path = f"{config.daemon.unit_dir}/{weights_unit_name(lane, spec)}"
+            files.append(GeneratedFile(path, weights_unit(config, lane), 0o644))
+            wrapper = render_weights_wrapper(config, lane)
+            files.append(GeneratedFile(weights_wrapper_path(config, lane), wrapper, 0o755))
     return files
 
 
@@ -54,6 +65,12 @@ def lane_digest(config: Config, lane: str, systemd_version: int = DEFAULT_SYSTEM
     """A short hash of everything rendered for one lane (its unit and wrapper): acceptance
     results are kept with it, so a result of another configuration shows as such."""
     mine = {unit_path(config, lane), wrapper_path(config, lane)}
+    spec = config.lanes[lane]
+    if spec.weight_cache is not None:
+        mine |= {
+            f"{config.daemon.unit_dir}/{weights_unit_name(lane, spec)}",
+            weights_wrapper_path(config, lane),
+        }
     digest = hashlib.sha256()
     for item in plan(config, systemd_version):
         if item.path in mine:

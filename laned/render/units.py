@@ -14,7 +14,12 @@ from collections.abc import Sequence
 from laned.config.durations import systemd_seconds
 from laned.config.groups import group_peers
 from laned.config.model import Config, LaneConfig
-from laned.config.names import unit_name, wrapper_path
+from laned.config.names import (
+    unit_name,
+    weights_unit_name,
+    weights_wrapper_path,
+    wrapper_path,
+)
 from laned.core.unit_state import systemd_restarts as restarts_itself
 
 Section = tuple[str, Sequence[tuple[str, str]]]
@@ -95,6 +100,12 @@ def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
     # No network-online.target: a user manager has none (Debian 12's systemd 252 ships none
     # in /usr/lib/systemd/user), so After= on it would order nothing. The ranks of a lane
     # over several hosts retry their rendezvous, and laned its peers, instead.
+    if spec.weight_cache is not None:
+        # Its weights come from the lane's daemon: started first (its start job ends when it
+        # serves), kept when the engine restarts, stopped by laned with the lane.
+        weights = weights_unit_name(lane, spec)
+        unit.append(("Wants", weights))
+        after.append(weights)
     if after:
         unit.append(("After", " ".join(after)))
     systemd_restarts = restarts_itself(systemd_version)
@@ -144,6 +155,47 @@ def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
     header = [
         *generated_header(config, f"lane {lane}"),
         "No [Install]: laned decides which lane runs at boot.",
+    ]
+    return render_unit(header, [("Unit", unit), ("Service", service)])
+
+
+def weights_unit(config: Config, lane: str) -> str:
+    """The unit of a lane's weight-cache daemon (`vllm preload`): started before the engine,
+    its start job ending once the daemon's /health answers 200 (its wrapper's `ready`), never
+    restarted by systemd: its death is the lane's failure, which laned handles (both restart)."""
+    spec: LaneConfig = config.lanes[lane]
+    conflicting = [
+        unit_name(p, config.lanes[p])
+        for p in group_peers(config, lane)
+        if not config.lanes[p].sleep_level
+    ]
+    unit: list[tuple[str, str]] = [
+        ("Description", escape_value(f"laned weight cache of lane {lane} (vllm preload)")),
+    ]
+    if conflicting:
+        unit.append(("Conflicts", " ".join(conflicting)))
+    unit.append(("StartLimitIntervalSec", "0"))
+    wrapper = weights_wrapper_path(config, lane)
+    service: list[tuple[str, str]] = [("Type", "simple"), ("Environment", "HOME=%h")]
+    if spec.secrets_path:
+        service.append(("EnvironmentFile", escape_value(spec.secrets_path)))
+    if spec.container is not None:
+        service.append(("ExecStartPre", exec_line([wrapper, "cleanup"])))
+    service += [
+        ("ExecStart", exec_line([wrapper])),
+        ("ExecStartPost", exec_line([wrapper, "ready"])),
+    ]
+    if spec.container is not None:
+        service.append(("ExecStopPost", exec_line([wrapper, "cleanup"], prefix="-")))
+    service += [
+        ("KillMode", "mixed"),
+        ("Restart", "no"),
+        ("TimeoutStartSec", systemd_seconds(spec.start_timeout)),
+        ("TimeoutStopSec", systemd_seconds(spec.stop_timeout)),
+    ]
+    header = [
+        *generated_header(config, f"weight cache of lane {lane}"),
+        "No [Install]: laned starts it with the lane and stops it with the lane.",
     ]
     return render_unit(header, [("Unit", unit), ("Service", service)])
 

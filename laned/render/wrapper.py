@@ -14,6 +14,7 @@ Every value is quoted with shlex.quote; a `why` becomes comment lines, each pref
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from collections.abc import Iterable
 
@@ -22,12 +23,17 @@ from laned.config.model import Config, LaneConfig
 from laned.config.names import (
     CACHE_MOUNT,
     DEFAULT_CACHE_ENV,
+    WEIGHTS_SOCKETS_MOUNT,
     cache_dir,
     container_name,
     exit_record_path,
     unit_name,
+    weights_container_name,
+    weights_exit_record_path,
+    weights_unit_name,
     wrapper_name,
 )
+from laned.config.sleep import LOOPBACK
 from laned.core.exits import WRAPPER_EXIT_0
 from laned.engines.profile import Line
 from laned.render.units import generated_header
@@ -61,7 +67,15 @@ def _lines_for(lines: Iterable[Line], indent: str = "  ") -> list[str]:
 
 
 def _word(word: str) -> str:
-    return str(word) if isinstance(word, Raw) else shlex.quote(word)
+    if isinstance(word, Raw):
+        return str(word)
+    if SOCKETS in word:  # the daemon's socket directory, expanded by bash at run time
+        escaped = "".join("\\" + ch if ch in '\\"`$' else ch for ch in word)
+        return '"' + escaped.replace("\\" + SOCKETS, SOCKETS) + '"'
+    return shlex.quote(word)
+
+
+SOCKETS = "${sockets}"  # in a word: the wrapper's $sockets (the daemon's socket directory)
 
 
 def engine_lines(config: Config, lane: str) -> list[Line]:
@@ -95,6 +109,13 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
             )
         if keyed:
             lines.append((f"the API key file for {profile.title}, read-only", [KEY_MOUNT]))
+        if spec.weight_cache is not None:
+            lines.append(
+                (
+                    "the weight-cache daemon's sockets (its container mounts them too)",
+                    ["-v", Raw(f'"$sockets:{WEIGHTS_SOCKETS_MOUNT}"')],
+                )
+            )
         if c.podman_args:
             lines.append((f"verbatim from {base}.container.podman_args", list(c.podman_args)))
         if c.entrypoint:
@@ -105,6 +126,8 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         lines.append((None, list(spec.exec.command)))
     lines += [(arg.why, arg.argv()) for arg in spec.args]
     lines += profile.serve_lines(spec, base)
+    if spec.weight_cache is not None and profile.weight_cache is not None:
+        lines += profile.weight_cache.engine_lines(spec, base, _sockets_seen_by(spec))
     if keyed:
         lines.append(
             (
@@ -115,6 +138,65 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
             )
         )
     return lines
+
+
+def _sockets_seen_by(spec: LaneConfig) -> str:
+    """The daemon's socket directory as the engine and the daemon see it: the mount inside a
+    container, the wrapper's `$sockets` on the host."""
+    return WEIGHTS_SOCKETS_MOUNT if spec.container is not None else SOCKETS
+
+
+def weights_lines(config: Config, lane: str) -> list[Line]:
+    """The weight-cache daemon's argv, one logical flag per line with its reason: the
+    engine's own command and environment with `preload --model MODEL` for `serve MODEL`, the
+    flags that shape the weights (laned.engines.vllm.daemon_flags), and its own."""
+    spec: LaneConfig = config.lanes[lane]
+    profile = engines.for_lane(spec)
+    api = profile.weight_cache
+    assert api is not None and spec.weight_cache is not None
+    base = f"lanes.{lane}"
+    out: list[Line] = []
+    for why, words in engine_lines(config, lane):
+        if words[:3] == [config.daemon.podman, "run", "--name"]:
+            words = [*words[:3], weights_container_name(lane, spec)]
+        elif words and words[0] in (CONTAINER_KEY_WORDS):
+            continue
+        elif words[:1] == ["-e"] and "=" in words[1]:
+            name, _, value = words[1].partition("=")
+            own = api.env(name, value)
+            if own is not None:
+                why, words = own[1], ["-e", f"{name}={own[0]}"]
+        out.append((why, words))
+    # The engine's own lines, from its command on, become the daemon's.
+    command_at = next(i for i, (_w, words) in enumerate(out) if _is_command(spec, words))
+    head, tail = out[:command_at], out[command_at:]
+    command = api.command(tail[0][1]) or tail[0][1]
+    daemon: list[Line] = [(None, command)]
+    flags = [
+        (why, words)
+        for why, words in tail[1:]
+        if not isinstance(words[0], Raw)
+        and words[0] not in ("--load-format", "--model-loader-extra-config")
+    ]
+    # Judged as one argv (a flag's value may be an args entry of its own).
+    mask = iter(api.flags([word for _why, words in flags for word in words]))
+    for why, words in flags:
+        kept = [word for word in words if next(mask)]
+        if kept:
+            daemon.append((why, kept))
+    return head + daemon + api.daemon_lines(spec, base, _sockets_seen_by(spec))
+
+
+# The engine's own additions a daemon never gets (its API key, its key file).
+CONTAINER_KEY_WORDS = (KEY_MOUNT,)
+
+
+def _is_command(spec: LaneConfig, words: list[str]) -> bool:
+    """Whether a line of engine_lines is the engine's command (image and command, or exec)."""
+    if spec.container is not None:
+        return bool(words) and words[0] == spec.container.image
+    assert spec.exec is not None
+    return words == list(spec.exec.command)
 
 
 def cache_env(spec: LaneConfig) -> dict[str, str]:
@@ -170,26 +252,66 @@ def key_file_path(config: Config, lane: str) -> str:
 
 def render_wrapper(config: Config, lane: str) -> str:
     """The bash serve wrapper of one lane."""
+    return _wrapper(config, lane, weights=False)
+
+
+def render_weights_wrapper(config: Config, lane: str) -> str:
+    """The bash wrapper of the lane's weight-cache daemon (`vllm preload`): the serve
+    wrapper's environment and secrets, the daemon's command, and `ready` (its unit's
+    ExecStartPost): waits until the daemon's /health answers 200. It writes the digest of
+    what it runs beside its exit record: laned restarts the daemon when that changes."""
+    return _wrapper(config, lane, weights=True).replace(DIGEST_MARK, weights_digest(config, lane))
+
+
+def weights_digest(config: Config, lane: str) -> str:
+    """What the lane's weight-cache daemon loads, as a short hash of its wrapper (its
+    command, environment and image): a daemon that wrote another one loads something else."""
+    return hashlib.sha256(_wrapper(config, lane, weights=True).encode()).hexdigest()[:16]
+
+
+DIGEST_MARK = "@DIGEST@"
+
+
+def weights_digest_path(config: Config, lane: str) -> str:
+    """Where the daemon's wrapper writes the digest of what it runs, as it starts."""
+    return weights_exit_record_path(config, lane).removesuffix("-exit") + "-digest"
+
+
+def _wrapper(config: Config, lane: str, weights: bool) -> str:
     spec: LaneConfig = config.lanes[lane]
-    name = wrapper_name(lane, spec)
+    name = wrapper_name(lane, spec) + ("-weights" if weights else "")
+    cname = weights_container_name(lane, spec) if weights else container_name(lane, spec)
+    what = "the weight-cache daemon" if weights else "the engine"
     out = ["#!/usr/bin/env bash"]
-    out += comment("\n".join(generated_header(config, f"serve wrapper of lane {lane}")))
+    title = (
+        f"weight-cache daemon wrapper of lane {lane}"
+        if weights
+        else f"serve wrapper of lane {lane}"
+    )
+    out += comment("\n".join(generated_header(config, title)))
     out.append("#")
     if spec.description:
         out += comment(spec.description)
-    out.append(f"# Run by {unit_name(lane, spec)}.")
+    unit = weights_unit_name(lane, spec) if weights else unit_name(lane, spec)
+    out.append(f"# Run by {unit}.")
     out += ["set -euo pipefail", ""]
+    modes = []
     if spec.container is not None:
-        cleanup = [config.daemon.podman, "rm", "--force", "--ignore", container_name(lane, spec)]
+        cleanup = [config.daemon.podman, "rm", "--force", "--ignore", cname]
+        modes.append("cleanup")
         out += [
             "# `" + name + " cleanup` removes a container left behind by a crash or a kill.",
             'if [[ "${1:-}" == cleanup ]]; then',
             "  exec " + " ".join(shlex.quote(w) for w in cleanup),
             "fi",
         ]
+    if weights:
+        modes.append("ready")
+        out += _ready(spec)
+    usage = f"usage: {name}" + (f" [{'|'.join(modes)}]" if modes else "")
     out += [
         "if [[ $# -gt 0 ]]; then",
-        f"  echo {shlex.quote(f'usage: {name}' + (' [cleanup]' if spec.container else ''))} >&2",
+        f"  echo {shlex.quote(usage)} >&2",
         "  exit 2",
         "fi",
         "",
@@ -201,34 +323,84 @@ def render_wrapper(config: Config, lane: str) -> str:
     if spec.container is not None and spec.secrets_path:
         out += _secret_names(spec.secrets_path, f"lanes.{lane}.{spec.secrets_key}")
     if spec.exec is not None:
+        api = engines.for_lane(spec).weight_cache
         for key, var in spec.env.items():
-            if var.why:
-                out += comment(var.why)
-            out.append(f"export {key}={shlex.quote(var.value)}")
+            value, why = var.value, var.why
+            own = api.env(key, value) if weights and api is not None else None
+            if own is not None:
+                value, why = own
+            if why:
+                out += comment(why)
+            out.append(f"export {key}={shlex.quote(value)}")
         for key, value, why in engines.for_lane(spec).env(spec):
             out += comment(why)
             out.append(f"export {key}={shlex.quote(value)}")
-    out += _key_file(config, lane)
+    if not weights:
+        out += _key_file(config, lane)
     if spec.container is not None and spec.container.compile_cache:
         out += [
             "# The lane's compile cache outlives its containers (laned-owned, under state_dir).",
             f"mkdir -p {shlex.quote(cache_dir(config, lane))}",
         ]
+    if spec.weight_cache is not None:
+        out += [
+            "# The weight-cache daemon's sockets: in the user's runtime directory (AF_UNIX paths",
+            "# are short), private to the user (vLLM checks the owner).",
+            'sockets="${XDG_RUNTIME_DIR:?is not set: the weight cache needs the user runtime '
+            + f'directory}}/laned-weights/{lane}"',
+            'mkdir -p -m 700 "$sockets"',
+        ]
+    if weights:
+        digest = weights_digest_path(config, lane)
+        out += [
+            "# What this daemon loads, for laned: a change of it restarts the daemon too.",
+            f"digest={shlex.quote(digest)}",
+            'mkdir -p "${digest%/*}"',
+            f"printf '%s\\n' {DIGEST_MARK} >\"$digest\"",
+        ]
     out += ["", "engine=("]
-    out += _lines_for(engine_lines(config, lane))
+    out += _lines_for(weights_lines(config, lane) if weights else engine_lines(config, lane))
     out += [")", ""]
     ended: list[str] = []
     if spec.container is not None:
-        podman, name = shlex.quote(config.daemon.podman), shlex.quote(container_name(lane, spec))
+        podman, quoted = shlex.quote(config.daemon.podman), shlex.quote(cname)
         ended = [
             "# How the container ended (podman's word for an OOM kill), then remove it.",
-            f"if [[ $({podman} inspect --format '{{{{.State.OOMKilled}}}}' {name} 2>/dev/null) == true ]]; then",
+            f"if [[ $({podman} inspect --format '{{{{.State.OOMKilled}}}}' {quoted} 2>/dev/null) == true ]]; then",
             "  oom=1",
             "fi",
-            f"{podman} rm --force --ignore {name} >/dev/null 2>&1 || true",
+            f"{podman} rm --force --ignore {quoted} >/dev/null 2>&1 || true",
         ]
-    out += _supervise(exit_record_path(config, lane), ended)
+    record = weights_exit_record_path(config, lane) if weights else exit_record_path(config, lane)
+    out += _supervise(record, ended, what)
     return "\n".join(out) + "\n"
+
+
+def _ready(spec: LaneConfig) -> list[str]:
+    """`ready`: the weight-cache unit's ExecStartPost, so that its start job ends when the
+    daemon serves (preload.py: /health answers 503 while it loads, 200 once every rank is
+    ready). Plain bash (/dev/tcp): no HTTP client needed on the host."""
+    health = spec.weight_cache_ports()[0]
+    return [
+        "# `ready` waits until the daemon's /health answers 200 (its unit's ExecStartPost: the",
+        "# start job ends when the weights are on the GPUs; systemd's TimeoutStartSec bounds it).",
+        'if [[ "${1:-}" == ready ]]; then',
+        "  while :; do",
+        "    line=$( (",
+        f"      exec 3<>/dev/tcp/{LOOPBACK}/{health}",
+        "      printf 'GET /health HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3",
+        "      IFS= read -r -t 5 status <&3 && printf '%s' \"$status\"",
+        "    ) 2>/dev/null ) || true",
+        "    if [[ $line == 'HTTP/'*' 200'* ]]; then exit 0; fi",
+        "    # The daemon died loading (systemd gives its main process as $MAINPID): fail now.",
+        '    if [[ -n ${MAINPID:-} ]] && ! kill -0 "$MAINPID" 2>/dev/null; then',
+        "      echo 'laned: the weight-cache daemon exited before it was ready' >&2",
+        "      exit 1",
+        "    fi",
+        "    sleep 0.5",
+        "  done",
+        "fi",
+    ]
 
 
 def _secret_names(path: str, key: str) -> list[str]:
@@ -303,12 +475,12 @@ def _braced(text: str) -> str:
     return "".join("\\" + ch if ch in '\\$`"}' else ch for ch in text)
 
 
-def _supervise(record: str, ended: list[str]) -> list[str]:
+def _supervise(record: str, ended: list[str], what: str = "the engine") -> list[str]:
     return [
-        "# Run the engine as a child so that its exit can be judged: a stop systemd asked for",
-        "# (SIGTERM) while the engine ran ends cleanly; any other exit, status 0 included, is a",
-        "# failure. A stop that arrives once the engine has exited (during the clean-up below)",
-        "# changes nothing: that exit was the engine's own.",
+        f"# Run {what} as a child so that its exit can be judged: a stop systemd asked for",
+        f"# (SIGTERM) while {what} ran ends cleanly; any other exit, status 0 included, is a",
+        f"# failure. A stop that arrives once {what} has exited (during the clean-up below)",
+        f"# changes nothing: that exit was {what}'s own.",
         "requested=0",
         "late=0",
         "ended=0",
@@ -339,7 +511,7 @@ def _supervise(record: str, ended: list[str]) -> list[str]:
         "oom=0",
         *ended,
         "",
-        "# The engine's own status, before any mapping, for laned to report.",
+        f"# {what[0].upper() + what[1:]}'s own status, before any mapping, for laned to report.",
         f"record={shlex.quote(record)}",
         'mkdir -p "${record%/*}" 2>/dev/null || true',
         "printf 'status=%s requested=%s late=%s at=%s oom=%s\\n' \\",
@@ -347,16 +519,16 @@ def _supervise(record: str, ended: list[str]) -> list[str]:
         '  >"$record.tmp" 2>/dev/null && mv -f "$record.tmp" "$record" 2>/dev/null || true',
         "",
         "if (( requested )); then",
-        '  echo "laned: the engine stopped on request (status $status)" >&2',
+        f'  echo "laned: {what} stopped on request (status $status)" >&2',
         "  exit 0",
         "fi",
         "code=$status",
         f"if (( code == 0 )); then code={WRAPPER_EXIT_0}; fi",
         "if (( late )); then",
-        '  echo "laned: the engine exited on its own with status $status before a stop arrived;'
+        f'  echo "laned: {what} exited on its own with status $status before a stop arrived;'
         ' exiting $code so that systemd records a failure" >&2',
         "else",
-        '  echo "laned: the engine exited on its own with status $status;'
+        f'  echo "laned: {what} exited on its own with status $status;'
         ' exiting $code so that systemd records a failure" >&2',
         "fi",
         'exit "$code"',

@@ -1,5 +1,7 @@
 """`laned sim serve MODEL [vLLM flags]` (also `python -m laned.sim serve ...`, and `vllm` in the image);
-`laned sim sglang --model-path MODEL [SGLang flags]` plays SGLang (laned/sim/sglang.py).
+`laned sim sglang --model-path MODEL [SGLang flags]` plays SGLang (laned/sim/sglang.py);
+`laned sim preload --model MODEL [vLLM flags]` plays vLLM's weight-cache daemon, which
+`serve ... --load-format ipc_cache` maps its weights from (laned/sim/preload.py).
 
 Startup is paced like vLLM's: the port is bound at once but refuses connections while the
 engine "loads", and the log shows vLLM's own lines in their shapes (laned/sim/startup.py). Tuning comes from the environment so
@@ -34,7 +36,7 @@ from typing import Any
 
 from laned.config.durations import parse_count
 from laned.errors import EngineError
-from laned.sim import generation, ranks, sglang, startup, timeline
+from laned.sim import generation, preload, ranks, sglang, startup, timeline, weightwire
 from laned.sim.engine import VERSION, Engine
 from laned.sim.http import Server, bind_socket
 from laned.sim.settings import Settings, split_flags
@@ -94,6 +96,8 @@ def _json(text: str, flag: str) -> dict[str, Any]:
 def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     """Parse vLLM-style arguments and LANED_SIM_* tuning into Settings."""
     args = list(argv)
+    if args[:1] == ["preload"]:
+        raise EngineError("`preload` is run by main()", USAGE)
     if args[:1] == ["sglang"]:
         return _tune(sglang.parse(args[1:], env, Settings(model="")), env)
     if not args or args[0] != "serve":
@@ -124,6 +128,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         "--enable-auto-tool-choice": lambda v: setattr(settings, "auto_tool_choice", True),
         "--enforce-eager": lambda v: setattr(settings, "enforce_eager", True),
         "--load-format": lambda v: setattr(settings, "load_format", v),
+        "--model-loader-extra-config": lambda v: setattr(
+            settings, "loader_config", _json(v, "--model-loader-extra-config")
+        ),
         "--shutdown-timeout": lambda v: setattr(
             settings, "shutdown_timeout", float(_int(v, "--shutdown-timeout"))
         ),
@@ -143,9 +150,11 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         ),
     }
     for flag, value in values.items():
+        if flag in weightwire.KEY_FLAGS:
+            settings.weight_flags[flag] = value
         if flag in known:
             known[flag](value)
-        else:
+        else:  # the fingerprint's flags too: they change nothing else in the simulator
             settings.unknown.append(flag)
     if settings.api_key is None and env.get("VLLM_API_KEY"):
         settings.api_key = env["VLLM_API_KEY"]
@@ -340,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         print(__doc__)
         return 0 if argv else 2
+    if argv[:1] == ["preload"]:
+        return preload.main(argv[1:], os.environ)
     try:
         settings = parse_args(argv, os.environ)
     except EngineError as exc:

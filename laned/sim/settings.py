@@ -28,6 +28,9 @@ class Settings:
     # a prefill runs as chunks of this many tokens, one engine step each.
     max_num_batched_tokens: int = 8192
     load_format: str = "auto"  # fastsafetensors and runai_streamer print no shard bar
+    # --model-loader-extra-config (ipc_cache: the weight-cache daemon's socket_dir, mode)
+    loader_config: dict[str, Any] = field(default_factory=dict)
+    weight_flags: dict[str, str] = field(default_factory=dict)  # what the daemon's key compares
     flashinfer_autotune: bool = True  # --no-enable-flashinfer-autotune: skipped, and said so
     old_api_line: bool = (
         False  # "Starting vLLM API server 0 on" (before 0.11) instead of "server on"

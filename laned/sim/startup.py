@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from laned.sim import gpu
+from laned.sim import gpu, weightwire
 from laned.sim.settings import Settings
 
 Pause = Callable[[float], Awaitable[bool]]
@@ -100,6 +100,16 @@ def _cached(s: Settings) -> str | None:
     return os.path.join(s.cache_root, "laned-sim-kernels.json") if s.cache_root else None
 
 
+def shard_bar(done: int, total: int, elapsed: float, left: float, per_shard: float) -> None:
+    """One redraw of the default loader's shard bar (weight_utils.py `_BAR_FORMAT`)."""
+    print(
+        f"\rLoading safetensors checkpoint shards: {done * 100 // max(total, 1):3d}% Completed | "
+        f"{done}/{total} [{_clock(elapsed)}<{_clock(max(left, 0.0))}, {per_shard:.2f}s/it]",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
@@ -129,12 +139,7 @@ async def read_weights(s: Settings, stop: asyncio.Event) -> bool:
     log("INFO", "model_runner.py:1", f"Starting to load model {s.model}...", WORKER)
     for i, path in enumerate([*files, None]):
         elapsed = time.monotonic() - started
-        print(
-            f"\rLoading safetensors checkpoint shards: {i * 100 // max(len(files), 1):3d}% "
-            f"Completed | {i}/{len(files)} [{_clock(elapsed)}<00:00, {elapsed / max(i, 1):.2f}s/it]",
-            file=sys.stderr,
-            flush=True,
-        )
+        shard_bar(i, len(files), elapsed, 0.0, elapsed / max(i, 1))
         if path is not None:
             await asyncio.to_thread(_read, path)
         if stop.is_set():
@@ -144,10 +149,33 @@ async def read_weights(s: Settings, stop: asyncio.Event) -> bool:
     return True
 
 
+async def map_weights(s: Settings, pause: Pause) -> bool | None:
+    """--load-format ipc_cache (weight_cache/ipc_loader.py): the weights mapped from the
+    weight-cache daemon, in a moment (True), or None: the engine reads them from disk after
+    the loader's warning."""
+    started = time.monotonic()
+    mapped, said = await weightwire.map_weights(s.model, s.weight_flags, s.loader_config)
+    if not mapped:
+        log("WARNING", "ipc_loader.py:213", f"Weight cache unusable ({said}); falling back to disk loading", WORKER)  # fmt: skip
+        return None
+    if not await pause(s.startup * 0.01):  # CUDA IPC maps in milliseconds (bench/gpu_ipc.py)
+        return False
+    mode = s.loader_config.get("mode") or "zero_copy"
+    log("INFO", "ipc_loader.py:283", f"Mapped {said} tensors from the weight cache daemon ({mode} mode)", WORKER)  # fmt: skip
+    took = time.monotonic() - started
+    log("INFO", "gpu_model_runner.py:1", f"Model loading took 0.00 GiB and {took:.2f} seconds", WORKER)  # fmt: skip
+    return True
+
+
 async def load_weights(s: Settings, pause: Pause) -> bool:
-    """The weights, with vLLM's shard bar (none for loaders that print none)."""
+    """The weights, with vLLM's shard bar (none for loaders that print none); from the
+    weight-cache daemon for --load-format ipc_cache where it answers."""
     seconds = s.startup * 0.5
     log("INFO", "model_runner.py:1", f"Starting to load model {s.model}...", WORKER)
+    if s.load_format == "ipc_cache":
+        mapped = await map_weights(s, pause)
+        if mapped is not None:
+            return mapped
     if s.load_format in ("fastsafetensors", "runai_streamer"):
         if not await pause(seconds):  # these loaders print no shard bar
             return False
@@ -155,13 +183,7 @@ async def load_weights(s: Settings, pause: Pause) -> bool:
         shards, started = 8, time.monotonic()
         for i in range(shards + 1):
             elapsed = time.monotonic() - started
-            print(
-                f"\rLoading safetensors checkpoint shards: {i * 100 // shards:3d}% Completed | "
-                f"{i}/{shards} [{_clock(elapsed)}<{_clock(seconds - elapsed)}, "
-                f"{seconds / shards:.2f}s/it]",
-                file=sys.stderr,
-                flush=True,
-            )
+            shard_bar(i, shards, elapsed, seconds - elapsed, seconds / shards)
             if i < shards and not await pause(seconds / shards):
                 return False
             if s.fail_at_start is not None and i == shards // 2:

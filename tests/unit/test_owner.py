@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from laned.adapters.pagecache import Prefetched, Residency
 from laned.config.load import parse_config
 from laned.config.model import Config, LaneConfig
-from laned.config.names import unit_name
+from laned.config.names import unit_name, weights_unit_name
 from laned.core import canary
 from laned.core.exits import ExitRecord
 from laned.core.lanes import Desired, LaneState, Verdict
@@ -42,6 +42,7 @@ from laned.owner.seam import Asleep, Note, Refused, Seam
 from laned.owner.supervisor import Supervisor
 from laned.preflight.facts import NO_SLEEPERS, HostFacts, Sleepers
 from laned.render.plan import Action
+from laned.render.wrapper import weights_digest, weights_digest_path
 
 
 class FakeHost:
@@ -51,6 +52,8 @@ class FakeHost:
     runs; no journal, no podman, no NVML, no page cache."""
 
     def __init__(self, config: Config) -> None:
+        self.config = config
+        self.digests: dict[str, str] = {}  # what each weight-cache daemon's wrapper wrote
         self.units: dict[str, UnitSnapshot] = {}
         self.lanes = {spec.port: (unit_name(n, spec), spec) for n, spec in config.lanes.items()}
         self.on_change: Callable[[str, dict[str, Any]], None] | None = None
@@ -138,6 +141,23 @@ class FakeHost:
 
     def exit_record(self, path: str) -> ExitRecord | None:
         return None
+
+    async def start_weights(self, lane: str, spec: LaneConfig) -> Refused | None:
+        await self.start(weights_unit_name(lane, spec))
+        self.digests[weights_digest_path(self.config, lane)] = weights_digest(self.config, lane)
+        return None
+
+    async def stop_weights(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
+        return await self.stop(weights_unit_name(lane, spec))
+
+    def weights_digest(self, path: str) -> str | None:
+        return self.digests.get(path)
+
+    async def weights_held(self, lane: str) -> int | None:
+        return None
+
+    async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        return set()
 
     async def follow_logs(
         self, units: Iterable[str], since: float | None, opened: Callable[[], None] | None
@@ -284,13 +304,16 @@ def test_the_fake_host_is_the_owners_seam_and_nothing_else() -> None:
             assert ours == list(inspect.signature(member).parameters), name
 
 
-def config(tmp: Path, extra: str = "") -> Config:
+def config(tmp: Path, extra: str = "", weights: bool = False) -> Config:
     lanes = ""
+    command = '["vllm", "serve", "m"]' if weights else '["/bin/true"]'
     for lane, port in (("a", 18601), ("b", 18602)):
         lanes += (
             f'[lanes.{lane}]\nport = {port}\nserved_model_name = "{lane}"\ngroup = "gpu"\n'
             'restart_sec = "10ms"\nprobe = { interval = "10ms", start_interval_min = "10ms", '
-            f'start_interval_max = "10ms" }}\n{extra}\n[lanes.{lane}.exec]\ncommand = ["/bin/true"]\n'
+            f'start_interval_max = "10ms" }}\n{extra}\n'
+            + ("weight_cache = true\n" if weights and lane == "a" else "")
+            + f"[lanes.{lane}.exec]\ncommand = {command}\n"
         )
     text = (
         f'[daemon]\nunit_dir = "{tmp}/u"\nbin_dir = "{tmp}/b"\nstate_dir = "{tmp}/s"\n'
@@ -388,6 +411,39 @@ def test_a_deactivate_wins_over_a_restart_waiting_in_its_backoff(tmp_path: Path)
             assert not sup.records.restart_waiting("a")
             assert sup.statuses["a"].state is LaneState.INACTIVE
             assert len(manager.started) == 1
+
+    run(scenario)
+
+
+def test_a_weight_cache_lane_restarts_its_engine_alone_and_its_daemon_goes_with_it(
+    tmp_path: Path,
+) -> None:
+    """The daemon starts before the engine; an engine's death restarts the engine alone (a
+    start from the weight cache, measured apart from the cold one); the daemon's death is one
+    failure and restarts both; a swap away stops both before the next lane starts."""
+
+    async def scenario() -> None:
+        cfg = config(tmp_path, weights=True)
+        async with owner(cfg) as (sup, manager):
+            engine, daemon = unit_name("a", cfg.lanes["a"]), weights_unit_name("a", cfg.lanes["a"])
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready")
+            assert manager.started == [daemon, engine]
+            assert sup.statuses["a"].start_kind == "cold" and sup.statuses["a"].weights == "ready"
+            manager.exit(engine, 0)
+            await until(lambda: sup.statuses["a"].restarts == 1, "a restarted")
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready again")
+            assert manager.started == [daemon, engine, engine]  # the daemon stayed up
+            assert sup.statuses["a"].start_kind == "weight-cache"
+            assert set(sup.statuses["a"].last_starts) == {"cold", "weight-cache"}
+            manager.exit(daemon, 1)  # the daemon dies: one failure, both restart
+            await until(lambda: manager.started.count(daemon) == 2, "the daemon started again")
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready again")
+            assert manager.started[-2:] == [daemon, engine]
+            assert len(sup.statuses["a"].failures) == 2  # the engine's exit, then the daemon's
+            assert sup.statuses["a"].start_kind == "cold"
+            await sup.activate("b")
+            assert not manager.running(daemon) and not manager.running(engine)
+            assert sup.statuses["a"].weights == "stopped"
 
     run(scenario)
 

@@ -1,0 +1,181 @@
+"""vLLM's weight cache, the pure part: which flags the daemon gets, what the config and
+preflight refuse (what vLLM refuses, with the reason and the fix), and the daemon's wrapper:
+its command, its environment, and `ready`, run for real against an HTTP server."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from laned.config.load import load_config, parse_config
+from laned.engines.vllm import daemon_env, daemon_flags, preload_command
+from laned.errors import ConfigError, Severity
+from laned.preflight.facts import HostFacts, LaneFacts
+from laned.preflight.rules import evaluate
+from laned.render import plan as render
+from laned.render.wrapper import engine_lines, weights_lines
+from tests.helpers import free_port
+from tests.unit.test_render import ENV, EXAMPLE, golden_files
+
+
+def lane(extra: str = "", command: str = '["vllm", "serve", "/m"]') -> str:
+    return (
+        '[lanes.x]\nport = 8100\nserved_model_name = "x"\n'
+        f"weight_cache = true\n{extra}\n[lanes.x.exec]\ncommand = {command}\n"
+    )
+
+
+def problems(text: str) -> list[tuple[str, str, Severity]]:
+    try:
+        config = parse_config(text, "t.toml", {"HOME": "/home/op"})
+    except ConfigError as exc:
+        return [(f.where, f.message, f.severity) for f in exc.problems]
+    return [(f.where, f.message, f.severity) for f in config.warnings]
+
+
+def test_the_daemon_gets_the_flags_that_shape_the_weights_and_no_other() -> None:
+    words = ["vllm", "serve", "/m", "--tensor-parallel-size", "2", "--max-num-seqs", "8",
+             "--port", "8100", "--quantization=fp8", "--enforce-eager", "--dtype", "bfloat16",
+             "--tool-call-parser", "glm45", "--enable-auto-tool-choice",
+             "--max_model_len", "4096", "--trust-remote-code"]  # fmt: skip
+    assert preload_command(words) == [
+        "vllm", "preload", "--model", "/m", "--tensor-parallel-size", "2", "--quantization=fp8",
+        "--dtype", "bfloat16", "--trust-remote-code",
+    ]  # fmt: skip
+    assert preload_command(["python", "-m", "vllm.entrypoints.openai.api_server"]) is None
+    assert daemon_flags(["--max-num-seqs", "8", "--kv-cache-dtype", "fp8"]) == [
+        "--kv-cache-dtype",
+        "fp8",
+    ]
+
+
+def test_the_daemon_keeps_no_expandable_segments() -> None:
+    assert daemon_env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True") is not None
+    value, why = daemon_env("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8,expandable_segments:True") or ("", "")  # fmt: skip
+    assert value == "garbage_collection_threshold:0.8" and "pidfd_getfd" in why
+    assert daemon_env("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8") is None
+    assert daemon_env("NCCL_CUMEM_ENABLE", "0") is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "where", "says"),
+    [
+        ("sleep_level = 1", "lanes.x.weight_cache", "cannot go with sleep_level = 1"),
+        ('engine = "sglang"', "lanes.x.weight_cache", "runs SGLang, which has none"),
+        ("gpus = []", "lanes.x.weight_cache", "CUDA and ROCm only"),
+        ('args = ["--load-format", "auto"]', "lanes.x.args", "--load-format is laned's"),
+        ('args = ["--quantization", "awq"]', "lanes.x.weight_cache", "cannot hold it"),
+        ('args = ["--master-port", "18101"]', "lanes.x.weight_cache", "the engine's --master-port"),
+    ],
+)
+def test_the_config_refuses_what_vllm_refuses(extra: str, where: str, says: str) -> None:
+    found = [(w, m) for w, m, s in problems(lane(extra)) if s is Severity.ERROR]
+    assert any(w == where and says in m for w, m in found), found
+
+
+def test_a_command_without_serve_and_a_container_without_host_ipc_are_refused() -> None:
+    found = problems(lane(command='["python", "-m", "vllm.entrypoints.openai.api_server"]'))
+    assert any("has no `serve MODEL`" in m for _w, m, _s in found), found
+    container = (
+        '[lanes.x]\nport = 8100\nserved_model_name = "x"\nweight_cache = true\n'
+        '[lanes.x.container]\nimage = "v"\nentrypoint = "vllm"\ncommand = ["serve", "/m"]\n'
+    )
+    found = problems(container)
+    assert any("IPC namespace" in m for _w, m, _s in found), found
+
+
+def test_a_plugins_quantization_is_a_warning_and_a_held_one_nothing() -> None:
+    found = problems(lane('args = ["--quantization", "exl3"]'))
+    assert [s for w, _m, s in found if w == "lanes.x.weight_cache"] == [Severity.WARNING]
+    assert not [f for f in problems(lane('args = ["--quantization", "fp8"]')) if "weight" in f[0]]
+    config = parse_config(
+        lane("weight_cache = false").replace("weight_cache = true\n", ""), "t", ENV
+    )
+    assert config.lanes["x"].weight_cache is None
+
+
+def test_preflight_reads_the_checkpoints_quantization_and_says_when_no_gpu_is_seen() -> None:
+    spec = parse_config(lane(), "t.toml", ENV).lanes["x"]
+    facts = LaneFacts(host=HostFacts(None, "NVML is absent"), model_quantization="gptq")
+    found = evaluate("x", spec, facts)
+    assert any(
+        f.severity is Severity.ERROR and "'gptq'" in f.message and "config.json" in f.message
+        for f in found
+    ), found
+    assert any(f.severity is Severity.WARNING and "CUDA GPU" in f.message for f in found), found
+
+
+def test_the_example_glm_lane_keeps_its_weights_in_a_daemon_of_its_own() -> None:
+    example = load_config(EXAMPLE, ENV).model_copy(update={"source": "config/laned.example.toml"})
+    files = golden_files(example)
+    unit, daemon = files["glm53-tr3.service"], files["glm53-tr3-weights.service"]
+    assert "Wants=glm53-tr3-weights.service" in unit and "glm53-tr3-weights.service" in unit
+    assert "ExecStartPost=/home/op/.local/bin/glm53-tr3-serve-weights ready" in daemon
+    engine = [w for _why, words in engine_lines(example, "glm53") for w in words]
+    assert engine[engine.index("--load-format") + 1] == "ipc_cache"
+    argv = [w for _why, words in weights_lines(example, "glm53") for w in words]
+    at = argv.index("preload")
+    assert argv[at - 1 : at + 3] == ["vllm-glm53-sm120", "preload", "--model", "/var/aios/models/glm53-fp8"]  # fmt: skip
+    for gone in ("--port", "--served-model-name", "--max-num-seqs", "--tool-call-parser",
+                 "--load-format", "--host", "--override-generation-config"):  # fmt: skip
+        assert gone not in argv, gone
+    assert "--tensor-parallel-size" in argv and "--weight-cache-socket-dir" in argv
+    assert "glm53-tr3-weights" in argv  # its own container
+    # A change the daemon does not load leaves its digest; one it does changes it.
+    lanes = dict(example.lanes)
+    seqs = lanes["glm53"].model_copy(
+        update={"args": tuple(a for a in lanes["glm53"].args if a.flag != "--max-num-seqs")}
+    )
+    other = example.model_copy(update={"lanes": {**lanes, "glm53": seqs}})
+    assert render.lane_digest(other, "glm53") != render.lane_digest(example, "glm53")
+    from laned.render.wrapper import weights_digest
+
+    assert weights_digest(other, "glm53") == weights_digest(example, "glm53")
+    tp1 = seqs.model_copy(update={"args": tuple(a for a in seqs.args if a.flag != "--tensor-parallel-size")})  # fmt: skip
+    third = example.model_copy(update={"lanes": {**lanes, "glm53": tp1}})
+    assert weights_digest(third, "glm53") != weights_digest(example, "glm53")
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    answers: ClassVar[list[int]] = []
+
+    def do_GET(self) -> None:
+        self.send_response(self.answers.pop(0) if len(self.answers) > 1 else self.answers[0])
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_ready_waits_for_200_and_gives_up_when_the_daemon_dies(tmp_path: Path) -> None:
+    port = free_port()
+    text = lane(f"weight_cache = {{ health_port = {port} }}").replace("weight_cache = true\n", "")
+    config = parse_config(
+        f'[daemon]\nbin_dir = "{tmp_path}"\nstate_dir = "{tmp_path}/s"\n' + text, "t", ENV
+    )
+    script = next(f for f in render.plan(config) if f.path.endswith("-weights"))
+    path = tmp_path / "w"
+    path.write_text(script.content)
+    path.chmod(0o755)
+    _Health.answers = [503, 503, 200]
+    server = http.server.HTTPServer(("127.0.0.1", port), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        alive = subprocess.Popen(["sleep", "30"])
+        env = {**os.environ, "MAINPID": str(alive.pid)}
+        done = subprocess.run([str(path), "ready"], env=env, timeout=20, capture_output=True)
+        assert done.returncode == 0 and not _Health.answers[1:], done.stderr
+        _Health.answers = [503]
+        alive.kill()
+        alive.wait()
+        done = subprocess.run([str(path), "ready"], env=env, timeout=20, capture_output=True)
+        assert done.returncode == 1 and b"exited before it was ready" in done.stderr
+    finally:
+        server.shutdown()
+        server.server_close()

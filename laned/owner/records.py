@@ -24,6 +24,7 @@ from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
 from laned.owner.ledger import Ledger
 from laned.owner.operations import Operations
+from laned.render.wrapper import weights_digest
 
 log = logging.getLogger("laned.supervisor")
 
@@ -34,6 +35,7 @@ class Records:
     def __init__(self, config: Config, clock: Callable[[], float], systemd_version: int) -> None:
         self.config, self.clock, self.systemd_version = config, clock, systemd_version
         self.units: dict[str, str] = {}  # unit -> lane
+        self.weights_digests: dict[str, str] = {}  # lane -> what its daemon loads
         self.weights_units: dict[str, str] = {}  # weight-cache daemon's unit -> lane
         self.name_units(config)
         self.writer = state.StateWriter(
@@ -64,6 +66,8 @@ class Records:
             for n, spec in config.lanes.items()
             if spec.weight_cache is not None
         }
+        # What each daemon loads as the config renders it (its wrapper's digest).
+        self.weights_digests = {n: weights_digest(config, n) for n in self.weights_units.values()}
 
     def all_units(self) -> dict[str, str]:
         """Every unit laned keeps loaded and follows: the lanes' and their daemons'."""

@@ -16,13 +16,14 @@ import logging
 from typing import Protocol
 
 from laned.config.model import LaneConfig
+from laned.config.names import weights_unit_name
 from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, Desired, EventKind, LaneState
 from laned.core.machine import Ev
 from laned.core.policy import RestartKind
 from laned.core.unit_state import ActiveState, UnitSnapshot
 from laned.owner.records import Records
 from laned.owner.seam import Refused, Seam
-from laned.render.wrapper import weights_digest, weights_digest_path
+from laned.render.wrapper import weights_digest_path
 
 log = logging.getLogger("laned.supervisor")
 
@@ -76,12 +77,9 @@ class Weights:
         its memory too."""
         if not self.kept(lane) or not self.running(lane):
             return None
-        config = self.records.config
-        wanted = weights_digest(config, lane)
-        running = await asyncio.to_thread(
-            self.seam.weights_digest, weights_digest_path(config, lane)
-        )
-        if running == wanted:
+        path = weights_digest_path(self.records.config, lane)
+        running = await asyncio.to_thread(self.seam.weights_digest, path)
+        if running == self.records.weights_digests.get(lane):
             return None
         self.records.ledger.note(
             lane, EventKind.WEIGHTS, "what the weight cache loads changed: its daemon restarts"
@@ -89,10 +87,11 @@ class Weights:
         return await self.down(lane)
 
     async def exempt(self, lane: str) -> frozenset[int]:
-        """The daemon's processes, whose GPU memory the engine's start gate leaves to them."""
-        snap = self.snapshots.get(lane)
-        if not self.kept(lane) or snap is None or not snap.running:
+        """The daemon's processes, whose GPU memory the engine's start gate leaves to them
+        (its unit read whole: a change signal need not carry its cgroup)."""
+        if not self.kept(lane) or not self.running(lane):
             return frozenset()
+        snap = await self.seam.snapshot(weights_unit_name(lane, self._spec(lane)))
         pids = await self.seam.weights_pids(lane, self._spec(lane), snap.control_group)
         return frozenset(pids)
 
@@ -103,9 +102,11 @@ class Weights:
         if not self.kept(lane):
             return None
         ledger = self.records.ledger
-        if self.running(lane):
+        snap = self.snapshots.get(lane)
+        if snap is not None and snap.active_state == ActiveState.ACTIVE.value:
             ledger.start_kind(lane, START_WEIGHT_CACHE)
             return None
+        # Not running, or still loading (its start job is joined: the engine waits for it).
         ledger.start_kind(lane, START_COLD)
         ledger.note(lane, EventKind.WEIGHTS, "the weight-cache daemon starts (weights from disk)")
         refused = await self.seam.start_weights(lane, self._spec(lane))
@@ -118,8 +119,10 @@ class Weights:
     async def down(self, lane: str) -> Refused | None:
         """Stop the daemon (the lane is stopped, swapped away or given up) and confirm it is
         gone: a stop of laned's, never a failure."""
-        if lane not in self.records.config.lanes or not self.kept(lane):
+        if lane not in self.records.config.lanes:
             return None
+        if not self.kept(lane) and not self.running(lane):
+            return None  # (a daemon left running by a reload that removed weight_cache goes)
         self.stopping.add(lane)
         try:
             note = functools.partial(self.records.ledger.note, lane)

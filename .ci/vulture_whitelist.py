@@ -17,7 +17,7 @@ from laned.api import limits
 from laned.config import model
 from laned.core import unit_state
 from laned.daemon import ApiServer
-from laned.engines import vllm
+from laned.engines import vllm_preload
 from laned.gates import acceptance
 from laned.sim import weightwire
 from laned.render import wrapper
@@ -45,5 +45,5 @@ ApiServer.capture_signals  # uvicorn.Server's method, overridden: uvicorn calls 
 ApiServer.main_loop  # uvicorn.Server's method, overridden: uvicorn calls it
 acceptance.Gates.speed  # a gate: run by name (getattr(runner, gate)) like every other gate
 wrapper.engine_argv  # the wrapper's argv as data: the tests hold the rendered wrapper to it
-vllm._PlainOnly.find_class  # pickle.Unpickler's hook, overridden: the unpickler calls it
+vllm_preload._PlainOnly.find_class  # pickle.Unpickler's hook, overridden: the unpickler calls it
 weightwire._Plain.find_class  # (same, the simulator's copy)

@@ -11,7 +11,7 @@ import os
 import pickle
 import socket
 
-from laned.engines.vllm import WC_LENGTH, WC_MAX, wc_message, wc_read
+from laned.engines.vllm_preload import WC_LENGTH, WC_MAX, wc_message, wc_read
 
 TIMEOUT = 2.0  # seconds per rank: a daemon answers get_memory at once
 

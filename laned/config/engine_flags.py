@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from laned import engines
 from laned.config.model import Config, LaneConfig
 from laned.engines.profile import EngineProfile
-from laned.engines.vllm import WEIGHT_CACHE_DOC
+from laned.engines.vllm_preload import WEIGHT_CACHE_DOC
 from laned.errors import EngineParserFailed, Finding, Severity
 
 NUMBER = re.compile(r"^-\d")

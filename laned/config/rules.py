@@ -355,6 +355,26 @@ def _check_uniqueness(config: Config) -> Iterator[Finding]:
             containers[cname] = name
         ports.setdefault(lane.port, []).append((name, lane.group))
     listen = parse_listen(config.daemon.listen)
+    # A weight-cache daemon's ports run beside every lane's (it stays up while its lane is
+    # swapped in; another group's lanes run at the same time).
+    daemons: dict[int, str] = {}
+    for name, lane in sorted(config.lanes.items()):
+        if lane.weight_cache is None:
+            continue
+        for port in lane.weight_cache_ports():
+            other = daemons.get(port) or next(
+                (f"lane {n}'s port" for n, s in config.lanes.items() if s.port == port), None
+            )
+            if other is None and listen is not None and listen[1] == port:
+                other = "laned's own listen port"
+            if other is not None:
+                yield Finding(
+                    f"lanes.{name}.weight_cache",
+                    f"its daemon's port {port} is also {other}",
+                    "set weight_cache.health_port and master_port to free ports "
+                    "(the daemon takes health_port, master_port and master_port + 1)",
+                )
+            daemons[port] = f"the weight-cache daemon's of lane {name}"
     for port, users in sorted(ports.items()):
         groups = {group for _, group in users}
         if len(groups) > 1:

@@ -149,7 +149,7 @@ def _sockets_seen_by(spec: LaneConfig) -> str:
 def weights_lines(config: Config, lane: str) -> list[Line]:
     """The weight-cache daemon's argv, one logical flag per line with its reason: the
     engine's own command and environment with `preload --model MODEL` for `serve MODEL`, the
-    flags that shape the weights (laned.engines.vllm.daemon_flags), and its own."""
+    flags that shape the weights (laned.engines.vllm_preload.daemon_flags), and its own."""
     spec: LaneConfig = config.lanes[lane]
     profile = engines.for_lane(spec)
     api = profile.weight_cache

@@ -2,7 +2,7 @@
 names, the wire and the fingerprint (vllm/model_executor/model_loader/weight_cache/
 protocol.py), and the engine's side of `--load-format ipc_cache` (ipc_loader.py load_model).
 laned/sim/preload.py plays the daemon; laned/sim/startup.py asks here at an engine's start.
-The simulator's own copy of the wire (laned.engines.vllm has laned's): its image holds a bare
+The simulator's own copy of the wire (laned.engines.vllm_preload has laned's): its image holds a bare
 Python and laned/sim alone."""
 
 from __future__ import annotations

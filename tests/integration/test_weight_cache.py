@@ -15,7 +15,7 @@ import httpx
 from laned.config.load import parse_config
 from laned.config.names import weights_unit_name
 from laned.core.lanes import LaneState
-from laned.engines.vllm import WC_MAPPED
+from laned.engines.vllm_preload import WC_MAPPED
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

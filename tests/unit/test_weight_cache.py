@@ -14,7 +14,7 @@ from typing import ClassVar
 import pytest
 
 from laned.config.load import load_config, parse_config
-from laned.engines.vllm import daemon_env, daemon_flags, preload_command
+from laned.engines.vllm_preload import daemon_env, daemon_flags, preload_command
 from laned.errors import ConfigError, Severity
 from laned.preflight.facts import HostFacts, LaneFacts
 from laned.preflight.rules import evaluate
@@ -77,6 +77,28 @@ def test_the_daemon_keeps_no_expandable_segments() -> None:
 def test_the_config_refuses_what_vllm_refuses(extra: str, where: str, says: str) -> None:
     found = [(w, m) for w, m, s in problems(lane(extra)) if s is Severity.ERROR]
     assert any(w == where and says in m for w, m in found), found
+
+
+def test_the_daemons_ports_stay_apart_from_every_lanes() -> None:
+    other = '[lanes.y]\nport = 18100\nserved_model_name = "y"\n[lanes.y.exec]\ncommand = ["vllm", "serve", "/n"]\n'
+    found = problems(lane() + other)  # x's daemon: 18100 (its port + 10000), 18101, 18102
+    assert any("its daemon's port 18100 is also lane y's port" in m for _w, m, _s in found), found
+    twin = other.replace("[lanes.y]\nport = 18100", "[lanes.y]\nport = 8101").replace(
+        'served_model_name = "y"', 'served_model_name = "y"\nweight_cache = { health_port = 18102 }'
+    )
+    found = problems(lane() + twin)
+    assert any("is also the weight-cache daemon's of lane x" in m for _w, m, _s in found), found
+
+
+def test_the_status_table_shows_the_daemon_where_a_lane_has_one() -> None:
+    from laned.cli.client import table
+
+    base = {"state": "ready", "desired": "active", "port": 1, "served_model_name": "m",
+            "restarts": 0}  # fmt: skip
+    cached = {**base, "name": "x", "weight_cache": {"state": "ready", "held_bytes": 41 * 2**30}}
+    shown = table([cached, {**base, "name": "y", "weight_cache": None}])
+    assert "WEIGHTS" in shown.splitlines()[0] and "ready 41.0 GiB" in shown
+    assert "WEIGHTS" not in table([{**base, "name": "y"}])
 
 
 def test_a_command_without_serve_and_a_container_without_host_ipc_are_refused() -> None:

@@ -10,7 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from laned.engines.vllm import FLAG_SCRIPT, SERVER_ONLY
+from laned.engines.vllm import FLAG_SCRIPT
+from laned.engines.vllm_preload import SERVER_ONLY
 from tests.vllm.conftest import RealVllm
 from tests.vllm.test_engine_flags import validate
 

@@ -1,0 +1,375 @@
+"""vLLM's weight cache (`vllm preload`, vLLM 0.32): what laned knows of it, in one place
+(laned.engines.profile.WeightCacheApi, part of vLLM's profile in laned.engines.vllm).
+
+- The daemon's command from the engine's (`serve MODEL` → `preload --model MODEL`), and which
+  of the engine's flags it gets: not the API server's (preload's parser refuses them), not
+  the weightless ones (a change to those restarts the engine alone).
+- What the engine gets (`--load-format ipc_cache`, the sockets) and the daemon's own flags.
+- Its rules: what vLLM refuses (sleep mode with zero-copy, no CUDA IPC, a quantization whose
+  layers cannot take pre-processed weights), its ports apart from the engine's.
+- Its wire (a length, then a pickle), read back as plain data only.
+- The notes its log lines give (mapped, or missed and read from disk).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from laned.config.model import LaneConfig
+from laned.config.sleep import LOOPBACK
+from laned.engines.profile import Line, WeightCacheApi
+from laned.errors import Finding, Severity
+from laned.preflight.facts import LaneFacts
+
+WC_MAPPED = "weights mapped from the weight cache"
+WC_MISSED = "weight cache missed: weights read from disk"
+
+# --- the weight cache: `vllm preload` (vLLM 0.32) ---------------------------------------------
+#
+# Read in vllm/entrypoints/cli/preload.py and vllm/model_executor/model_loader/weight_cache/:
+# one daemon per GPU loads the model once (the default loader, from disk) and holds the
+# post-quantization, TP-sharded weights; an engine started with --load-format ipc_cache maps
+# them through CUDA IPC (ipc_loader.py), or falls back to disk with a warning when no daemon
+# answers or its fingerprint (protocol.py WeightCacheKey: checkpoint, architecture, TP/PP/DP
+# rank, dtype, quantization, revision, vLLM version) differs.
+
+# Flags of `vllm serve` that `vllm preload` refuses: the API server's (preload's parser is
+# EngineArgs' alone, preload.py add_cli_args). Read off vLLM 0.32's two parsers: serve's option
+# strings less preload's; tests/vllm/test_weight_cache_flags.py reads them again.
+SERVER_ONLY = frozenset({
+    "--allow-credentials", "--allowed-headers", "--allowed-methods", "--allowed-origins",
+    "--anthropic-disabled-thinking-effort", "--api-key", "--api-server-count", "--chat-template",
+    "--chat-template-content-format", "--cohere-format", "--cohere-is-reasoning-model", "--config",
+    "--data-parallel-supervisor-port", "--default-chat-template-kwargs",
+    "--disable-access-log-for-endpoints", "--disable-fastapi-docs", "--disable-uvicorn-access-log",
+    "--dp-supervisor-probe-failure-threshold", "--dp-supervisor-probe-interval-s",
+    "--dp-supervisor-probe-timeout-s", "--enable-auto-tool-choice", "--enable-flash-late-interaction",
+    "--enable-force-include-usage", "--enable-log-deltas", "--enable-log-outputs",
+    "--enable-log-requests", "--enable-offline-docs", "--enable-per-request-metrics",
+    "--enable-prompt-tokens-details", "--enable-request-id-headers", "--enable-scale-out",
+    "--enable-server-load-tracking", "--enable-ssl-refresh", "--enable-tokenizer-info-endpoint",
+    "--exclude-tools-when-tool-choice-none", "--fingerprint-mode", "--fingerprint-value", "--grpc",
+    "--grpc-port", "--h11-max-header-count", "--h11-max-incomplete-event-size", "--headless",
+    "--host", "--log-error-stack", "--lora-modules", "--max-log-len", "--middleware", "--port",
+    "--response-role", "--return-tokens-as-token-ids", "--root-path", "--sse-keep-alive-interval",
+    "--ssl-ca-certs", "--ssl-cert-reqs", "--ssl-certfile", "--ssl-ciphers", "--ssl-keyfile",
+    "--tokens-only", "--tool-call-parser", "--tool-parser-plugin", "--tool-server",
+    "--tool-strict-level", "--trust-request-chat-template", "--trust-request-mm-kwargs", "--uds",
+    "--uvicorn-log-level",
+})  # fmt: skip
+
+# Engine flags that shape the scheduler, the KV cache's size, the memory budget, compilation
+# or what requests get, never the weights the daemon holds (none is in its fingerprint or
+# builds a layer differently): the daemon does not get them, so changing one restarts the
+# engine alone. Anything not named here reaches the daemon too (a change restarts both).
+WEIGHTLESS = frozenset({
+    "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--gpu-memory-utilization",
+    "--kv-cache-memory", "--kv-cache-memory-bytes", "--num-gpu-blocks-override", "--block-size",
+    "--enable-prefix-caching", "--no-enable-prefix-caching", "--prefix-caching-hash-algo",
+    "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--max-num-partial-prefills",
+    "--max-long-partial-prefills", "--long-prefill-token-threshold", "--scheduling-policy",
+    "--enforce-eager", "--compilation-config", "--cudagraph-capture-sizes",
+    "--max-cudagraph-capture-size", "--served-model-name", "--override-generation-config",
+    "--generation-config", "--reasoning-parser", "--disable-log-stats", "--enable-sleep-mode",
+    "--shutdown-timeout", "--seed", "--structured-outputs-config", "--async-scheduling",
+    "--no-async-scheduling", "--swap-space", "--kv-events-config", "--kv-transfer-config",
+    "--otlp-traces-endpoint", "--collect-detailed-traces",
+})  # fmt: skip
+
+# Which of the flags above take no value (store_true or its --no- twin): the rest take one.
+SWITCHES = frozenset({
+    "--enable-auto-tool-choice", "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--enforce-eager",
+    "--disable-log-stats", "--enable-sleep-mode", "--async-scheduling", "--no-async-scheduling",
+    "--headless", "--disable-uvicorn-access-log", "--disable-fastapi-docs",
+    "--enable-log-requests", "--enable-log-outputs", "--enable-log-deltas",
+    "--enable-prompt-tokens-details", "--enable-force-include-usage", "--enable-request-id-headers",
+    "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids",
+    "--tokens-only", "--trust-request-chat-template", "--allow-credentials", "--grpc",
+    "--enable-ssl-refresh", "--enable-offline-docs", "--exclude-tools-when-tool-choice-none",
+    "--log-error-stack", "--language-model-only", "--trust-remote-code", "--enable-expert-parallel",
+    "--disable-custom-all-reduce", "--skip-tokenizer-init",
+})  # fmt: skip
+
+# Quantization methods whose every layer method takes pre-processed weights
+# (`supports_pre_processed_weights`, checked by protocol.py check_ipc_quant_support): fp8.py
+# (linear and MoE), mxfp4.py (MoE; its linear layers are unquantized), modelopt.py's FP4. The
+# others below keep the base class's False (quantization/base_config.py), or are online
+# quantization, which the daemon always refuses (daemon.py get_model); any other name (a
+# plugin's, such as exl3) is the daemon's to judge at load.
+QUANT_HELD = frozenset({"fp8", "mxfp4", "gpt_oss_mxfp4", "modelopt_fp4"})
+QUANT_REFUSED = frozenset({
+    "awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "gptq_marlin", "compressed-tensors",
+    "bitsandbytes", "gguf", "experts_int8", "moe_wna16", "torchao", "inc", "fbgemm_fp8",
+    "fp_quant", "quark", "humming", "modelopt", "online", "fp8_per_tensor", "fp8_per_block",
+    "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8",
+})  # fmt: skip
+
+WEIGHT_CACHE_DOC = "docs/weight-cache.md"
+
+# The daemon's wire (protocol.py send_msg / recv_msg): an 8-byte big-endian length, then a
+# pickle. laned writes plain dicts and reads the answers back as plain data only.
+WC_LENGTH = struct.Struct("!Q")
+WC_MAX = 1 << 30
+
+
+def wc_message(message: Any) -> bytes:
+    """One message to (or, in the simulator, from) a daemon: its length, then its pickle."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return WC_LENGTH.pack(len(payload)) + payload
+
+
+class _PlainOnly(pickle.Unpickler):
+    """Unpickles plain data only (dicts, lists, strings, numbers): a class or function
+    named in the stream is refused, so a reply can build nothing."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused {module}.{name}: plain data only")
+
+
+def wc_read(payload: bytes) -> Any:
+    """A message's pickle, read back as plain data (pickle.UnpicklingError otherwise)."""
+    return _PlainOnly(io.BytesIO(payload)).load()
+
+
+def preload_command(words: Sequence[str]) -> list[str] | None:
+    """The daemon's command from the engine's: `... serve MODEL REST` becomes `... preload
+    --model MODEL REST` (preload takes the model as --model only); None without `serve MODEL`."""
+    words = list(words)
+    if "serve" not in words:
+        return None
+    at = words.index("serve")
+    if at + 1 >= len(words) or words[at + 1].startswith("-"):
+        return None
+    return [*words[:at], "preload", "--model", words[at + 1], *daemon_flags(words[at + 2 :])]
+
+
+def daemon_flags(words: Sequence[str]) -> list[str]:
+    """The engine's flags the daemon gets: all but the API server's and the weightless ones."""
+    return [word for word, kept in zip(words, daemon_mask(words), strict=True) if kept]
+
+
+def daemon_mask(words: Sequence[str]) -> list[bool]:
+    """For each of the engine's words, whether the daemon gets it: the API server's flags
+    and the weightless ones are dropped with their values (`--flag=V`, or `--flag V` unless
+    a switch)."""
+    mask = [True] * len(words)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        flag = word.split("=", 1)[0].replace("_", "-") if word.startswith("--") else ""
+        takes = bool(flag) and "=" not in word and flag not in SWITCHES
+        value = takes and i + 1 < len(words) and not words[i + 1].startswith("--")
+        step = 2 if value else 1
+        if flag in SERVER_ONLY or flag in WEIGHTLESS:
+            mask[i : i + step] = [False] * step
+        i += step if flag else 1
+    return mask
+
+
+def weight_cache_engine_lines(spec: LaneConfig, base: str, sockets: str) -> list[Line]:
+    """What the engine gets to map the daemon's weights (ipc_loader.py: zero-copy, the
+    fallback to disk on)."""
+    config = '{"socket_dir":"' + sockets + '"}'
+    return [
+        (
+            f"set by laned from {base}.weight_cache: the weights are mapped from the lane's "
+            "weight-cache daemon (CUDA IPC, zero-copy), read from disk only if it does not answer",
+            ["--load-format", "ipc_cache"],
+        ),
+        ("the daemon's sockets, one per GPU", ["--model-loader-extra-config", config]),
+    ]
+
+
+def weight_cache_daemon_lines(spec: LaneConfig, base: str, sockets: str) -> list[Line]:
+    """The daemon's own flags: its sockets, its rendezvous apart from the engine's, its /health."""
+    health, master, draft = spec.weight_cache_ports()
+    return [
+        ("where the engine finds it: one socket per GPU", ["--weight-cache-socket-dir", sockets]),
+        (
+            f"from {base}.weight_cache: its own rendezvous, apart from the engine's "
+            "--master-port (the daemon holds its group open while it serves)",
+            ["--weight-cache-master-port", str(master)],
+        ),
+        ("its speculative draft's group, if any", ["--weight-cache-draft-master-port", str(draft)]),
+        (
+            f"from {base}.weight_cache: laned waits for 200 here before it starts the engine",
+            ["--weight-cache-health-port", str(health), "--weight-cache-health-host", LOOPBACK],
+        ),
+    ]
+
+
+def _quantization(spec: LaneConfig) -> str | None:
+    return spec.engine_arg("--quantization") or spec.engine_arg("-q")
+
+
+def quant_finding(where: str, method: str | None, source: str) -> Finding | None:
+    """Whether the daemon can hold weights quantized with `method`: an error where vLLM
+    refuses it, a warning where laned cannot tell, None where it can."""
+    if method is None or method in QUANT_HELD:
+        return None
+    if method in QUANT_REFUSED:
+        return Finding(
+            where,
+            f"quantization {method!r} ({source}): vLLM's weight cache cannot hold it (its "
+            "layers do not take pre-processed weights: protocol.py check_ipc_quant_support)",
+            "remove weight_cache from this lane (it restarts from disk), or serve a "
+            f"checkpoint in {', '.join(sorted(QUANT_HELD))} or unquantized",
+        )
+    return Finding(
+        where,
+        f"quantization {method!r} ({source}) is not one laned knows the weight cache to hold "
+        f"({', '.join(sorted(QUANT_HELD))}, or none): the daemon checks it as it loads and exits "
+        "at once if its layers cannot be shared",
+        f"watch the daemon's first start (laned logs LANE --weights); see {WEIGHT_CACHE_DOC}",
+        Severity.WARNING,
+    )
+
+
+EXPANDABLE = "expandable_segments:True"
+EXPANDABLE_WHY = (
+    "set by laned for the daemon alone: with expandable segments, torch hands its CUDA IPC "
+    "handles over as file descriptors (pidfd_getfd), which an engine in another container or "
+    "without ptrace rights cannot take (pytorch/pytorch#165685, #179220), and the engine "
+    "would read its weights from disk"
+)
+
+
+def daemon_env(name: str, value: str) -> tuple[str, str] | None:
+    """The daemon's own value of one of the lane's variables, and why, where it must differ
+    from the engine's: PYTORCH_CUDA_ALLOC_CONF without expandable segments."""
+    if name not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") or EXPANDABLE not in value:
+        return None
+    kept = [part for part in value.split(",") if part.strip() and part.strip() != EXPANDABLE]
+    return ",".join(kept) or "expandable_segments:False", EXPANDABLE_WHY
+
+
+def weight_cache_findings(spec: LaneConfig, base: str) -> list[Finding]:
+    """What vLLM refuses of a lane that keeps its weights, seen in the config."""
+    if spec.weight_cache is None:
+        return []
+    where = f"{base}.weight_cache"
+    out: list[Finding] = []
+    command = spec.exec.command if spec.exec else spec.container.command if spec.container else ()
+    if preload_command(list(command)) is None:
+        out.append(
+            Finding(
+                where,
+                "the daemon is the engine's own program with `preload --model MODEL` for "
+                "`serve MODEL`, and this lane's command has no `serve MODEL`",
+                "write the command as `vllm serve MODEL` (exec.command or container.command)",
+            )
+        )
+    if spec.sleep_level:
+        out.append(
+            Finding(
+                where,
+                f"cannot go with sleep_level = {spec.sleep_level}: the engine maps the daemon's "
+                "memory zero-copy, which vLLM's sleep mode cannot offload (ipc_loader.py)",
+                "choose one: sleep_level = 0, or remove weight_cache",
+            )
+        )
+    if spec.gpus == ():
+        out.append(
+            Finding(
+                where,
+                "needs the lane's GPUs: vLLM shares the weights through CUDA IPC, on CUDA and "
+                "ROCm only (protocol.py check_ipc_platform_support), and gpus = []",
+                "remove weight_cache from this lane, or give it its GPUs",
+            )
+        )
+    if spec.container is not None and spec.container.ipc != "host":
+        out.append(
+            Finding(
+                where,
+                "the engine's container maps the daemon's GPU memory from another container: "
+                f"both need the host's IPC namespace, and container.ipc is {spec.container.ipc!r}",
+                'set container.ipc = "host"',
+            )
+        )
+    if spec.nodes:
+        out.append(
+            Finding(
+                where,
+                "is not rendered for a lane over several hosts yet (each host would run its "
+                "own daemon, with --weight-cache-master-port agreed across them)",
+                "remove weight_cache from this lane",
+            )
+        )
+    for flag in ("--load-format", "--model-loader-extra-config"):
+        if spec.engine_arg(flag) is not None:
+            out.append(
+                Finding(
+                    f"{base}.args",
+                    f"{flag} is laned's to set on a lane with weight_cache "
+                    "(--load-format ipc_cache and the daemon's sockets)",
+                    f"remove {flag} from the args",
+                )
+            )
+    method = _quantization(spec)
+    found = quant_finding(where, method, "--quantization")
+    if found is not None:
+        out.append(found)
+    health, master, draft = spec.weight_cache_ports()
+    if max(health, master, draft) > 65535:
+        out.append(
+            Finding(
+                where,
+                f"its ports run past 65535 ({health}, {master}, {draft})",
+                "set weight_cache.health_port and master_port below 65535",
+            )
+        )
+    master_port = spec.engine_arg("--master-port")
+    if master_port is not None and master_port in (str(master), str(draft)):
+        out.append(
+            Finding(
+                where,
+                f"the daemon's rendezvous port {master_port} is the engine's --master-port: "
+                "the daemon holds it while it serves, and the engine could not start",
+                "set weight_cache.master_port to another port",
+            )
+        )
+    return out
+
+
+def weight_cache_preflight(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
+    """What vLLM refuses of a lane that keeps its weights, on this host: a quantization the
+    daemon cannot hold (the model's own config.json), a host without CUDA IPC."""
+    if spec.weight_cache is None:
+        return []
+    where = f"lanes.{lane}.weight_cache"
+    out: list[Finding] = []
+    if _quantization(spec) is None:
+        found = quant_finding(where, facts.model_quantization, "the model's config.json")
+        if found is not None:
+            out.append(found)
+    if facts.host.gpus is None:
+        out.append(
+            Finding(
+                where,
+                "laned cannot see a CUDA GPU here (" + (facts.host.gpu_note or "no NVML") + "); "
+                "vLLM shares the weights through CUDA IPC only and refuses the weight cache "
+                "elsewhere (protocol.py check_ipc_platform_support)",
+                "fine for the simulator; on a GPU host, check `nvidia-smi`",
+                Severity.WARNING,
+            )
+        )
+    return out
+
+
+WEIGHT_CACHE = WeightCacheApi(
+    command=preload_command,
+    flags=daemon_mask,
+    engine_lines=weight_cache_engine_lines,
+    daemon_lines=weight_cache_daemon_lines,
+    mapped=WC_MAPPED,
+    missed=WC_MISSED,
+    env=daemon_env,
+    socket_glob="vllm_weight_cache_*[!t].sock",  # the targets' (a draft's ends _draft.sock)
+    findings=weight_cache_findings,
+    preflight=weight_cache_preflight,
+)

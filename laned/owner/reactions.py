@@ -170,15 +170,10 @@ class Reactions:
             r.fire(lane, Ev.RESTART_LATER, plan.reason, delay=plan.delay)
         elif plan.action is ExitAction.CRASH_LOOP:
             r.fire(lane, Ev.CRASH_LOOP, plan.reason)
-            r.spawn(self._weights_down(lane))  # a lane given up holds no GPU memory
+            r.spawn(self.weights.down_said(lane))  # a lane given up holds no GPU memory
         else:  # FAIL: not desired
             r.fire(lane, Ev.EXIT_FAILED, plan.reason)
-            r.spawn(self._weights_down(lane))
-
-    async def _weights_down(self, lane: str) -> None:
-        refused = await self.weights.down(lane)
-        if refused is not None:
-            self.records.ledger.note(lane, EventKind.WEIGHTS, refused.reason)
+            r.spawn(self.weights.down_said(lane))
 
     async def _stopped_outside(self, lane: str, what: str) -> None:
         """A stop laned did not ask for: an operator's, unless the whole manager is going down."""
@@ -196,7 +191,7 @@ class Reactions:
             return
         r.ledger.desire(lane, Desired.INACTIVE)
         r.fire(lane, Ev.STOPPED_OUTSIDE, f"stopped outside laned ({what})")
-        await self._weights_down(lane)  # its weights go with it
+        await self.weights.down_said(lane)  # its weights go with it
 
     # --- what the watchers observe -----------------------------------------------------------------
 

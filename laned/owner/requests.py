@@ -414,7 +414,7 @@ class Requests:
         if not await self.seam.still_ending(unit, r.snapshots.get(lane)):
             # Not running (a failed lane included: deactivating it acknowledges the failure).
             r.fire(lane, Ev.ALREADY_STOPPED, reason)
-            await self._weights_down(lane)
+            await self.weights.down_said(lane)
             return
         try:
             r.fire(lane, Ev.STOP, reason)
@@ -433,12 +433,6 @@ class Requests:
             self.ledger.stop_over(lane)
         r.fire(lane, Ev.STOPPED, reason)
 
-    async def _weights_down(self, lane: str) -> None:
-        """The lane's weight-cache daemon stopped with it; a failure to is said."""
-        refused = await self.weights.down(lane)
-        if refused is not None:
-            self.ledger.note(lane, EventKind.WEIGHTS, refused.reason)
-
     async def _drain(self, lane: str, force: bool) -> None:
         note = functools.partial(self.ledger.note, lane, EventKind.DRAIN)
         timeout = self.records.config.lanes[lane].drain_timeout
@@ -450,7 +444,7 @@ class Requests:
         try:
             unit = unit_name(lane, self.records.engine_spec(lane))
             refused = await self.seam.stop(unit)  # the one confirmed stop
-            await self._weights_down(lane)  # a lane given up holds no GPU memory
+            await self.weights.down_said(lane)  # a lane given up holds no GPU memory
         finally:
             self.ledger.stop_over(lane)
         if refused is not None:

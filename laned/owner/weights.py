@@ -130,6 +130,12 @@ class Weights:
         finally:
             self.stopping.discard(lane)
 
+    async def down_said(self, lane: str) -> None:
+        """`down`, where nothing waits on it: a stop that fails is said in the lane's events."""
+        refused = await self.down(lane)
+        if refused is not None:
+            self.records.ledger.note(lane, EventKind.WEIGHTS, refused.reason)
+
     def changed(self, unit: str, props: dict[str, object]) -> None:
         """A PropertiesChanged of a daemon's unit: shown, and its death while the lane is
         wanted is the lane's failure."""

@@ -40,6 +40,7 @@ class Saved:
     restarts: dict[str, int] = field(default_factory=dict)
     last_exit: dict[str, LastExit] = field(default_factory=dict)
     last_cold_start: dict[str, float] = field(default_factory=dict)
+    last_starts: dict[str, dict[str, float]] = field(default_factory=dict)  # lane -> kind -> s
     failed: dict[str, str] = field(default_factory=dict)
     last_phases: dict[str, dict[str, float]] = field(default_factory=dict)
     image_ids: dict[str, str] = field(default_factory=dict)  # of each lane's last good start
@@ -57,6 +58,9 @@ class Saved:
             "restarts": dict(sorted(self.restarts.items())),
             "last_exit": {k: v.to_json() for k, v in sorted(self.last_exit.items())},
             "last_cold_start": dict(sorted(self.last_cold_start.items())),
+            "last_starts": {
+                k: dict(sorted(v.items())) for k, v in sorted(self.last_starts.items())
+            },
             "failed": dict(sorted(self.failed.items())),
             "last_phases": dict(sorted(self.last_phases.items())),
             "image_ids": dict(sorted(self.image_ids.items())),
@@ -78,6 +82,10 @@ def load(state_dir: str) -> Saved:
             restarts={k: int(v) for k, v in data.get("restarts", {}).items()},
             last_exit={k: LastExit.from_json(v) for k, v in data.get("last_exit", {}).items()},
             last_cold_start={k: float(v) for k, v in data.get("last_cold_start", {}).items()},
+            last_starts={
+                k: {str(kind): float(t) for kind, t in v.items()}
+                for k, v in data.get("last_starts", {}).items()
+            },
             failed={k: str(v) for k, v in data.get("failed", {}).items()},
             last_phases={
                 k: {str(p): float(t) for p, t in v.items()}

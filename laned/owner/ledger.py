@@ -133,6 +133,7 @@ class Ledger:
             restarts={s.name: s.restarts for s in statuses},
             last_exit={s.name: s.last_exit for s in statuses if s.last_exit},
             last_cold_start={s.name: s.last_cold_start for s in statuses if s.last_cold_start},
+            last_starts={s.name: dict(s.last_starts) for s in statuses if s.last_starts},
             last_phases={s.name: dict(s.last_phases) for s in statuses if s.last_phases},
             image_ids={s.name: s.image_id for s in statuses if s.image_id},
             failed={s.name: s.reason for s in statuses if s.state is LaneState.FAILED},
@@ -150,6 +151,7 @@ class Ledger:
             status.restarts = saved.restarts.get(name, 0)
             status.last_exit = saved.last_exit.get(name)
             status.last_cold_start = saved.last_cold_start.get(name)
+            status.last_starts = dict(saved.last_starts.get(name, {}))
             status.last_phases = saved.last_phases.get(name, {})
             status.image_id = saved.image_ids.get(name)
             status.checks, status.since = checks(name), now

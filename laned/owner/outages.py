@@ -49,6 +49,9 @@ class Outages:
         if r.closing:
             return
         for unit, snap in snaps.items():
+            if unit in r.weights_units:  # a weight-cache daemon: shown as it is now
+                self.reactions.weights.seen(r.weights_units[unit], snap)
+                continue
             lane = r.units.get(unit)
             if lane is None:
                 continue

@@ -144,11 +144,13 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
         restarts={"a": 2},
         last_exit={"a": LastExit(0, None, 5.0, Verdict.FAILURE)},
         failed={"b": "crash-loop"},
+        last_starts={"a": {"cold": 120.5, "weight-cache": 31.0}},
         events=[Event(1.0, "a", LaneState.INACTIVE, LaneState.STARTING, "activate")],
     )
     state.save(str(tmp_path), saved)
     loaded = state.load(str(tmp_path))
     assert loaded.to_json() == saved.to_json()
+    assert loaded.last_starts == {"a": {"cold": 120.5, "weight-cache": 31.0}}
     (tmp_path / "state.json").write_text("{not json")
     assert state.load(str(tmp_path)).desired == {}
 

@@ -9,6 +9,7 @@ from laned.importer.run_options import Imported
 
 TOP_KEYS = (
     "description", "engine", "port", "served_model_name", "aliases", "secrets_file", "secrets", "needs",
+    "weight_cache",
 )  # fmt: skip
 CONTAINER_KEYS = (
     "image", "name", "entrypoint", "command", "devices", "network", "ipc", "security_opt",

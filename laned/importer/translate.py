@@ -223,7 +223,23 @@ def _engine(
         i += 1
     model = profile.model_in([*command, *(w for f, v, _ in pairs for w in (f, v or ""))])
     names, port, kept = [], None, []
+    # vLLM's weight cache: laned renders the daemon and these two flags itself.
+    cached = profile.weight_cache is not None and ("--load-format", "ipc_cache", "") in [
+        (f, v, "") for f, v, _ in pairs
+    ]
+    if cached:
+        out.lane["weight_cache"] = True
+        out.notes["weight_cache"] = (
+            "the recipe's --load-format ipc_cache: laned runs the weight-cache daemon "
+            "(vllm preload) as a unit of its own and passes the engine its flags (docs/weight-cache.md)"
+        )
+        out.changes.append(
+            "--load-format ipc_cache and --model-loader-extra-config became `weight_cache = true` "
+            "(laned renders `vllm preload` beside the engine)"
+        )
     for flag, value, why in pairs:
+        if cached and flag in ("--load-format", "--model-loader-extra-config"):
+            continue
         if flag in served and value is not None:
             names.append(value)
         elif flag in profile.flags_for("port") and value is not None:

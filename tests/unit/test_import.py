@@ -437,3 +437,20 @@ def test_sglang_and_llama_cpp_recipes_import_as_lanes_of_their_engine(
     flags = {"sglang": ["--port", "--served-model-name"], "llamacpp": ["--port", "--alias"]}[engine]
     assert all(argv.count(flag) == 1 for flag in flags), argv  # laned's, once
     assert not [w for w in argv if w.startswith("--api-key")], argv
+
+
+def test_a_recipe_that_maps_its_weights_from_the_cache_imports_as_a_weight_cache_lane() -> None:
+    line = (
+        "podman run --name g --device nvidia.com/gpu=all --ipc host --network host "
+        "--entrypoint vllm vllm-img serve /models/g --tensor-parallel-size 2 "
+        '--load-format ipc_cache --model-loader-extra-config \'{"socket_dir": "/tmp/s"}\' --port 8000'
+    )
+    lane = import_run(line)
+    assert lane.lane.get("weight_cache") is True
+    assert all(
+        flag not in ("--load-format", "--model-loader-extra-config") for flag, _v, _w in lane.args
+    )
+    text = render_import(lane, "test")
+    assert "weight_cache = true" in text and "ipc_cache" in text  # the note says where it went
+    config = parse_config(text, "imported.toml", {"HOME": "/home/op"})
+    assert config.lanes[next(iter(config.lanes))].weight_cache is not None

@@ -158,7 +158,9 @@ async def map_weights(s: Settings, pause: Pause) -> bool | None:
     if not mapped:
         log("WARNING", "ipc_loader.py:213", f"Weight cache unusable ({said}); falling back to disk loading", WORKER)  # fmt: skip
         return None
-    if not await pause(s.startup * 0.01):  # CUDA IPC maps in milliseconds (bench/gpu_ipc.py)
+    if not await pause(
+        s.startup * 0.01
+    ):  # the mapping: a moment (bench/gpu_ipc.py: the real floor)
         return False
     mode = s.loader_config.get("mode") or "zero_copy"
     log("INFO", "ipc_loader.py:283", f"Mapped {said} tensors from the weight cache daemon ({mode} mode)", WORKER)  # fmt: skip

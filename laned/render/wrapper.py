@@ -159,7 +159,7 @@ def weights_lines(config: Config, lane: str) -> list[Line]:
     for why, words in engine_lines(config, lane):
         if words[:3] == [config.daemon.podman, "run", "--name"]:
             words = [*words[:3], weights_container_name(lane, spec)]
-        elif words and words[0] in (CONTAINER_KEY_WORDS):
+        elif words and words[0] in CONTAINER_KEY_WORDS:
             continue
         elif words[:1] == ["-e"] and "=" in words[1]:
             name, _, value = words[1].partition("=")

@@ -271,7 +271,8 @@ class Node(_Model):
 class WeightCacheConfig(_Model):
     """`[lanes.X.weight_cache]`, or `weight_cache = true`: vLLM's weight-cache daemon (`vllm
     preload`) holds the lane's weights on its GPUs across engine restarts (docs/weight-cache.md).
-    Its ports: `health_port` (its /health; default the lane's port + 10000) and
+    Its ports: `health_port` (its /health; default the lane's port + 10000, or - 10000 above
+    55533) and
     `master_port` (its own rendezvous, apart from the engine's; default health_port + 1,
     and the next one for a speculative draft's group)."""
 
@@ -397,7 +398,8 @@ class LaneConfig(_Model):
     def weight_cache_ports(self) -> tuple[int, int, int]:
         """The weight-cache daemon's ports: (its /health, its rendezvous, its draft group's)."""
         wc = self.weight_cache or WeightCacheConfig()
-        health = wc.health_port or self.port + 10000
+        # The lane's port + 10000, or - 10000 where the three would pass 65535.
+        health = wc.health_port or self.port + (10000 if self.port <= 55533 else -10000)
         master = wc.master_port or health + 1
         return health, master, master + 1
 

@@ -49,13 +49,6 @@ def weights_exit_record_path(config: Config, lane: str) -> str:
     return f"{lane_state_dir(config, lane)}/weights-exit"
 
 
-def weights_socket_dir(lane: str, runtime_dir: str = "${XDG_RUNTIME_DIR}") -> str:
-    """The daemon's socket directory: under the user's runtime directory, short enough for
-    AF_UNIX's 108 bytes (the socket's own name is 61: vllm_weight_cache_<md5>_draft.sock,
-    vllm/model_executor/model_loader/weight_cache/protocol.py get_socket_path)."""
-    return f"{runtime_dir}/laned-weights/{lane}"
-
-
 WEIGHTS_SOCKETS_MOUNT = "/run/laned/weights"  # where both containers see the socket directory
 
 

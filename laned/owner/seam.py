@@ -121,8 +121,9 @@ class Seam(Protocol):
     def weights_digest(self, path: str) -> str | None:
         """The digest of what the running daemon loads, as its wrapper wrote it (blocking)."""
 
-    async def weights_held(self, lane: str) -> int | None:
-        """The GPU memory the daemon's ranks hold, by their own word; None: no answer."""
+    async def weights_held(self, path: str) -> int | None:
+        """The GPU memory the daemon's ranks hold, by their own word, asked over the sockets
+        its wrapper's record (`path`) names; None: no answer."""
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         """The daemon's processes (its unit's cgroup, its container's): the engine's start

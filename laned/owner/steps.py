@@ -37,7 +37,6 @@ from laned.config.names import (
     container_name,
     podman_socket,
     weights_container_name,
-    weights_socket_dir,
     weights_unit_name,
 )
 from laned.core import canary, policy
@@ -64,6 +63,18 @@ def read_exit_record(path: str) -> ExitRecord | None:
             return parse_exit_record(handle.read())
     except OSError:
         return None
+
+
+def _record_lines(path: str) -> tuple[str | None, str | None]:
+    """A weight-cache daemon's record (its wrapper writes it as it starts): the digest of what
+    it loads, and its socket directory; None for what is not there."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = [line.strip() for line in handle.read().splitlines()]
+    except OSError:
+        return None, None
+    lines += ["", ""]
+    return lines[0] or None, lines[1] or None
 
 
 class HostSeam:
@@ -257,17 +268,14 @@ class HostSeam:
         return None if gone else Refused(f"container {name} is still there after its stop")
 
     def weights_digest(self, path: str) -> str | None:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                return handle.read().strip() or None
-        except OSError:
-            return None
+        return _record_lines(path)[0]
 
-    async def weights_held(self, lane: str) -> int | None:
-        runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
-        pattern = engines.VLLM.weight_cache.socket_glob if engines.VLLM.weight_cache else ""
-        directory = weights_socket_dir(lane, runtime)
-        return await asyncio.to_thread(weight_cache.held_bytes, directory, pattern)
+    async def weights_held(self, path: str) -> int | None:
+        sockets = (await asyncio.to_thread(_record_lines, path))[1]
+        if sockets is None or engines.VLLM.weight_cache is None:
+            return None
+        pattern = engines.VLLM.weight_cache.socket_glob
+        return await asyncio.to_thread(weight_cache.held_bytes, sockets, pattern)
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         if self.host is None:

@@ -155,7 +155,7 @@ class Weights:
 
     async def _held(self, lane: str) -> None:
         """What the ready daemon's ranks hold, by their own word (get_memory)."""
-        held = await self.seam.weights_held(lane)
+        held = await self.seam.weights_held(weights_digest_path(self.records.config, lane))
         if lane in self.records.statuses and self.records.statuses[lane].weights == "ready":
             self.records.ledger.weights_seen(lane, "ready", held)
 

@@ -273,7 +273,8 @@ DIGEST_MARK = "@DIGEST@"
 
 
 def weights_digest_path(config: Config, lane: str) -> str:
-    """Where the daemon's wrapper writes the digest of what it runs, as it starts."""
+    """Where the daemon's wrapper writes, as it starts, the digest of what it runs (its first
+    line) and its socket directory (its second)."""
     return weights_exit_record_path(config, lane).removesuffix("-exit") + "-digest"
 
 
@@ -344,8 +345,9 @@ def _wrapper(config: Config, lane: str, weights: bool) -> str:
         ]
     if spec.weight_cache is not None:
         out += [
-            "# The weight-cache daemon's sockets: in the user's runtime directory (AF_UNIX paths",
-            "# are short), private to the user (vLLM checks the owner).",
+            "# The weight-cache daemon's sockets: in the user's runtime directory (an AF_UNIX path",
+            "# is 108 bytes at most, the socket's own name 61: vllm_weight_cache_<md5>_draft.sock),",
+            "# private to the user (vLLM checks the owner).",
             'sockets="${XDG_RUNTIME_DIR:?is not set: the weight cache needs the user runtime '
             + f'directory}}/laned-weights/{lane}"',
             'mkdir -p -m 700 "$sockets"',
@@ -353,10 +355,11 @@ def _wrapper(config: Config, lane: str, weights: bool) -> str:
     if weights:
         digest = weights_digest_path(config, lane)
         out += [
-            "# What this daemon loads, for laned: a change of it restarts the daemon too.",
+            "# What this daemon loads (a change of it restarts the daemon too) and where its",
+            "# sockets are, for laned.",
             f"digest={shlex.quote(digest)}",
             'mkdir -p "${digest%/*}"',
-            f"printf '%s\\n' {DIGEST_MARK} >\"$digest\"",
+            f'printf \'%s\\n%s\\n\' {DIGEST_MARK} "$sockets" >"$digest"',
         ]
     out += ["", "engine=("]
     out += _lines_for(weights_lines(config, lane) if weights else engine_lines(config, lane))

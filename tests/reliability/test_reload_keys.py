@@ -143,6 +143,7 @@ def test_every_key_changed_by_reload_is_applied_deferred_or_refused(
         "sleep_level": "1",
         "prefetch": "false",
         "dev_mode_exposed": '"a test"',
+        "weight_cache": "true",
     }
     assert set(daemon_values) == set(DaemonConfig.model_fields), "a daemon key is not walked"
     assert set(lane_values) == set(LaneConfig.model_fields), "a lane key is not walked"

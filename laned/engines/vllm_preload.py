@@ -225,7 +225,7 @@ def quant_finding(where: str, method: str | None, source: str) -> Finding | None
         f"quantization {method!r} ({source}) is not one laned knows the weight cache to hold "
         f"({', '.join(sorted(QUANT_HELD))}, or none): the daemon checks it as it loads and exits "
         "at once if its layers cannot be shared",
-        f"watch the daemon's first start (laned logs LANE --weights); see {WEIGHT_CACHE_DOC}",
+        f"watch the daemon's first start: journalctl --user -u UNIT-weights.service (the lane's unit, -weights); see {WEIGHT_CACHE_DOC}",
         Severity.WARNING,
     )
 

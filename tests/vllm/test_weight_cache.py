@@ -15,7 +15,7 @@ from laned.engines.vllm_preload import SERVER_ONLY
 from tests.vllm.conftest import RealVllm
 from tests.vllm.test_engine_flags import validate
 
-PRELOAD = (
+PRELOAD = FLAG_SCRIPT + (
     "import sys\n"
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
     "from vllm.entrypoints.cli.preload import PreloadSubcommand\n"
@@ -27,19 +27,9 @@ QUIET = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
 def test_the_daemons_flags_are_vllm_preloads_own(real_vllm: RealVllm, tmp_path: Path) -> None:
-    probe = subprocess.run(
-        [real_vllm.python, "-c", FLAG_SCRIPT], capture_output=True, text=True, timeout=600,
-        env={**os.environ, **QUIET},
-    )  # fmt: skip
-    assert probe.returncode == 0, probe.stderr
-    read = json.loads(probe.stdout.strip().splitlines()[-1])
-    serve, preload = set(read["flags"]), set(read["preload"] or ())
-    assert {"--weight-cache-socket-dir", "--weight-cache-health-port"} <= preload
-    # What laned keeps from the daemon as the API server's is what preload's parser lacks.
-    only = {f for f in serve - preload if f.startswith("--") and not f.startswith("--no-")}
-    assert only == set(SERVER_ONLY), only ^ set(SERVER_ONLY)
-    # A weight-cache lane: its daemon's flags checked too; a weight flag the daemon would get
-    # that vLLM does not know is said for the daemon as for the engine.
+    """A weight-cache lane's daemon flags checked by `laned validate --engine-flags`: a
+    weight flag the daemon would get that vLLM does not know is said for the daemon as for
+    the engine, and none of laned's own daemon flags is unknown."""
     config = tmp_path / "laned.toml"
     config.write_text(
         f'[daemon]\nunit_dir = "{tmp_path}/u"\nbin_dir = "{tmp_path}/b"\nstate_dir = "{tmp_path}/s"\n'
@@ -69,3 +59,10 @@ def test_vllm_preload_refuses_a_host_without_cuda_ipc(real_vllm: RealVllm, tmp_p
     said = ran.stdout + ran.stderr
     assert ran.returncode != 0, said
     assert "does not support CUDA IPC weight sharing" in said, said[-3000:]
+    # The same vLLM's two parsers, read in that process before it ran the daemon: what laned
+    # keeps from the daemon as the API server's is what preload's parser lacks.
+    read = json.loads(next(line for line in ran.stdout.splitlines() if line.startswith("{")))
+    serve, preload = set(read["flags"]), set(read["preload"] or ())
+    assert {"--weight-cache-socket-dir", "--weight-cache-health-port"} <= preload
+    only = {f for f in serve - preload if f.startswith("--") and not f.startswith("--no-")}
+    assert only == set(SERVER_ONLY), only ^ set(SERVER_ONLY)

@@ -118,7 +118,7 @@ WC_MAX = 1 << 30
 
 
 def wc_message(message: Any) -> bytes:
-    """One message to (or, in the simulator, from) a daemon: its length, then its pickle."""
+    """One message to a daemon: its length, then its pickle (of plain data)."""
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return WC_LENGTH.pack(len(payload)) + payload
 

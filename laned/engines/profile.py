@@ -82,9 +82,9 @@ class WeightCacheApi:
     command, whether the daemon gets it (those that shape the weights: a change to the others
     restarts the engine alone); `engine_lines(spec,
     base, sockets)`: what the engine gets to map the daemon's weights; `daemon_lines(spec,
-    base, sockets)`: the daemon's own flags (its socket directory, ports); `mapped` and
-    `missed`: the notes its log lines give when the engine mapped the weights, or fell back to
-    reading them from disk; `env(name, value)`: the daemon's own value of one of the lane's
+    base, sockets)`: the daemon's own flags (its socket directory, ports); `missed`: the
+    note its log lines give when the engine fell back to reading the weights from disk (the
+    start is then a cold one); `env(name, value)`: the daemon's own value of one of the lane's
     variables and why, where it must differ from the engine's; `socket_glob`: the daemon's sockets in their directory (one per
     GPU); `findings(spec, base)`: what is wrong with a lane that keeps its weights, seen
     without running it; `preflight(lane, spec, facts)`: what is, on this host."""
@@ -93,7 +93,6 @@ class WeightCacheApi:
     flags: Callable[[Sequence[str]], list[bool]]
     engine_lines: Callable[[LaneConfig, str, str], list[Line]]
     daemon_lines: Callable[[LaneConfig, str, str], list[Line]]
-    mapped: str
     missed: str
     env: Callable[[str, str], tuple[str, str] | None]
     socket_glob: str

@@ -366,7 +366,6 @@ WEIGHT_CACHE = WeightCacheApi(
     flags=daemon_mask,
     engine_lines=weight_cache_engine_lines,
     daemon_lines=weight_cache_daemon_lines,
-    mapped=WC_MAPPED,
     missed=WC_MISSED,
     env=daemon_env,
     socket_glob="vllm_weight_cache_*[!t].sock",  # the targets' (a draft's ends _draft.sock)

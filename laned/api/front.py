@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from laned import engines
 from laned.config.load import load_config
-from laned.config.model import GATES, Config, LaneConfig
+from laned.config.model import GATES, Config, LaneConfig, gpu_indices
 from laned.config.names import unit_name, weights_unit_name
 from laned.config.ranks import rank_here
 from laned.core import policy
@@ -254,13 +254,15 @@ class Front:
         }
 
     def timeline(self, hours: float) -> dict[str, Any]:
-        """Which lane held each group over the last `hours`: every transition since, and the
-        groups with their lanes."""
+        """Which lane held which GPUs over the last `hours`: every transition since, and the
+        lanes by band (their explicit group, else the GPUs they name: "gpus 2,3", "gpus")."""
         now = self.supervisor.clock()
         config = self.supervisor.config
         groups: dict[str, list[str]] = {}
         for name, spec in sorted(config.lanes.items()):
-            groups.setdefault(spec.group, []).append(name)
+            gpus = gpu_indices(spec)
+            band = spec.group or ("gpus " + ",".join(map(str, gpus)) if gpus else "gpus")
+            groups.setdefault(band, []).append(name)
         since = now - hours * 3600
         return {
             "now": now,

@@ -1,6 +1,7 @@
-"""The groups of lanes that share GPUs, as requests at laned's OpenAI endpoint see them
-(docs/proxy.md, "Several models"): each group's default lane and idle return, and the
-rules of `[groups.X]`, `pinned`, `priority` and `min_residency`. Pure."""
+"""The explicit groups of lanes (lanes of one group never run together; which others may
+is derived from their GPU memory: laned.core.placement), each group's default lane and idle
+return (docs/proxy.md, "Several models"), and the rules of `[groups.X]`, `pinned`,
+`priority` and `min_residency`. Pure."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from laned.errors import Finding, Severity
 
 def groups(config: Config) -> list[str]:
     """The groups the lanes name, sorted."""
-    return sorted({spec.group for spec in config.lanes.values()})
+    return sorted({spec.group for spec in config.lanes.values() if spec.group is not None})
 
 
 def lanes_of(config: Config, group: str) -> list[str]:
@@ -22,14 +23,29 @@ def lanes_of(config: Config, group: str) -> list[str]:
 
 
 def group_peers(config: Config, lane: str) -> list[str]:
-    """The other lanes of the lane's group (they conflict with it), sorted."""
-    return [n for n in lanes_of(config, config.lanes[lane].group) if n != lane]
+    """The other lanes of the lane's explicit group (never together with it), sorted."""
+    group = config.lanes[lane].group
+    return [] if group is None else [n for n in lanes_of(config, group) if n != lane]
 
 
 def port_sharers(config: Config, lane: str) -> list[str]:
-    """The lane's group peers on its port: only one of them can listen at a time."""
+    """The other lanes on the lane's port: only one of them can listen at a time."""
     port = config.lanes[lane].port
-    return [n for n in group_peers(config, lane) if config.lanes[n].port == port]
+    return sorted(n for n, s in config.lanes.items() if n != lane and s.port == port)
+
+
+def default_lanes(config: Config) -> list[tuple[str, float | None]]:
+    """Every lane that is someone's default (`[groups.X] default_lane`, `daemon.default_lane`),
+    with its idle return (None: never)."""
+    out = {}
+    for group in groups(config):
+        lane = default_lane(config, group)
+        if lane is not None and lane in config.lanes:
+            out[lane] = idle_return(config, group)
+    lane = config.daemon.default_lane
+    if lane is not None and lane in config.lanes and lane not in out:
+        out[lane] = config.daemon.idle_return
+    return sorted(out.items())
 
 
 def default_lane(config: Config, group: str) -> str | None:
@@ -73,9 +89,10 @@ def check_groups(config: Config) -> Iterator[Finding]:
                 )
                 yield Finding(f"{where}.default_lane", f"no lane named {lane!r}", hint)
             elif config.lanes[lane].group != group:
+                of = config.lanes[lane].group
                 yield Finding(
                     f"{where}.default_lane",
-                    f"lane {lane!r} is of group {config.lanes[lane].group!r}, not {group!r}",
+                    f"lane {lane!r} is of {f'group {of!r}' if of else 'no group'}, not {group!r}",
                     f"name a lane of group {group!r}, or set its group",
                 )
         if table.idle_return is not None and default_lane(config, group) is None:

@@ -298,7 +298,9 @@ class LaneConfig(_Model):
     # "vllm", "sglang" or "llamacpp" (laned.engines); unset: read from the command or image
     # where it names one, else vLLM.
     engine: Annotated[str | None, NEXT_START] = None
-    group: Annotated[str, LIVE] = "gpu"
+    # Lanes of one group never run together, whatever their memory says (docs/placement.md);
+    # unset: which lanes run together follows from what each takes of its GPUs.
+    group: Annotated[str | None, LIVE] = None
     port: Annotated[int, NEXT_START] = Field(ge=1, le=65535)
     health_path: Annotated[str, NEXT_START] = "/health"
     served_model_name: Annotated[str, NEXT_START]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from laned import engines
 from laned.config.engine_rules import CONTROL, check_argv, check_container, check_env
 from laned.config.groups import check_groups
-from laned.config.model import GATES, Config, LaneConfig, gpu_indices
+from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
 from laned.config.sleep import check_sleep
 from laned.errors import Finding, Severity
@@ -39,27 +39,9 @@ def check_config(config: Config) -> list[Finding]:
     for name, lane in config.lanes.items():
         problems += _check_lane(name, lane)
     problems += _check_uniqueness(config)
-    problems += _check_gpu_sharing(config)
     problems += check_sleep(config)
     problems += check_groups(config)
     return problems
-
-
-def _check_gpu_sharing(config: Config) -> Iterator[Finding]:
-    # Lanes of different groups run at the same time: each must say which GPUs are its own,
-    # or the GPU-memory gate of one waits on the memory the other holds.
-    if len({lane.group for lane in config.lanes.values()}) < 2:
-        return
-    for name, lane in sorted(config.lanes.items()):
-        if lane.gpu_gate.enabled and gpu_indices(lane) is None:
-            yield Finding(
-                f"lanes.{name}.gpus",
-                "is unset while lanes of other groups may run at the same time: the GPU-memory "
-                "gate would wait on every GPU, theirs too",
-                "list this lane's GPUs (gpus = [0, 1]), or name them in its devices "
-                '("nvidia.com/gpu=0") or CUDA_VISIBLE_DEVICES',
-                Severity.WARNING,
-            )
 
 
 def _check_daemon(config: Config) -> Iterator[Finding]:
@@ -212,7 +194,7 @@ def _check_identity(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]
         )
     elif unit == DAEMON_UNIT:
         yield Finding(f"{base}.unit", f"{unit!r} is laned's own unit", "pick another name")
-    if not GROUP_NAME.match(lane.group):
+    if lane.group is not None and not GROUP_NAME.match(lane.group):
         yield Finding(
             f"{base}.group",
             f"{lane.group!r} is not a valid group name",
@@ -330,7 +312,7 @@ def _check_uniqueness(config: Config) -> Iterator[Finding]:
     units: dict[str, str] = {}
     containers: dict[str, str] = {}
     wrappers: dict[str, str] = {}
-    ports: dict[int, list[tuple[str, str]]] = {}
+    ports: dict[int, list[str]] = {}
     for name, lane in config.lanes.items():
         for table, value, key in (
             (units, unit_name(name, lane), "unit"),
@@ -353,7 +335,7 @@ def _check_uniqueness(config: Config) -> Iterator[Finding]:
                     "give each container lane its own name",
                 )
             containers[cname] = name
-        ports.setdefault(lane.port, []).append((name, lane.group))
+        ports.setdefault(lane.port, []).append(name)
     listen = parse_listen(config.daemon.listen)
     # A weight-cache daemon's ports run beside every lane's (it stays up while its lane is
     # swapped in; another group's lanes run at the same time).
@@ -376,17 +358,17 @@ def _check_uniqueness(config: Config) -> Iterator[Finding]:
                 )
             daemons[port] = f"the weight-cache daemon's of lane {name}"
     for port, users in sorted(ports.items()):
-        groups = {group for _, group in users}
-        if len(groups) > 1:
-            names = ", ".join(f"{n} (group {g})" for n, g in users)
+        if len(users) > 1:
             yield Finding(
-                f"lanes.{users[-1][0]}.port",
-                f"port {port} is shared by lanes that may run at the same time: {names}",
-                "lanes of different groups need different ports; lanes of one group may share one",
+                f"lanes.{users[-1]}.port",
+                f"port {port} is shared by lanes {', '.join(users)}: they never run together "
+                "(one listens at a time)",
+                "give each lane its own port where they should run side by side",
+                Severity.NOTE,
             )
         if listen is not None and listen[1] == port:
             yield Finding(
-                f"lanes.{users[0][0]}.port",
+                f"lanes.{users[0]}.port",
                 f"port {port} is laned's own listen port (daemon.listen)",
                 "pick another port for the engine",
             )

@@ -57,7 +57,6 @@ def check_sleep(config: Config) -> Iterator[Finding]:
         for peer in port_sharers(config, name):
             yield Finding(
                 f"{base}.port",
-                f"lane {peer} of group {spec.group} has the same port {spec.port}, which "
-                f"{name} keeps while it sleeps",
-                "give each lane of the group its own port",
+                f"lane {peer} has the same port {spec.port}, which {name} keeps while it sleeps",
+                "give each lane its own port",
             )

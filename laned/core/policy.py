@@ -100,17 +100,15 @@ def admit_activate(lane: str, current: Current | None, state: LaneState, desired
     return Admit.REPLACE
 
 
-def admit_deactivate(lane: str, current: Current | None) -> Admit:
-    """A deactivation replaces the group's operation unless that one works on another lane
-    (an activation of a peer stops this lane anyway, a peer's restart is not this lane's)."""
-    if current is not None and current.lane != lane:
-        return Admit.ALONGSIDE
-    return Admit.REPLACE
+def admit_deactivate(lane: str, taken_off: bool) -> Admit:
+    """A deactivation replaces the lane's own operation, unless another lane's activation
+    takes this one off (`taken_off`): it is stopped alongside, that activation goes on."""
+    return Admit.ALONGSIDE if taken_off else Admit.REPLACE
 
 
 def admit_restart(lane: str, current: Current | None) -> Admit:
     """A restart of a desired lane: an activation or restart of it on its way already ends
-    in a fresh ready run; anything else of the group is replaced."""
+    in a fresh ready run; a deactivation of it is replaced."""
     if current is not None and current.lane == lane and current.kind is not OpKind.DEACTIVATE:
         return Admit.JOIN
     return Admit.REPLACE

@@ -67,8 +67,9 @@ def plan_catch_up(config: Config, lanes: Mapping[str, LaneNow]) -> dict[str, Cat
         plans[lane] = plan
     activating = {config.lanes[n].group for n, p in plans.items() if p is CatchUp.ACTIVATE}
     for lane, plan in plans.items():
-        if plan is CatchUp.STOP and config.lanes[lane].group in activating:
-            plans[lane] = CatchUp.NOTHING  # the activation of its peer stops it first
+        group = config.lanes[lane].group
+        if plan is CatchUp.STOP and group is not None and group in activating:
+            plans[lane] = CatchUp.NOTHING  # the activation of its group's lane stops it first
     return plans
 
 

@@ -1,11 +1,13 @@
-"""Which lane of a group gets its GPUs when requests at laned's OpenAI endpoint ask for
-several (docs/proxy.md, "Several models"). Pure: a snapshot in, a decision out; the owner's
+"""Which lane gets the GPU memory when requests at laned's OpenAI endpoint ask for several
+lanes that cannot run together (docs/proxy.md, "Several models"). Pure: a snapshot in, a decision out; the owner's
 scheduler (laned.owner.scheduler) gathers the snapshot and acts, the proxy asks `admit`.
 
-laned's policy ("laned"): requests wait per lane; the lane that holds the group's GPUs (the
-resident) is swapped out for a lane with waiting requests once it has nothing in flight or
-queued for a moment (its idle grace), or once it has been resident long enough to have paid
-for its swap (its min residency: what its own swap in cost, measured, unless the lane says).
+laned's policy ("laned"): requests wait per lane; a lane whose waiting requests need memory
+that others hold (the residents: those placement would take off for it, laned.core.placement)
+gets it once each of them has had nothing in flight or queued for a moment (its idle grace),
+or has been resident long enough to have paid for its swap (its min residency: what its own
+swap in cost, measured, unless the lane says). A lane that fits beside the running ones
+starts with no swap at all (the owner's scheduler sees to that).
 The next lane is the one whose oldest request has waited longest, a lane's `priority` worth
 PRIORITY_STEP seconds of waiting a point, so that no lane starves: a waiting lane's score
 grows while the others' reset when they are served. A pinned resident is never swapped out
@@ -106,74 +108,85 @@ def decide(
     idle_return: float | None = None,
     last_request: float | None = None,
 ) -> Decision:
-    """The group's next swap, if one is due now (no operation is under way in it).
-    `last_request`: when the group last had a request (for `idle_return`)."""
-    resident = next((v for v in lanes if v.resident), None)
+    """The next swap among `lanes` (the lanes that compete for the same GPU memory: a lane
+    that waits and those it would take off), if one is due now (no operation is under way
+    on them). The residents are the lanes that hold the memory; all of them must give way.
+    `last_request`: when these lanes last had a request (for `idle_return`)."""
+    residents = [v for v in lanes if v.resident]
     waiting = [v for v in lanes if v.arrivals and not v.resident and not v.blocked]
-    if resident is not None and (not resident.serving or resident.pinned):
+    if any(not r.serving or r.pinned for r in residents):
         return Decision()  # on its way, or restarting: it comes first; pinned: it stays
     if not waiting:
-        return _idle_return(resident, lanes, now, default_lane, idle_return, last_request)
+        return _idle_return(residents, lanes, now, default_lane, idle_return, last_request)
     if policy == "fifo":
-        return _fifo(resident, lanes, waiting)
+        return _fifo(residents, lanes, waiting)
     best = max(waiting, key=lambda v: (now - v.arrivals[0] + v.priority * PRIORITY_STEP, v.name))
     asked = f"swap to {best.name}: {len(best.arrivals)} request(s) waiting {now - best.arrivals[0]:.0f} s"
-    if resident is None:
-        return Decision(best.name, f"{asked}; nothing runs in group", "empty")
-    grace = resident.min_residency * IDLE_GRACE
-    quiet = resident.quiet_since
-    if quiet is not None and now - quiet >= grace:
-        return Decision(best.name, f"{asked}; {resident.name} idle {now - quiet:.0f} s", "idle")
-    held = now - (resident.ready_since if resident.ready_since is not None else now)
-    if held >= resident.min_residency:
-        return Decision(
-            best.name,
-            f"{asked}; {resident.name} resident {held:.0f} s, past its min residency "
-            f"{resident.min_residency:.0f} s",
-            "residency",
-        )
-    again = now + resident.min_residency - held
-    if quiet is not None:
-        again = min(again, quiet + grace)
-    return Decision(again_at=again)
+    if not residents:
+        return Decision(best.name, f"{asked}; nothing runs in its place", "empty")
+    reasons: list[str] = []
+    causes: set[str] = set()
+    again: float | None = None
+    for resident in residents:
+        grace = resident.min_residency * IDLE_GRACE
+        quiet = resident.quiet_since
+        held = now - (resident.ready_since if resident.ready_since is not None else now)
+        if quiet is not None and now - quiet >= grace:
+            reasons.append(f"{resident.name} idle {now - quiet:.0f} s")
+            causes.add("idle")
+        elif held >= resident.min_residency:
+            reasons.append(
+                f"{resident.name} resident {held:.0f} s, past its min residency "
+                f"{resident.min_residency:.0f} s"
+            )
+            causes.add("residency")
+        else:
+            later = now + resident.min_residency - held
+            if quiet is not None:
+                later = min(later, quiet + grace)
+            again = later if again is None else max(again, later)
+    if again is not None:
+        return Decision(again_at=again)
+    cause = "idle" if causes == {"idle"} else "residency"
+    return Decision(best.name, f"{asked}; {', '.join(reasons)}", cause)
 
 
 def _fifo(
-    resident: LaneView | None, lanes: Sequence[LaneView], waiting: list[LaneView]
+    residents: list[LaneView], lanes: Sequence[LaneView], waiting: list[LaneView]
 ) -> Decision:
-    """The head of the queue decides: swap to its lane once the resident has nothing in
-    flight (the resident's own requests queue behind it meanwhile)."""
+    """The head of the queue decides: swap to its lane once the residents have nothing in
+    flight (their own requests queue behind it meanwhile)."""
     heads = [v for v in lanes if v.arrivals and (v.resident or not v.blocked)]
     head = min(heads, key=lambda v: (v.arrivals[0], v.name))
     if head.resident:
         return Decision()
     why = f"swap to {head.name}: fifo, the oldest request waiting is for it"
-    if resident is None:
+    if not residents:
         return Decision(head.name, why, "fifo")
-    if resident.in_flight:
-        return Decision()  # decided again when its last request ends
-    return Decision(head.name, f"{why}; {resident.name} has nothing in flight", "fifo")
+    if any(r.in_flight for r in residents):
+        return Decision()  # decided again when their last request ends
+    names = ", ".join(r.name for r in residents)
+    return Decision(head.name, f"{why}; {names} has nothing in flight", "fifo")
 
 
 def _idle_return(
-    resident: LaneView | None,
+    residents: list[LaneView],
     lanes: Sequence[LaneView],
     now: float,
     default_lane: str | None,
     idle_return: float | None,
     last_request: float | None,
 ) -> Decision:
-    """Back to the default lane after `idle_return` with no request: only from a lane that
-    serves and is not pinned (nothing running stays so; an operator's choice stays)."""
-    if resident is None or default_lane is None or idle_return is None:
+    """Back to the default lane after `idle_return` with no request: only from lanes that
+    serve and are not pinned (nothing running stays so; an operator's choice stays)."""
+    if not residents or default_lane is None or idle_return is None:
         return Decision()
-    if resident.name == default_lane or resident.quiet_since is None:
+    if any(r.name == default_lane or r.quiet_since is None for r in residents):
         return Decision()
     if not any(v.name == default_lane for v in lanes):
         return Decision()
-    since = max(
-        t for t in (last_request, resident.ready_since, resident.quiet_since) if t is not None
-    )
+    times = [last_request] + [t for r in residents for t in (r.ready_since, r.quiet_since)]
+    since = max(t for t in times if t is not None)
     if now - since >= idle_return:
         return Decision(
             default_lane,

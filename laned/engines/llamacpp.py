@@ -42,6 +42,7 @@ from laned.engines.profile import (
     FlagProbe,
     Line,
     MetricNames,
+    Share,
     Tokenizer,
     flag_value,
     port_line,
@@ -142,6 +143,12 @@ def read_help(text: str) -> tuple[str, frozenset[str]]:
     return "unknown", frozenset(flags)
 
 
+def gpu_share(spec: LaneConfig) -> Share:
+    """What its offloaded layers (-ngl) and context take: known from the GGUF file and the
+    flags together only, not from the flags alone (llama.cpp's own --fit reads the file)."""
+    return None, "llama.cpp takes what its -ngl layers and context need, not read from its flags"
+
+
 LLAMACPP = EngineProfile(
     name="llamacpp",
     title="llama.cpp (llama-server)",
@@ -164,4 +171,5 @@ LLAMACPP = EngineProfile(
     flag_probe=FlagProbe("llama-server", read_help=read_help),
     default_port=8080,  # common/arg.cpp: --port's default
     window=window,
+    gpu_share=gpu_share,
 )

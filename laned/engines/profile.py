@@ -194,6 +194,14 @@ def no_preflight(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]
     return []
 
 
+Share = tuple[float | None, str]  # (the part of each GPU's memory it takes, where that is said)
+
+
+def no_share(spec: LaneConfig) -> Share:
+    """An engine whose share of a GPU laned cannot read from its flags."""
+    return None, "its engine's share of a GPU is not read from its flags"
+
+
 @dataclass(frozen=True)
 class EngineProfile:
     """One engine.
@@ -221,7 +229,10 @@ class EngineProfile:
       lane's args must not give;
     - `findings(spec, base)`: what is wrong with a lane of this engine that laned can see
       without running it;
-    - `weight_cache`: how its weights outlive its restarts in a daemon (None: they cannot).
+    - `weight_cache`: how its weights outlive its restarts in a daemon (None: they cannot);
+    - `gpu_share(spec)`: the part of each of its GPUs' memory the engine takes by its own
+      rule, and the flag or source that says so (None: not known from its flags; laned's
+      placement then counts `needs.gpu_memory_gib`, else the whole GPU: docs/placement.md).
     """
 
     name: str
@@ -250,3 +261,4 @@ class EngineProfile:
     findings: Callable[[LaneConfig, str], list[Finding]] = no_findings
     key_file: tuple[str, str] | None = None
     weight_cache: WeightCacheApi | None = None
+    gpu_share: Callable[[LaneConfig], Share] = no_share

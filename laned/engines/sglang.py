@@ -51,6 +51,7 @@ from laned.engines.profile import (
     FlagProbe,
     Line,
     MetricNames,
+    Share,
     SleepApi,
     Tokenizer,
     flag_value,
@@ -178,6 +179,19 @@ flags = sorted({o for a in parser._actions for o in a.option_strings})
 print(json.dumps({"version": version, "flags": flags, "abbrev": parser.allow_abbrev}))
 """
 
+
+def gpu_share(spec: LaneConfig) -> Share:
+    """Not a fixed part of the GPU: SGLang sizes its KV pool from the memory free at its start,
+    less a slack of (1 - --mem-fraction-static) of what was free before the weights
+    (srt/mem_cache/kv_cache_configurator.py `_profile_available_bytes`), and keeps the slack
+    for activations and CUDA graphs (srt/arg_groups/memory_hook.py): whatever the fraction,
+    it takes what is free on its GPUs when it starts."""
+    return (
+        None,
+        "SGLang takes the memory free on its GPUs at its start (--mem-fraction-static is of that)",
+    )
+
+
 SGLANG = EngineProfile(
     name="sglang",
     title="SGLang",
@@ -197,4 +211,5 @@ SGLANG = EngineProfile(
     parallel_flags=("--tp-size", "--tp", "--pp-size", "--dp-size", "--dp"),
     findings=findings,
     key_file=(KEY_FLAG, KEY_NAME),
+    gpu_share=gpu_share,
 )

@@ -31,6 +31,7 @@ from laned.engines.profile import (
     FlagProbe,
     Line,
     MetricNames,
+    Share,
     SleepApi,
     Tokenizer,
     flag_value,
@@ -342,6 +343,26 @@ print(json.dumps({"version": version, "flags": flags, "abbrev": parser.allow_abb
                   "preload": preload}))
 """
 
+GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py (0.32): gpu_memory_utilization's default
+
+
+def gpu_share(spec: LaneConfig) -> Share:
+    """vLLM takes --gpu-memory-utilization × each GPU's memory whatever its model needs, and
+    refuses to start unless that much is free ("Free memory on device ... is less than
+    desired GPU memory utilization", vllm/v1/worker/utils.py `request_memory`)."""
+    text = spec.engine_arg("--gpu-memory-utilization")
+    if text is None:
+        return (
+            GPU_MEMORY_UTILIZATION,
+            f"--gpu-memory-utilization {GPU_MEMORY_UTILIZATION} (vLLM's default)",
+        )
+    try:
+        share = float(text)
+    except ValueError:
+        return None, f"--gpu-memory-utilization {text!r} is not a number"
+    return share, f"--gpu-memory-utilization {share:g}"
+
+
 VLLM = EngineProfile(
     name="vllm",
     title="vLLM",
@@ -361,6 +382,7 @@ VLLM = EngineProfile(
     flag_probe=FlagProbe("vllm", script=FLAG_SCRIPT, loose=True),
     default_port=8000,  # vllm/entrypoints/openai/cli_args.py: --port's default
     weight_cache=WEIGHT_CACHE,  # laned/engines/vllm_preload.py
+    gpu_share=gpu_share,
     parallel_flags=(
         "--tensor-parallel-size",
         "--pipeline-parallel-size",

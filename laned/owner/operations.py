@@ -1,7 +1,8 @@
-"""Operations: one activate, deactivate or restart under way per group, generation-stamped.
+"""Operations: one activate, deactivate or restart under way per lane, generation-stamped.
 
-The newest request for a group supersedes the operation under way: its tasks are
-cancelled and its caller hears `Superseded`. Cancelling alone is not trusted: after every
+The newest request for a lane supersedes the operation under way on it, and an activation
+supersedes those of the lanes it takes off (laned.owner.requests): their tasks are
+cancelled and their callers hear `Superseded`. Cancelling alone is not trusted: after every
 await an operation asks `check()`, which raises Superseded once it is no longer current —
 llama-swap's rule that "a read that gates a mutation is a bug", kept by construction.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 
 from laned.core.lanes import Desired, LaneStatus
@@ -22,11 +23,11 @@ from laned.owner.ledger import new_future
 
 @dataclass
 class Operation:
-    """An activate, deactivate or restart in progress for one group."""
+    """An activate, deactivate or restart in progress for one lane."""
 
     lane: str
     kind: OpKind
-    generation: int  # 0: runs alongside the group's operation, never current itself
+    generation: int  # 0: runs alongside another lane's operation, never current itself
     future: asyncio.Future[LaneStatus]
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     from_lane: str = "none"
@@ -35,35 +36,44 @@ class Operation:
     unattended: bool = False  # laned's own (at start): a refusal fails the lane, visibly
     findings: list[Finding] | None = None  # a preflight its caller already ran
     desired_before: dict[str, Desired] = field(default_factory=dict)  # restored if refused
+    evicts: tuple[str, ...] = ()  # the lanes an activation takes off (laned.core.placement)
 
 
 class Operations:
-    """The operation under way of each group."""
+    """The operation under way of each lane."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
-        self.current: dict[str, Operation] = {}  # group -> its operation
+        self.current: dict[str, Operation] = {}  # lane -> its operation
         self._generation = 0
 
-    def of(self, group: str) -> Operation | None:
-        """The group's operation under way."""
-        return self.current.get(group)
+    def of(self, lane: str) -> Operation | None:
+        """The lane's operation under way."""
+        return self.current.get(lane)
 
-    def view(self, group: str) -> Current | None:
-        """The group's operation as policy sees it."""
-        op = self.current.get(group)
+    def view(self, lane: str) -> Current | None:
+        """The lane's operation as policy sees it."""
+        op = self.current.get(lane)
         return None if op is None else Current(op.lane, op.kind)
 
-    def begin(self, lane: str, kind: OpKind, group: str) -> Operation:
-        """A new operation, current for its group from now on."""
+    def evicting(self, lane: str) -> Operation | None:
+        """The activation under way that takes `lane` off, if one does."""
+        return next((op for op in self.current.values() if lane in op.evicts), None)
+
+    def busy(self, lanes: Collection[str]) -> bool:
+        """Whether an operation works on any of `lanes` (its own, or an activation taking it off)."""
+        return any(op.lane in lanes or set(op.evicts) & set(lanes) for op in self.current.values())
+
+    def begin(self, lane: str, kind: OpKind) -> Operation:
+        """A new operation, current for its lane from now on."""
         self._generation += 1
         op = Operation(lane, kind, self._generation, new_future())
-        self.current[group] = op
+        self.current[lane] = op
         return op
 
     @staticmethod
     def alongside(lane: str, kind: OpKind) -> Operation:
-        """An operation that runs beside the group's current one without displacing it."""
+        """An operation that runs beside another lane's without displacing it."""
         return Operation(lane, kind, 0, new_future())
 
     @staticmethod
@@ -74,34 +84,32 @@ class Operations:
         task.add_done_callback(op.tasks.discard)
         return task
 
-    def is_current(self, op: Operation, group: str) -> bool:
-        """Whether the operation is still its group's current one."""
-        return self.current.get(group) is op
+    def is_current(self, op: Operation) -> bool:
+        """Whether the operation is still its lane's current one."""
+        return self.current.get(op.lane) is op
 
-    def ensure_current(self, op: Operation, group: str) -> None:
+    def ensure_current(self, op: Operation) -> None:
         """After an await: go on only while the operation is current."""
-        if not self.is_current(op, group):
+        if not self.is_current(op):
             raise Superseded(
                 f"{op.kind.value} {op.lane} was replaced by a newer request",
-                "the newest request for a group wins",
+                "the newest request wins",
             )
 
-    def supersede(self, op: Operation, group: str, why: str) -> None:
+    def supersede(self, op: Operation, why: str) -> None:
         """A newer request wins: cancel the operation's tasks, tell its caller."""
         me = asyncio.current_task()
         for task in list(op.tasks):
             if task is not me:
                 task.cancel()
-        error = Superseded(why, "the newest request for a group wins")
+        error = Superseded(why, "the newest request wins")
         self._record_swap(op, error)
         if not op.future.done():
             op.future.set_exception(error)
-        if self.current.get(group) is op:
-            del self.current[group]
+        if self.current.get(op.lane) is op:
+            del self.current[op.lane]
 
-    def finish(
-        self, op: Operation, group: str, status: LaneStatus, error: LanedError | None
-    ) -> None:
+    def finish(self, op: Operation, status: LaneStatus, error: LanedError | None) -> None:
         """The operation ended: its caller hears the lane's status or the error."""
         self._record_swap(op, error)
         if not op.future.done():
@@ -109,8 +117,8 @@ class Operations:
                 op.future.set_result(status)
             else:
                 op.future.set_exception(error)
-        if self.current.get(group) is op:
-            del self.current[group]
+        if self.current.get(op.lane) is op:
+            del self.current[op.lane]
 
     def cancel_all(self) -> list[asyncio.Task[None]]:
         """Cancel every operation's tasks (laned is stopping); the tasks, to wait for."""

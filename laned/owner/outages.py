@@ -72,11 +72,7 @@ class Outages:
         r = self.records
         lanes = {}
         for lane, status in r.statuses.items():
-            busy = (
-                r.ops.of(r.config.lanes[lane].group) is not None
-                or r.restart_waiting(lane)
-                or r.watching(lane)
-            )
+            busy = r.ops.of(lane) is not None or r.restart_waiting(lane) or r.watching(lane)
             running = r.snapshots.get(lane, UnitSnapshot("")).running
             lanes[lane] = resume.LaneNow(status.state, status.desired, running, busy)
         for lane, plan in resume.plan_catch_up(r.config, lanes).items():

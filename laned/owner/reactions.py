@@ -104,7 +104,7 @@ class Reactions:
         r = self.records
         previous = r.snapshots.get(lane, UnitSnapshot(snap.name))
         r.snapshots[lane] = snap
-        op = r.ops.of(r.config.lanes[lane].group)
+        op = r.ops.of(lane)
         by_laned = r.restart_waiting(lane) or (
             op is not None and op.lane == lane and op.kind is not OpKind.DEACTIVATE
         )
@@ -112,7 +112,7 @@ class Reactions:
         if change is policy.UnitChange.EXITED:
             self.exited(lane, snap)
         elif change is policy.UnitChange.STARTED_OUTSIDE:
-            r.desire_only(lane)
+            r.desire_only(lane, r.evictions(lane).lanes)
             r.fire(lane, Ev.STARTED_OUTSIDE, "started outside laned")
 
     def exited(self, lane: str, snap: UnitSnapshot, facts: exits.ExitFacts | None = None) -> None:

@@ -4,20 +4,19 @@ each run's watcher and waiting restart (the machine's `Hands`).
 
 Every part of the owner (laned.owner.supervisor) works on this one object; only the parts
 call its methods. The small rules every part shares live here: an event fired with the
-lane's config, a counted failure, the desire of one lane of a group.
+lane's config, a counted failure, where each lane is placed and what an activation takes off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 
 from laned.adapters import state
-from laned.config.groups import group_peers
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
-from laned.core import policy
+from laned.core import placement, policy
 from laned.core.lanes import Desired, LaneState, LaneStatus
 from laned.core.machine import SERVING_MODES, Ev
 from laned.core.recorder import Recorder
@@ -37,6 +36,11 @@ class Records:
         self.units: dict[str, str] = {}  # unit -> lane
         self.weights_digests: dict[str, str] = {}  # lane -> what its daemon loads
         self.weights_units: dict[str, str] = {}  # weight-cache daemon's unit -> lane
+        self.footprints: dict[str, placement.Footprint] = {}  # what each lane takes of its GPUs
+        self.gpu_totals: placement.Totals | None = None  # the host's GPUs (None: not known)
+        # The requests a lane has waiting or in flight (laned.owner.traffic), for what
+        # taking it off costs.
+        self.load: Callable[[str], int] = lambda lane: 0
         self.name_units(config)
         self.writer = state.StateWriter(
             config.daemon.state_dir,
@@ -68,6 +72,7 @@ class Records:
         }
         # What each daemon loads as the config renders it (its wrapper's digest).
         self.weights_digests = {n: weights_digest(config, n) for n in self.weights_units.values()}
+        self.footprints = placement.footprints(config.lanes)
 
     def all_units(self) -> dict[str, str]:
         """Every unit laned keeps loaded and follows: the lanes' and their daemons'."""
@@ -173,11 +178,36 @@ class Records:
         else:
             self.notices[source] = why
 
-    def desire_only(self, lane: str) -> None:
-        """`lane` desired active and its group peers not."""
-        for peer in group_peers(self.config, lane):
+    def desire_only(self, lane: str, off: Collection[str]) -> None:
+        """`lane` desired active and the lanes it takes off (`off`) not."""
+        for peer in off:
             self.ledger.desire(peer, Desired.INACTIVE)
         self.ledger.desire(lane, Desired.ACTIVE)
+
+    def placed(self, but: str = "") -> list[str]:
+        """The lanes on the GPUs or on their way there (desired active, or holding them),
+        failed and sleeping lanes aside (a sleeper's residual memory is the gate's)."""
+        return sorted(
+            name
+            for name, status in self.statuses.items()
+            if name != but
+            and name in self.config.lanes
+            and status.state is not LaneState.FAILED
+            and (status.desired is Desired.ACTIVE or status.state in policy.HOLDING_STATES)
+        )
+
+    def evictions(self, lane: str) -> placement.Eviction:
+        """The lanes an activation of `lane` takes off now, each with why."""
+        placed = self.placed(but=lane)
+        costs = {name: self.eviction_cost(name) for name in placed}
+        fps = self.footprints
+        return placement.evictions(fps[lane], [fps[n] for n in placed], self.gpu_totals, costs)
+
+    def eviction_cost(self, lane: str) -> float:
+        """What taking the lane off costs (laned.core.placement.cost)."""
+        spec, status = self.config.lanes[lane], self.statuses[lane]
+        start = status.last_wake if status.woke else status.last_cold_start
+        return placement.cost(start, self.load(lane), spec.priority, spec.pinned)
 
     def count_failure(self, lane: str, seen_by: str, what: str) -> policy.Counted | None:
         """Count the current run's failure, seen first by a path other than its exit
@@ -197,11 +227,11 @@ class Records:
         return frozenset().union(*(s.sleepers for s in asleep))
 
     def to_sleep(self, lane: str) -> dict[str, dict[int, int]]:
-        """The peers an activation of `lane` would put to sleep (they sleep and serve now),
+        """The lanes an activation of `lane` would put to sleep (they sleep and serve now),
         with what each kept on its GPUs at its last sleep ({}: not measured yet)."""
         return {
             peer: dict(self.statuses[peer].residual)
-            for peer in group_peers(self.config, lane)
+            for peer in self.evictions(lane).lanes
             if self.config.lanes[peer].sleep_level and self.serving(peer)
         }
 

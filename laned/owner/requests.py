@@ -1,9 +1,10 @@
-"""The owner's requests: activate, deactivate, restart, each an operation of the lane's
-group (laned.owner.operations) made of steps (laned.owner.steps) that answer with values.
+"""The owner's requests: activate, deactivate, restart, each an operation of one lane
+(laned.owner.operations) made of steps (laned.owner.steps) that answer with values. An
+activation takes off the lanes placement says must go (laned.core.placement: those that
+never run beside it, and the cheapest set that leaves it room), and no other.
 
-After every await an operation checks that it is still current, so a newer request for the
-group always wins: a deactivate that arrives while a restart waits at its start gate stops
-it. Every start is part of an operation, made by `_clear_and_start` alone. A part of the
+After every await an operation checks that it is still current, so a newer request always
+wins: a deactivate that arrives while a restart waits at its start gate stops it. Every start is part of an operation, made by `_clear_and_start` alone. A part of the
 owner (laned.owner.supervisor); the reactions ask it for restarts (`Restarts`), and the lane
 machine's timers call `restart_after_failure`.
 """
@@ -15,7 +16,6 @@ import functools
 import logging
 from collections.abc import Callable, Coroutine
 
-from laned.config.groups import group_peers
 from laned.config.names import unit_name
 from laned.core import policy
 from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus
@@ -43,7 +43,7 @@ log = logging.getLogger("laned.supervisor")
 
 
 class Requests:
-    """Activations, stops and restarts, as operations of their group."""
+    """Activations, stops and restarts, as operations of their lane."""
 
     def __init__(
         self,
@@ -68,26 +68,37 @@ class Requests:
         force: bool = False,
         findings: list[Finding] | None = None,
     ) -> asyncio.Future[LaneStatus]:
-        """Make `lane` the running lane of its group; the future resolves when it is ready.
+        """Make `lane` run, taking off the lanes it cannot run beside; the future resolves
+        when it is ready.
 
         Preflight runs first, before anything is stopped: an error refuses the activation
-        (unless `force`) and leaves the running lane and the desired lanes as they were.
+        (unless `force`) and leaves the running lanes and the desired lanes as they were.
         `findings`: a preflight the caller ran just now (the API does), not run again."""
-        spec, status = self.records.spec(lane), self.ledger.statuses[lane]
-        current = self.ops.of(spec.group)
-        admit = policy.admit_activate(lane, self.ops.view(spec.group), status.state, status.desired)
+        status = self.ledger.statuses[lane]
+        self.records.spec(lane)
+        current = self.ops.of(lane)
+        admit = policy.admit_activate(lane, self.ops.view(lane), status.state, status.desired)
         if admit is Admit.JOIN and current is not None:
             return current.future
         if admit is Admit.WAIT_READY:
             return self.ledger.wait_ready(lane)  # idempotent: nothing is restarted
-        if current is not None:
-            self.ops.supersede(current, spec.group, f"superseded by activate {lane}")
-        peers = group_peers(self.records.config, lane)
+        off = set(self.records.evictions(lane).lanes)
+        for other in list(self.ops.current.values()):
+            # The newest request wins: over this lane's own operation, the activations of
+            # the lanes it takes off, and an activation that would take it off (that lane
+            # goes: it was on its way only).
+            taking = other.kind is not OpKind.DEACTIVATE and other.lane in off
+            if other.lane == lane or taking or lane in other.evicts:
+                if lane in other.evicts:
+                    off.add(other.lane)
+                self.ops.supersede(other, f"superseded by activate {lane}")
+        peers = sorted(off)
         before = {n: self.ledger.statuses[n].desired for n in (lane, *peers)}
-        self.records.desire_only(lane)
+        self.records.desire_only(lane, peers)
         self.ledger.failures_cleared(lane)
-        op = self.ops.begin(lane, OpKind.ACTIVATE, spec.group)
+        op = self.ops.begin(lane, OpKind.ACTIVATE)
         op.force, op.desired_before, op.findings = force, before, findings
+        op.evicts = tuple(peers)
         holding = [p for p in peers if self.ledger.statuses[p].state in policy.HOLDING_STATES]
         op.from_lane = holding[0] if holding else "none"
         self.ops.run(op, self._operation(op, lambda: self._activation(op, reason)))
@@ -97,19 +108,20 @@ class Requests:
         """Stop `lane`; a stop laned asked for is never counted as a failure. Requests in
         flight through laned's OpenAI endpoint end first (up to its drain_timeout) unless
         `force`."""
-        group = self.records.spec(lane).group
-        current = self.ops.of(group)
+        self.records.spec(lane)
+        current = self.ops.of(lane)
         self.ledger.desire(lane, Desired.INACTIVE)
         self.records.cancel_restart(lane)
-        if policy.admit_deactivate(lane, self.ops.view(group)) is Admit.ALONGSIDE:
-            # Another lane's operation (an activation stops this one anyway): stop it
-            # alongside without displacing that operation.
+        taking = self.ops.evicting(lane)
+        if policy.admit_deactivate(lane, taking is not None) is Admit.ALONGSIDE:
+            # Another lane's activation takes it off anyway: stop it alongside without
+            # displacing that operation.
             op = self.ops.alongside(lane, OpKind.DEACTIVATE)
         else:
             if current is not None:
-                self.ops.supersede(current, group, f"superseded by deactivate {lane}")
+                self.ops.supersede(current, f"superseded by deactivate {lane}")
                 self._keep_untouched(current, lane)
-            op = self.ops.begin(lane, OpKind.DEACTIVATE, group)
+            op = self.ops.begin(lane, OpKind.DEACTIVATE)
         op.force = force
         stop = functools.partial(self._stop_and_confirm, op.lane, "deactivate", force)
         self.ops.run(op, self._operation(op, stop))
@@ -148,17 +160,14 @@ class Requests:
 
     # --- operations -------------------------------------------------------------------------------
 
-    def _group_of(self, op: Operation) -> str:
-        return self.records.config.lanes[op.lane].group
-
     def _ensure_current(self, op: Operation) -> None:
-        self.ops.ensure_current(op, self._group_of(op))
+        self.ops.ensure_current(op)
 
     def _finish(self, op: Operation, error: LanedError | None = None) -> None:
         passes = (ActivationFailed, Superseded, PreflightFailed)
         if error is not None and op.kind is not OpKind.DEACTIVATE and not isinstance(error, passes):
             error = ActivationFailed(error.message, error.hint)
-        self.ops.finish(op, self._group_of(op), self.ledger.statuses[op.lane], error)
+        self.ops.finish(op, self.ledger.statuses[op.lane], error)
 
     async def _operation(
         self, op: Operation, body: Callable[[], Coroutine[object, object, None]]
@@ -179,7 +188,7 @@ class Requests:
     def spawn_activation(self, lane: str, reason: str) -> None:
         """An activation laned makes itself (the desired or default lane at start)."""
         future = self.activate(lane, reason)
-        op = self.ops.of(self.records.config.lanes[lane].group)
+        op = self.ops.of(lane)
         if op is not None and op.future is future:
             op.unattended = True  # nobody waits for it: a refusal must show in the lane's state
 
@@ -188,7 +197,7 @@ class Requests:
         await self._preflight(op)
         if op.from_lane != "none":  # the weights read in while the running lane goes
             self.prefetches.begin(lane, [op.from_lane])
-        for peer in group_peers(self.records.config, lane):
+        for peer in op.evicts:
             await self._take_off(peer, f"swap to {lane}", op.force)
             self._ensure_current(op)
         asleep = self.ledger.statuses[lane].state is LaneState.SLEEPING
@@ -289,21 +298,21 @@ class Requests:
         raise PreflightFailed(message, hint, findings)
 
     def restart_lane(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
-        """Restart a desired lane as an operation of its group: `restarting` now (so waiters
+        """Restart a desired lane as an operation of its own: `restarting` now (so waiters
         made after this wait for the new run), then stop and start it. A requested restart
         drains the endpoint's requests first (unless `force`); a failed engine has none to
         finish."""
-        status, group = self.ledger.statuses[lane], self.records.config.lanes[lane].group
+        status = self.ledger.statuses[lane]
         if status.desired is not Desired.ACTIVE:
             return
-        if policy.admit_restart(lane, self.ops.view(group)) is Admit.JOIN:
+        if policy.admit_restart(lane, self.ops.view(lane)) is Admit.JOIN:
             return  # an activation or restart of it is under way: it ends in a fresh run
-        current = self.ops.of(group)
+        current = self.ops.of(lane)
         if current is not None:
-            self.ops.supersede(current, group, f"superseded by restart {lane}")
+            self.ops.supersede(current, f"superseded by restart {lane}")
         self.ledger.restarted(lane)
         self.records.recorder.restart(lane, kind.value)
-        op = self.ops.begin(lane, OpKind.RESTART, group)
+        op = self.ops.begin(lane, OpKind.RESTART)
         op.force = force or kind is not RestartKind.REQUESTED
         self.records.fire(lane, Ev.RESTART, reason)  # a stop of laned's, the watcher ended
         self.ops.run(op, self._operation(op, lambda: self._stop_then_start(op, reason)))
@@ -330,17 +339,16 @@ class Requests:
         status = self.ledger.statuses.get(lane)
         if status is None or status.desired is not Desired.ACTIVE:
             return
-        group = self.records.config.lanes[lane].group
         if status.state is not LaneState.RESTARTING or self.records.closing:
             return
         count = self.ledger.restarted(lane)
         self.records.recorder.restart(lane, RestartKind.FAILURE.value)
         reason = f"restart #{count} after a failure"
-        current = self.ops.of(group)
-        if current is not None and current.lane == lane and current.kind is not OpKind.DEACTIVATE:
+        current = self.ops.of(lane)
+        if current is not None and current.kind is not OpKind.DEACTIVATE:
             self.ops.run(current, self._start_within(current, reason))
             return
-        op = self.ops.begin(lane, OpKind.RESTART, group)
+        op = self.ops.begin(lane, OpKind.RESTART)
         ready = self.ledger.wait_ready(lane)
 
         async def body() -> None:

@@ -1,9 +1,11 @@
-"""Requests for several lanes of one group, scheduled (docs/proxy.md, "Several models"): a
-part of the owner (laned.owner.supervisor) that gathers each group's snapshot, asks the
-pure policy (laned.core.schedule) and acts on its decision with an activation. The proxy
-asks it whether a request goes now, waits, or is refused, and waits here for its turn.
+"""Requests for lanes that compete for GPU memory, scheduled (docs/proxy.md, "Several
+models"): a part of the owner (laned.owner.supervisor) that gathers, for each lane with
+requests waiting, its snapshot and that of the lanes it would take off (laned.core.placement),
+asks the pure policy (laned.core.schedule) and acts on its decision with an activation. A lane
+that fits beside the running ones starts without a swap. The proxy asks it whether a request
+goes now, waits, or is refused, and waits here for its turn.
 
-It acts only where no operation is under way in the group (an operator's request, or its
+It acts only where no operation is under way on those lanes (an operator's request, or its
 own last swap, runs to its end first), and it decides again whenever something happens: a
 request begins to wait, a lane goes quiet (laned.owner.traffic), any lane event (the
 ledger), or a residency it waits for ends.
@@ -16,10 +18,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from laned.config.groups import default_lane, group_peers, groups, idle_return, lanes_of
-from laned.core import schedule
+from laned.config.groups import default_lanes
+from laned.core import placement, schedule
 from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
-from laned.core.schedule import Admission, LaneView, Verdict
+from laned.core.schedule import Admission, Decision, LaneView, Verdict
 from laned.errors import LanedError, Superseded
 from laned.owner.records import Records
 from laned.owner.traffic import Traffic
@@ -33,7 +35,7 @@ Activate = Callable[[str, str], "asyncio.Future[LaneStatus]"]
 
 
 class Scheduler:
-    """Each group's swaps for the requests that wait, and the requests' turns."""
+    """The swaps for the requests that wait, and the requests' turns."""
 
     def __init__(self, records: Records, traffic: Traffic, activate: Activate) -> None:
         self.records, self.traffic, self.activate = records, traffic, activate
@@ -80,8 +82,19 @@ class Scheduler:
         dismissed = self._dismissed.get(lane)
         if dismissed is not None and arrived <= dismissed[0]:
             return Admission(Verdict.REFUSE, dismissed[1], dismissed[2])
-        peers = [self.view(p) for p in group_peers(r.config, lane)]
+        rivals = set(r.evictions(lane).lanes) | self._apart(lane)
+        peers = [self.view(p) for p in sorted(rivals)]
         return schedule.admit(self.view(lane), peers, r.config.daemon.schedule, arrived)
+
+    def _apart(self, lane: str) -> set[str]:
+        """The lanes that never run beside `lane` (their requests compete with its own)."""
+        r = self.records
+        fps, me = r.footprints, r.footprints[lane]
+        return {
+            n
+            for n, fp in fps.items()
+            if n != lane and not placement.together(me, fp, r.gpu_totals)[0]
+        }
 
     async def turn(self, lane: str, arrived: float, timeout: float) -> Admission:
         """Wait until the request that arrived at `arrived` may go (GO) or will not (REFUSE);
@@ -132,46 +145,98 @@ class Scheduler:
         )
 
     async def run(self) -> None:
-        """Decide for every group whenever something happens, until cancelled."""
+        """Decide whenever something happens, until cancelled."""
         while True:
-            again: float | None = None
-            for group in groups(self.records.config):
-                later = self.decide(group)
-                if later is not None:
-                    again = later if again is None else min(again, later)
+            again = self.decide()
             wait = None if again is None else max(again - self.records.clock(), 0.01)
             await self._next_news(wait)
 
-    def decide(self, group: str) -> float | None:
-        """The group's next swap, made if due; when to decide again without news."""
+    def decide(self) -> float | None:
+        """The swaps due now, made; when to decide again without news.
+
+        Each lane with requests waiting, the longest-waiting first (fifo: the oldest request
+        first), is decided with the lanes it would take off (laned.core.placement): none,
+        and it starts at once; else the policy says whether they have served long enough.
+        A lane decided on reserves those lanes for this round, so a later one cannot take
+        them first. Then each default lane's idle return, the same way."""
         r = self.records
-        config = r.config
-        if r.ops.of(group) is not None:
-            return None  # an operation runs to its end first
-        lanes = lanes_of(config, group)
+        config, now = r.config, r.clock()
+        fifo = config.daemon.schedule == "fifo"
+        views = {n: self.view(n) for n in config.lanes}
+        waiting = [v for v in views.values() if v.arrivals and not v.resident and not v.blocked]
+        if fifo:
+            waiting.sort(key=lambda v: (v.arrivals[0], v.name))
+        else:
+            waiting.sort(
+                key=lambda v: (v.arrivals[0] - v.priority * schedule.PRIORITY_STEP, v.name)
+            )
+        reserved: set[str] = set()
+        again: float | None = None
+        for lane in waiting:
+            off = r.evictions(lane.name).lanes
+            lanes = {lane.name, *off}
+            if reserved & lanes or r.ops.busy(lanes):
+                reserved |= lanes
+                continue  # an operation runs to its end first, or an older lane comes first
+            reserved |= lanes
+            decision = schedule.decide(
+                [lane, *(views[n] for n in off)], now, config.daemon.schedule
+            )
+            if decision.swap_to is not None and not off and r.placed():
+                decision = Decision(
+                    lane.name,
+                    f"start {lane.name}: {len(lane.arrivals)} request(s) waiting "
+                    f"{now - lane.arrivals[0]:.0f} s; it fits beside the lanes running",
+                    "fits",
+                )
+            if decision.swap_to is not None:
+                self._swap(decision)
+            else:
+                later = min(decision.again_at or now + WAITING_LOOK, now + WAITING_LOOK)
+                again = later if again is None else min(again, later)
+        for default, idle in default_lanes(config):
+            back = self._idle_return(default, idle, views, reserved)
+            if back is not None:
+                again = back if again is None else min(again, back)
+        return again
+
+    def _idle_return(
+        self, default: str, idle: float | None, views: dict[str, LaneView], reserved: set[str]
+    ) -> float | None:
+        """Back to a default lane after its idle return, from the lanes it would take off."""
+        r = self.records
+        if idle is None or views[default].resident:
+            return None
+        off = r.evictions(default).lanes
+        lanes = {default, *off}
+        if not off or reserved & lanes or r.ops.busy(lanes):
+            return None
+        reserved |= lanes
         last = [t for n in lanes if (t := self.traffic.last_request(n)) is not None]
         decision = schedule.decide(
-            [self.view(n) for n in lanes],
+            [views[default], *(views[n] for n in off)],
             r.clock(),
-            config.daemon.schedule,
-            default_lane(config, group),
-            idle_return(config, group),
+            r.config.daemon.schedule,
+            default,
+            idle,
             max(last, default=None),
         )
         if decision.swap_to is None:
-            if any(self.traffic.queued(n) for n in lanes):  # what comes with no news (a
-                now = r.clock()  # check's end): looked at again soon while requests wait
-                return min(decision.again_at or now + WAITING_LOOK, now + WAITING_LOOK)
             return decision.again_at
-        lane = decision.swap_to
-        cooling = self._cooling.get(lane, 0.0)
-        if decision.cause == "idle_return" and r.clock() < cooling:
+        cooling = self._cooling.get(default, 0.0)
+        if r.clock() < cooling:
             return cooling  # its last return failed: not again at every event
+        self._swap(decision)
+        return None
+
+    def _swap(self, decision: Decision) -> None:
+        """Act on a decision: the activation, noted and counted."""
+        r, lane = self.records, decision.swap_to
+        assert lane is not None
         r.ledger.note(lane, EventKind.SCHEDULE, decision.reason)
         r.recorder.schedule_swap(lane, decision.cause)
         activation = self.activate(lane, decision.reason)
         activation.add_done_callback(lambda done: self._activated(lane, done))
-        return None
 
     def _activated(self, lane: str, done: asyncio.Future[LaneStatus]) -> None:
         """A swap this part asked for ended: one preflight refused (nothing was stopped)

@@ -8,7 +8,7 @@ seen, the operations under way) and only they change it, a lane's state only by 
 event of the lane machine (laned.core.machine); they act on the host through one seam
 (laned.owner.seam, given here):
 
-- `Requests` (owner.requests): activate, deactivate, restart, as operations of a group;
+- `Requests` (owner.requests): activate, deactivate, restart, as operations of a lane;
 - `Reactions` (owner.reactions): a unit's change, an exit, what the watchers observe, the
   journal's startup phases, a peer rank out of reach;
 - `Checks` (owner.checks): acceptance gates against a serving lane;
@@ -76,6 +76,7 @@ class Supervisor:
         self.seam, self.clock = seam, clock
         self.records = records = Records(config, clock, systemd_version)
         self.traffic = Traffic(clock)  # laned's OpenAI endpoint counts its requests here
+        records.load = lambda lane: self.traffic.queued(lane) + self.traffic.in_flight(lane)
         self.checks = Checks(records, seam)
         self.weights = Weights(records, seam)
         self.weights.restarts = self
@@ -108,11 +109,21 @@ class Supervisor:
             r.notices["state.json at start"] = saved.problem
         r.ledger.restore(saved, functools.partial(state.load_checks, r.config.daemon.state_dir))
         r.writer.start()
+        await self.read_gpus()
         await self.bus.connect()
         self._log_task = r.spawn(self.outages.follow_logs())
         await self.reconcile(first=not saved.desired)
         r.spawn(self.bus.keep())
         r.spawn(self.scheduler.run())
+
+    async def read_gpus(self) -> None:
+        """The host's GPUs, for placement (laned.core.placement): read once, at start."""
+        try:
+            gpus = (await self.seam.facts()).gpus
+        except Exception as exc:  # placement then keeps lanes apart where sizes matter
+            log.warning("GPUs not read for placement: %r", exc)
+            gpus = None
+        self.records.gpu_totals = None if not gpus else {g.index: g.total_bytes for g in gpus}
 
     async def close(self) -> None:
         """Stop watching (the lanes keep running: they are systemd's units)."""
@@ -204,7 +215,7 @@ class Supervisor:
         force: bool = False,
         findings: list[Finding] | None = None,
     ) -> asyncio.Future[LaneStatus]:
-        """Make `lane` the running lane of its group (Requests.activate)."""
+        """Make `lane` run, taking off what it cannot run beside (Requests.activate)."""
         return self.requests.activate(lane, reason, force, findings)
 
     def deactivate(self, lane: str, force: bool = False) -> asyncio.Future[LaneStatus]:

@@ -12,7 +12,6 @@ import re
 from collections.abc import Sequence
 
 from laned.config.durations import systemd_seconds
-from laned.config.groups import group_peers
 from laned.config.model import Config, LaneConfig
 from laned.config.names import (
     unit_name,
@@ -20,6 +19,7 @@ from laned.config.names import (
     weights_wrapper_path,
     wrapper_path,
 )
+from laned.core.placement import never_peers
 from laned.core.unit_state import systemd_restarts as restarts_itself
 
 Section = tuple[str, Sequence[tuple[str, str]]]
@@ -81,13 +81,14 @@ def restart_steps(base: float, cap: float) -> int:
 def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
     """The systemd user unit of one lane, for a user manager of `systemd_version`."""
     spec: LaneConfig = config.lanes[lane]
-    peers = group_peers(config, lane)
+    peers = never_peers(config.lanes, lane)
     unit: list[tuple[str, str]] = [
         ("Description", escape_value(spec.description or f"laned lane {lane}")),
     ]
     after: list[str] = []
-    # Lanes of one group take turns on the same GPUs; a lane that sleeps keeps running
-    # beside the one that took its place, so no Conflicts= with it either way.
+    # Lanes that can never run together take turns on the same GPUs (laned's placement
+    # decides the rest); a lane that sleeps keeps running beside the one that took its
+    # place, so no Conflicts= with it either way.
     conflicting = [p for p in peers if not (spec.sleep_level or config.lanes[p].sleep_level)]
     if conflicting:
         unit.append(("Conflicts", " ".join(unit_name(p, config.lanes[p]) for p in conflicting)))
@@ -166,7 +167,7 @@ def weights_unit(config: Config, lane: str) -> str:
     spec: LaneConfig = config.lanes[lane]
     conflicting = [
         unit_name(p, config.lanes[p])
-        for p in group_peers(config, lane)
+        for p in never_peers(config.lanes, lane)
         if not config.lanes[p].sleep_level
     ]
     unit: list[tuple[str, str]] = [

@@ -107,7 +107,7 @@ def test_the_status_page_shows_the_host_in_four_states_and_swaps_live(
                 "vllm · a"
             )  # its engine, its model
             expect(page.locator("#gpus")).to_contain_text("no GPU read: ")
-            expect(page.locator('#timeline .band[data-group="gpu"]')).to_have_attribute("aria-label", "nothing ran")  # fmt: skip
+            expect(page.locator('#timeline .band[data-group="gpus"]')).to_have_attribute("aria-label", "nothing ran")  # fmt: skip
             expect(page.locator('#cache [data-cache="b"]')).to_contain_text("b · 8 MiB of 8 MiB (100%) · 1 file")  # fmt: skip
             shoot(page, tmp_path, "idle")
 
@@ -128,7 +128,7 @@ def test_the_status_page_shows_the_host_in_four_states_and_swaps_live(
             expect(state["a"]).to_have_text("sleeping", timeout=30_000)
             expect(rung["a"]).to_contain_text("asleep")
             expect(state["b"]).to_have_text("ready", timeout=30_000)
-            expect(page.locator('#timeline .band[data-group="gpu"] div[data-lane="a"]').first).to_be_attached(timeout=70_000)  # fmt: skip
+            expect(page.locator('#timeline .band[data-group="gpus"] div[data-lane="a"]').first).to_be_attached(timeout=70_000)  # fmt: skip
             events = page.locator("#events")
             expect(events).to_contain_text("b  inactive → starting")
             expect(events).to_contain_text("a  ready → stopping")
@@ -250,7 +250,7 @@ def test_gpus_say_which_lanes_engine_holds_each_processs_memory(
             assert owners.pop(4242) is None and list(owners.values()) == ["a"], owners
             assert gpu["total_bytes"] == 80 * GIB and gpu["name"] == "test GPU"
             timeline = (await client.get("/timeline", params={"hours": 1})).json()
-            assert timeline["groups"] == {"gpu": ["a"]}
+            assert timeline["groups"] == {"gpus": ["a"]}
             moves = [(t["from"], t["to"]) for t in timeline["transitions"] if t["lane"] == "a"]
             assert moves == [("inactive", "starting"), ("starting", "ready")], moves
             too_far = await client.get("/timeline", params={"hours": 25})

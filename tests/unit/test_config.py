@@ -69,7 +69,7 @@ def test_defaults_follow_xdg_variables_like_systemd() -> None:
     assert plain.daemon.unit_dir == "/h/.config/systemd/user"
     assert plain.daemon.state_dir == "/h/.local/state/laned"
     lane = plain.lanes["a"]
-    assert lane.unit is None and lane.group == "gpu" and lane.health_path == "/health"
+    assert lane.unit is None and lane.group is None and lane.health_path == "/health"
 
 
 def test_tilde_and_xdg_expand_in_paths() -> None:
@@ -314,13 +314,12 @@ def test_lane_needs_exactly_one_of_container_and_exec() -> None:
     assert ("lanes.a", "has both of `container` and `exec`") in problems(both)
 
 
-def test_ports_unique_across_groups_but_shared_within_one() -> None:
+def test_lanes_on_one_port_never_run_together_and_are_told_so() -> None:
     two = MINIMAL + MINIMAL.replace("lanes.a", "lanes.b")
-    parse_config(two, "t", ENV)  # same group, same port: one base URL across swaps
-    other_group = two.replace("[lanes.b]\nport = 8001", '[lanes.b]\ngroup = "cpu"\nport = 8001')
-    assert any(
-        "shared by lanes that may run at the same time" in m for _, m in problems(other_group)
-    )
+    parse_config(two, "t", ENV)  # same port: one base URL across swaps, never together
+    said = [f for f in parse_config(two, "t", ENV).warnings if f.where == "lanes.b.port"]
+    assert said and said[0].severity is Severity.NOTE
+    assert "port 8001 is shared by lanes a, b: they never run together" in said[0].message
     own = MINIMAL.replace("8001", "9000")
     assert any("laned's own listen port" in m for _, m in problems(own))
 

@@ -22,7 +22,7 @@ def config(extra: str = "", default_lane: str = "") -> Config:
     daemon = f'[daemon]\ndefault_lane = "{default_lane}"\n' if default_lane else ""
     text = daemon
     for name, port in (("a", 8001), ("b", 8001), ("c", 8003)):
-        group = 'group = "other"\n' if name == "c" else ""
+        group = 'group = "other"\n' if name == "c" else 'group = "gpu"\n'
         text += (
             f'[lanes.{name}]\nport = {port}\nserved_model_name = "{name}"\n{group}{extra}'
             f'[lanes.{name}.exec]\ncommand = ["/bin/engine"]\n'
@@ -79,9 +79,10 @@ def test_an_activation_joins_its_twin_waits_when_running_and_else_replaces() -> 
 
 @pytest.mark.parametrize("kind", list(OpKind))
 def test_a_deactivation_replaces_its_own_lanes_operation_whatever_it_is(kind: OpKind) -> None:
-    assert policy.admit_deactivate("a", Current("a", kind)) is Admit.REPLACE
-    assert policy.admit_deactivate("a", Current("b", kind)) is Admit.ALONGSIDE
-    assert policy.admit_deactivate("a", None) is Admit.REPLACE
+    # Its own operation, whatever it is, or none: replaced. Another lane's activation that
+    # takes it off: stopped alongside.
+    assert policy.admit_deactivate("a", taken_off=False) is Admit.REPLACE
+    assert policy.admit_deactivate("a", taken_off=True) is Admit.ALONGSIDE
 
 
 def test_a_restart_joins_a_start_of_its_lane_and_replaces_anything_else() -> None:

@@ -263,24 +263,6 @@ def test_a_lanes_gpus_come_from_gpus_its_cdi_devices_or_cuda_visible_devices() -
     assert "its GPUs have 192.0 GiB" in short[0].message, "two of the four GPUs are the lane's"
 
 
-def test_lanes_of_several_groups_are_told_to_name_their_gpus() -> None:
-    text = (
-        CONTAINER.replace("{extra}", "").replace("{container}", "")
-        + """
-[lanes.d]
-port = 8005
-group = "small"
-served_model_name = "d"
-gpus = [3]
-[lanes.d.exec]
-command = ["/opt/vllm", "serve", "org/model"]
-"""
-    )
-    warned = [p for p in parse_config(text, "t.toml", ENV).warnings if p.where == "lanes.c.gpus"]
-    assert len(warned) == 1 and "other groups" in warned[0].message
-    assert not [p for p in parse_config(text, "t.toml", ENV).warnings if p.where == "lanes.d.gpus"]
-
-
 GLM_CONFIG = {"eos_token_id": [151329, 151336, 151338], "top_k": 40, "temperature": 1.0}
 
 

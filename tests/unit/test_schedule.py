@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laned.config.groups import default_lane, idle_return
+from laned.config.groups import default_lane, default_lanes, idle_return
 from laned.config.load import parse_config
 from laned.core.schedule import (
     IDLE_GRACE,
@@ -152,16 +152,16 @@ command = ["/bin/engine"]
 
 def test_groups_say_their_default_lane_and_idle_return_and_bad_ones_are_named() -> None:
     config = parse_config(GROUPS, "t.toml", {"HOME": "/home/op"})
-    assert default_lane(config, "gpu") == "a" and idle_return(config, "gpu") == 1800.0
-    assert default_lane(config, "other") is None
+    assert default_lanes(config) == [("a", 1800.0)]  # daemon.default_lane, of no group
+    assert default_lane(config, "other") is None and idle_return(config, "other") == 1800.0
     spec = config.lanes["b"]
     assert spec.pinned and spec.priority == 2 and spec.min_residency == 300.0
-    bad = GROUPS + '[groups.gpus]\ndefault_lane = "c"\n[groups.other]\ndefault_lane = "a"\nidle_return = "1h"\n'  # fmt: skip
+    bad = GROUPS + '[groups.othr]\ndefault_lane = "c"\n[groups.other]\ndefault_lane = "a"\nidle_return = "1h"\n'  # fmt: skip
     with pytest.raises(ConfigError) as refused:
         parse_config(bad, "t.toml", {"HOME": "/home/op"})
     text = str(refused.value)
-    assert "groups.gpus: no lane is of group 'gpus'" in text and "did you mean 'gpu'?" in text
-    assert "groups.other.default_lane: lane 'a' is of group 'gpu', not 'other'" in text
+    assert "groups.othr: no lane is of group 'othr'" in text and "did you mean 'other'?" in text
+    assert "groups.other.default_lane: lane 'a' is of no group, not 'other'" in text
 
 
 # --- a whole group, replayed ------------------------------------------------------------------
@@ -307,16 +307,16 @@ def test_the_owners_scheduler_swaps_once_and_backs_off_a_failed_idle_return() ->
         records.ledger.desire("b", Desired.ACTIVE)
         records.fire("b", Ev.START, "start")
         records.ledger.ready("b", "ready", None)  # at 1000.0
-        assert scheduler.decide("gpu") == 1002.0 and not asked  # idle_return: 2 s from now
+        assert scheduler.decide() == 1002.0 and not asked  # idle_return: 2 s from now
         now[0] = 1002.0
-        assert scheduler.decide("gpu") is None
+        assert scheduler.decide() is None
         assert [lane for lane, _ in asked] == ["a"] and asked[0][1].startswith("back to the default lane a")  # fmt: skip
         await asyncio.sleep(0)  # the refusal reaches the scheduler
         assert [e.reason for e in records.ledger.events if e.kind.value == "schedule"] == [asked[0][1]]  # fmt: skip
         # Refused: not asked again at every event, but after RETRY_AFTER.
-        assert scheduler.decide("gpu") == 1002.0 + RETRY_AFTER and len(asked) == 1
+        assert scheduler.decide() == 1002.0 + RETRY_AFTER and len(asked) == 1
         now[0] += RETRY_AFTER
-        scheduler.decide("gpu")
+        scheduler.decide()
         assert len(asked) == 2
 
     asyncio.run(scenario())

@@ -98,6 +98,7 @@ def engine_lines(config: Config, lane: str) -> list[Line]:
         lines += [(None, ["-v", v]) for v in c.volumes]
         lines += [(var.why, ["-e", f"{key}={var.value}"]) for key, var in spec.env.items()]
         lines += [(why, ["-e", f"{key}={value}"]) for key, value, why in profile.env(spec)]
+        lines += [(why, ["-e", f"{key}={value}"]) for key, value, why in gpu_env(spec, base)]
         lines += _cache_lines(config, lane)
         if spec.secrets_path:
             lines.append(
@@ -255,6 +256,23 @@ def render_wrapper(config: Config, lane: str) -> str:
     return _wrapper(config, lane, weights=False)
 
 
+def gpu_env(spec: LaneConfig, base: str) -> list[tuple[str, str, str]]:
+    """CUDA_VISIBLE_DEVICES from `gpus`, where the lane declares its GPUs and names them
+    nowhere else (its env, CDI devices by index; `nvidia.com/gpu=all` shows every GPU in
+    the host's order): the engine then runs on the GPUs laned places it on, numbered as
+    nvidia-smi and NVML number them (PCI bus order, not CUDA's fastest first)."""
+    devices = spec.container.devices if spec.container else ()
+    # Devices that name GPUs (nvidia.com/gpu=2) show the container those alone, numbered from 0.
+    named = any(d.startswith("nvidia.com/gpu=") and d[15:].isdigit() for d in devices)
+    if not spec.gpus or "CUDA_VISIBLE_DEVICES" in spec.env or named:
+        return []
+    why = f"set by laned from {base}.gpus: the engine runs on the GPUs laned places it on"
+    return [
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "numbered as nvidia-smi numbers them"),
+        ("CUDA_VISIBLE_DEVICES", ",".join(map(str, spec.gpus)), why),
+    ]
+
+
 def render_weights_wrapper(config: Config, lane: str) -> str:
     """The bash wrapper of the lane's weight-cache daemon (`vllm preload`): the serve
     wrapper's environment and secrets, the daemon's command, and `ready` (its unit's
@@ -333,7 +351,7 @@ def _wrapper(config: Config, lane: str, weights: bool) -> str:
             if why:
                 out += comment(why)
             out.append(f"export {key}={shlex.quote(value)}")
-        for key, value, why in engines.for_lane(spec).env(spec):
+        for key, value, why in [*engines.for_lane(spec).env(spec), *gpu_env(spec, f"lanes.{lane}")]:
             out += comment(why)
             out.append(f"export {key}={shlex.quote(value)}")
     if not weights:

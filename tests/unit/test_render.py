@@ -66,6 +66,9 @@ LANED_ADDITIONS_PODMAN = [
     ("-e", "VLLM_API_KEY"),
     ("-v", "/home/op/.cache/laned/lanes/dsv41:/laned/cache"),
     ("-e", "VLLM_ENGINE_READY_TIMEOUT_S=3600"),  # seed 001's fix for long cold starts
+    # gpus = [0, 1] with --device nvidia.com/gpu=all: the engine on the GPUs laned places it on
+    ("-e", "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
+    ("-e", "CUDA_VISIBLE_DEVICES=0,1"),
     *[("-e", f"{k}={v}") for k, v in sorted(DEFAULT_CACHE_ENV.items())],
 ]
 # What laned drops, on purpose: --rm, because the wrapper reads how the container ended

@@ -11,10 +11,10 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from laned.adapters import secret_files
-from laned.adapters.gpus import GateResult, Nvml, wait_released
+from laned.adapters.gpus import GateResult, Nvml, SimGpus, wait_released
 from laned.adapters.kernel import cgroup_of, cgroup_pids, disk_total_gib, meminfo, port_busy
 from laned.adapters.pagecache import (
     read_generation_config,
@@ -50,7 +50,7 @@ def engine_host(spec: LaneConfig) -> str:
 class Host:
     """GPUs (NVML, opened when first needed) and the podman API, for one laned."""
 
-    def __init__(self, podman: Podman, nvml: Nvml | None = None) -> None:
+    def __init__(self, podman: Podman, nvml: Nvml | SimGpus | None = None) -> None:
         self.podman = podman
         self._nvml = nvml  # opened when first needed; given, it stands in for NVML (tests)
 
@@ -61,9 +61,13 @@ class Host:
             self._nvml = None
         self.podman.close()
 
-    def nvml(self) -> tuple[Nvml | None, str]:
+    def nvml(self) -> tuple[Nvml | SimGpus | None, str]:
         """NVML, or None and why (tried again each time: a driver may be installed later)."""
         if self._nvml is None:
+            simulated = os.environ.get("LANED_SIM_GPUS")
+            if simulated:  # a simulated host's GPUs (laned.adapters.gpus.SimGpus)
+                self._nvml = SimGpus(simulated)
+                return self._nvml, ""
             self._nvml, why = Nvml.open()
             return self._nvml, why
         return self._nvml, ""
@@ -129,10 +133,16 @@ class Host:
         )
 
     async def gpu_gate(
-        self, spec: LaneConfig, sleepers: Collection[int] = ()
+        self,
+        spec: LaneConfig,
+        sleepers: Collection[int] = (),
+        staying: Mapping[int, str] = {},
+        room: Mapping[int, int] = {},
     ) -> tuple[GateResult | None, str]:
         """Wait until the lane's GPUs are free enough, but for the memory `sleepers` (the
-        processes of laned's sleeping lanes) keep; (None, why) where NVML is absent."""
+        processes of laned's sleeping lanes) and `staying` (pid -> lane: the lanes that run
+        on beside it) keep, with `room` free where it says (laned.adapters.gpus.held);
+        (None, why) where NVML is absent."""
         nvml, why = self.nvml()
         if nvml is None:
             return None, why
@@ -143,6 +153,8 @@ class Host:
             gate.timeout,
             gate.interval,
             sleepers=sleepers,
+            staying=staying,
+            room=room,
         )
         return result, ""
 

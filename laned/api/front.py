@@ -224,7 +224,7 @@ class Front:
         facts = await self.supervisor.host_facts()
         lanes = self.supervisor.config.lanes
         weights = await self.supervisor.weights_gib([n for n, s in lanes.items() if s.sleep_level])
-        return fit_report(lanes, facts, weights)
+        return fit_report(lanes, facts, weights, self.supervisor.placed())
 
     async def weights(self) -> dict[str, Any]:
         """Each lane with local weight files: how much of them is in the page cache now."""
@@ -237,6 +237,7 @@ class Front:
         if facts.gpus is None:
             return {"gpus": [], "note": facts.gpu_note or "no NVML"}
         holders = await self.supervisor.gpu_holders()
+        places = {g.index: g for g in self.supervisor.placement()[0]}
         return {
             "note": None,
             "gpus": [
@@ -245,6 +246,15 @@ class Front:
                     "name": gpu.name,
                     "total_bytes": gpu.total_bytes,
                     "used_bytes": gpu.used_bytes,
+                    # Where laned placed lanes (laned.core.placement): what each takes, and
+                    # what is left for another (null: cannot be told).
+                    "placed": [
+                        {"lane": n, "bytes": b}
+                        for n, b in (places[gpu.index].lanes if gpu.index in places else ())
+                    ],
+                    "left_bytes": places[gpu.index].left
+                    if gpu.index in places
+                    else gpu.total_bytes,
                     "processes": None
                     if gpu.processes is None
                     else [{"pid": p, "bytes": b, "lane": holders.get(p)} for p, b in gpu.processes],

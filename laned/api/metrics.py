@@ -189,7 +189,7 @@ class LanedMetrics(Recorder):
             each.labels(lane)
         for histogram in (self.proxy_wait_seconds, self.proxy_overhead_seconds):
             histogram.labels(lane)  # so that a first observation is an increase to rate()
-        for cause in ("empty", "idle", "residency", "fifo", "idle_return"):
+        for cause in ("empty", "fits", "idle", "residency", "fifo", "idle_return"):
             self.schedule_swaps.labels(lane, cause)
 
     def exit(self, lane: str, code: int | None, signal: int | None, verdict: str) -> None:

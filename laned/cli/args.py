@@ -189,7 +189,7 @@ def _lane_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     preflight.add_argument("lane", metavar="LANE")
     preflight.add_argument("--json", action="store_true", help="print the findings as JSON")
     for name, verb in (
-        ("activate", "make LANE the running lane of its group"),
+        ("activate", "start LANE, taking off the lanes it cannot run beside"),
         ("deactivate", "stop LANE"),
         ("restart", "stop and start LANE again"),
     ):

@@ -212,7 +212,36 @@ def fit_table(body: dict[str, Any]) -> str:
         verdict = "does not fit" if not lane["fits"] else "may not fit" if unsure else "fits"
         detail = "; ".join(problems or notes)
         lines.append(f"  {lane['name']:16} {verdict}" + (f"  ({detail})" if detail else ""))
+    if "placement" in body:
+        lines += placement_lines(body["placement"])
     return "\n".join(lines)
+
+
+def placement_lines(placement: dict[str, Any]) -> list[str]:
+    """Placement, for people: each GPU with the lanes placed on it and what is left, then
+    each pair of lanes with whether they may run together and why (laned.core.placement)."""
+    gib = 2**30
+    lines = []
+    if any(g["lanes"] for g in placement["gpus"]):
+        lines.append("placed now:")
+        for g in placement["gpus"]:
+            where = f"GPU {g['index']}" if g["index"] >= 0 else "its GPUs"
+            size = f" ({g['total_bytes'] / gib:.0f} GiB)" if g["total_bytes"] else ""
+            who = ", ".join(
+                f"{lane['name']} {lane['bytes'] / gib:.1f} GiB"
+                if lane["bytes"] is not None
+                else lane["name"]
+                for lane in g["lanes"]
+            )
+            left = f"; {g['left_bytes'] / gib:.1f} GiB left" if g["left_bytes"] is not None else ""
+            lines.append(f"  {where}{size}: {who or 'nothing'}{left}")
+    if placement["pairs"]:
+        unknown = "" if placement["gpus_known"] else " (GPU memory not read here: shares add up, GiB sizes cannot)"  # fmt: skip
+        lines.append(f"which lanes may run together{unknown}:")
+        for pair in placement["pairs"]:
+            verdict = "together" if pair["together"] else "apart"
+            lines.append(f"  {pair['a']:16} {pair['b']:16} {verdict:9} {pair['why']}")
+    return lines
 
 
 def follow_start(client: Client, lane: str, timeout: float | None) -> dict[str, Any]:

@@ -43,7 +43,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     lanes = ", ".join(sorted(config.lanes)) or "none"
     suffix = f", {len(warnings)} warning(s)" if warnings else ""
     print(f"{config.source}: valid ({len(config.lanes)} lane(s): {lanes}{suffix})")
+    if len(config.lanes) > 1:
+        from laned.cli.client import placement_lines
+        from laned.core.placement import report
+
+        print("\n".join(placement_lines(report(config.lanes, _gpu_totals()))))
     return EXIT_OK
+
+
+def _gpu_totals() -> dict[int, int] | None:
+    """This host's GPUs' memory (NVML, or a simulated host's), None where none is read."""
+    from laned.adapters.gpus import Nvml, SimGpus
+
+    simulated = os.environ.get("LANED_SIM_GPUS")
+    gpus = SimGpus(simulated) if simulated else Nvml.open()[0]
+    if gpus is None:
+        return None
+    try:
+        return {g.index: g.total_bytes for g in gpus.read()} or None
+    finally:
+        gpus.close()
 
 
 def _engine_flags(config: Config, python: str | None) -> list[Finding]:

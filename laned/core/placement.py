@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
@@ -63,7 +64,10 @@ class Footprint:
         need = self.demand(gpu, totals)
         if self.share is None and self.gib is None:
             return f"{self.lane} the whole GPU ({self.rule})"
-        size = f"{need / GIB:.1f} GiB" if need is not None else f"{self.share:g} of it"
+        if need is not None:
+            size = f"{need / GIB:.1f} GiB"
+        else:
+            size = f"{self.share:g} of it" if self.share is not None else f"{self.gib:g} GiB in all"
         return f"{self.lane} {size} ({self.rule})"
 
 
@@ -277,3 +281,34 @@ def per_gpu(placed: Sequence[Footprint], totals: Totals | None) -> list[GpuPlace
         left = None if total is None or len(known) < len(there) else total - sum(known)
         out.append(GpuPlace(gpu, total, tuple(there), left))
     return out
+
+
+def report(
+    lanes: Mapping[str, LaneConfig], totals: Totals | None, placed: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Placement as JSON (GET /fit, `laned status --fit`, `laned validate`): each lane's
+    footprint, each pair of lanes with whether they may run together and why, and each GPU
+    with the lanes `placed` on it and what is left."""
+    fps = footprints(lanes)
+    pairs = []
+    for a, b in itertools.combinations(sorted(fps), 2):
+        ok, why = together(fps[a], fps[b], totals)
+        pairs.append({"a": a, "b": b, "together": ok, "why": why})
+    gpus = [
+        {
+            "index": g.index,
+            "total_bytes": g.total,
+            "lanes": [{"name": n, "bytes": b} for n, b in g.lanes],
+            "left_bytes": g.left,
+        }
+        for g in per_gpu([fps[n] for n in placed if n in fps], totals)
+    ]
+    return {
+        "gpus_known": totals is not None,
+        "footprints": {
+            n: {"gpus": fp.gpus, "share": fp.share, "gib": fp.gib, "rule": fp.rule}
+            for n, fp in fps.items()
+        },
+        "pairs": pairs,
+        "gpus": gpus,
+    }

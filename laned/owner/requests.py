@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Coroutine
 
 from laned.config.names import unit_name
-from laned.core import policy
+from laned.core import placement, policy
 from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus
 from laned.core.machine import Ev
 from laned.core.policy import Admit, OpKind, RestartKind
@@ -32,7 +32,7 @@ from laned.errors import (
 from laned.owner.operations import Operation
 from laned.owner.prefetching import Prefetches
 from laned.owner.records import Records
-from laned.owner.seam import Refused, Seam
+from laned.owner.seam import Beside, Refused, Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
@@ -373,9 +373,12 @@ class Requests:
         spec = self.records.config.lanes[lane]
         refused = await self.weights.before_start(lane)  # a daemon of other weights goes
         self._ensure_current(op)
-        # The lane's own weight-cache daemon keeps its GPU memory through the gate.
+        # The lane's own weight-cache daemon keeps its GPU memory through the gate, and so
+        # do the lanes that run on beside it.
         exempt = await self.weights.exempt(lane) if refused is None else frozenset()
         if refused is None:
+            beside = await self._beside(lane)
+            self._ensure_current(op)
             refused = await self.seam.clear_for_start(
                 lane,
                 spec,
@@ -383,6 +386,7 @@ class Requests:
                 functools.partial(self.ledger.note, lane),
                 self.records.recorder,
                 sleepers=self.records.sleepers() | exempt,
+                beside=beside,
             )
         self.prefetches.end(lane)  # the GPUs are free: the engine reads the rest itself
         self._ensure_current(op)
@@ -397,6 +401,31 @@ class Requests:
             return
         self.prefetches.at_start(lane)
         await self.seam.start(unit_name(lane, spec))
+
+    async def _beside(self, lane: str) -> Beside:
+        """The lanes that stay on the GPUs `lane` starts on (desired, sharing a GPU with it):
+        their processes, and the room its footprint needs beside them."""
+        r = self.records
+        me = r.footprints[lane]
+        staying: dict[int, str] = {}
+        room: dict[int, int] = {}
+        names: list[str] = []
+        for other in r.placed(but=lane):
+            shared = placement.common(me, r.footprints[other], r.gpu_totals)
+            if r.statuses[other].desired is not Desired.ACTIVE or not shared:
+                continue  # taken off: its memory must go, as the gate has always asked
+            names.append(other)
+            spec = r.engine_spec(other)
+            snap = await self.seam.snapshot(unit_name(other, spec))
+            pids = set(await self.weights.exempt(other))
+            if snap.control_group:
+                pids |= await self.seam.engine_pids(other, spec, snap.control_group)
+            staying.update(dict.fromkeys(pids, other))
+            for gpu in shared:
+                need = me.demand(gpu, r.gpu_totals)
+                if need:
+                    room[gpu] = need
+        return Beside(staying, room, tuple(names))
 
     def _weights_failed(self, lane: str, refused: Refused) -> None:
         """The daemon did not come up: the run's failure, counted; a restart after the

@@ -41,6 +41,20 @@ class Refused:
 
 
 @dataclass(frozen=True)
+class Beside:
+    """The lanes that run on beside a lane that starts: their processes (pid -> lane), whose
+    GPU memory the gate leaves to them, and the room (bytes, by GPU index) the starting
+    lane's footprint needs there (laned.core.placement)."""
+
+    staying: Mapping[int, str]
+    room: Mapping[int, int]
+    lanes: tuple[str, ...] = ()  # the staying lanes on its GPUs, by name
+
+
+ALONE = Beside({}, {})
+
+
+@dataclass(frozen=True)
 class Asleep:
     """A sleep confirmed: the engine's processes (for the GPU-memory gate) and what they keep
     on each GPU by index (empty where NVML cannot list processes)."""
@@ -156,9 +170,11 @@ class Seam(Protocol):
         recorder: Recorder,
         waking: bool = False,
         sleepers: Collection[int] = (),
+        beside: Beside = ALONE,
     ) -> Refused | None:
-        """Before a start: `prepare` after an image change, the GPU memory released, the port
-        free (before a wake: the GPU memory only). Why the lane cannot start, or None."""
+        """Before a start: `prepare` after an image change, the GPU memory released (but the
+        lanes staying `beside` it) with room for it, the port free (before a wake: the GPU
+        memory only). Why the lane cannot start, or None."""
 
     async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         """Every process of the lane's engine (its unit's cgroup, a container's own)."""

@@ -47,7 +47,7 @@ from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import Finding, LanedError, NotAContainer, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
-from laned.owner.seam import Asleep, Note, Refused
+from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused
 from laned.preflight.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
 from laned.preflight.rules import evaluate, model_path
@@ -189,6 +189,7 @@ class HostSeam:
         recorder: Recorder,
         waking: bool = False,
         sleepers: Collection[int] = (),
+        beside: Beside = ALONE,
     ) -> Refused | None:
         """Before a start: `prepare` after an image change, the GPU memory released, the port
         free. Why the lane cannot start, or None. Before a wake from sleep only the GPU memory:
@@ -206,7 +207,7 @@ class HostSeam:
                 except LanedError as exc:
                     return Refused(f"prepare: {exc.message}", exc.hint)
         if host is not None and spec.gpu_gate.enabled:
-            result, why = await host.gpu_gate(spec, sleepers)
+            result, why = await host.gpu_gate(spec, sleepers, beside.staying, beside.room)
             if result is None:
                 note(EventKind.GATE, f"GPU-memory gate skipped: {why}")
             else:
@@ -216,22 +217,25 @@ class HostSeam:
                     return Refused(
                         f"gpu-gate: still held after {result.waited:.1f}s: "
                         + "; ".join(result.still_held),
-                        "see `nvidia-smi` for what holds the GPU memory",
+                        "see `nvidia-smi` for what holds the GPU memory; `laned status --fit` "
+                        "shows where laned placed each lane",
                     )
+                staying = beside.lanes
                 note(
                     EventKind.GATE,
-                    f"GPU memory released after {result.waited:.3f}s ({result.polls} reading(s))",
+                    f"GPU memory released after {result.waited:.3f}s ({result.polls} reading(s))"
+                    + (f", beside {', '.join(staying)}" if staying else ""),
                 )
                 readings = None if waking or not sleepers else await host.gpu_readings(spec)
-                beside = beside_sleepers(lane, spec, readings or [], sleepers)
-                if beside:  # vLLM would refuse to start: say so now, with the flag to lower
-                    return Refused(f"gpu-gate: {beside[0].message}", beside[0].hint)
+                sleeping = beside_sleepers(lane, spec, readings or [], sleepers)
+                if sleeping:  # vLLM would refuse to start: say so now, with the flag to lower
+                    return Refused(f"gpu-gate: {sleeping[0].message}", sleeping[0].hint)
         deadline = time.monotonic() + 5
         while not waking and await asyncio.to_thread(port_busy, spec.port):
             # A stopped engine's listener is gone at once; give a slow exit a moment.
             if time.monotonic() > deadline:
                 return Refused(
-                    f"port {spec.port} is still in use after the group's other lanes stopped",
+                    f"port {spec.port} is still in use after the lanes taken off stopped",
                     f"find it: ss -ltnp 'sport = :{spec.port}'",
                 )
             await asyncio.sleep(0.1)

@@ -34,7 +34,7 @@ from typing import Any
 from laned.adapters import state
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import unit_name
-from laned.core import policy, resume
+from laned.core import placement, policy, resume
 from laned.core.lanes import Desired, Event, EventKind, LaneStatus
 from laned.core.liveness import engine_summary
 from laned.core.machine import Ev
@@ -293,6 +293,17 @@ class Supervisor:
     def timeline(self, since: float) -> list[dict[str, Any]]:
         """Every transition since `since` (a day is kept, across laned's restarts)."""
         return self.records.ledger.timeline(since)
+
+    def placed(self) -> list[str]:
+        """The lanes on the GPUs or on their way there (laned.core.placement)."""
+        return self.records.placed()
+
+    def placement(self) -> tuple[list[placement.GpuPlace], placement.Totals | None]:
+        """Each GPU with the lanes placed on it now (laned.core.placement) and what is left,
+        and the GPUs' memory as read at start."""
+        r = self.records
+        placed = [r.footprints[n] for n in r.placed()]
+        return placement.per_gpu(placed, r.gpu_totals), r.gpu_totals
 
     async def gpu_holders(self) -> dict[int, str]:
         """Which lane each process on the GPUs is an engine process of (pid -> lane): the

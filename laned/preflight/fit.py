@@ -8,6 +8,7 @@ from typing import Any
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
+from laned.core import placement
 from laned.errors import Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts, blocking, findings_json
 
@@ -237,12 +238,22 @@ def beside_sleepers(
 
 
 def fit_report(
-    lanes: dict[str, LaneConfig], host: HostFacts, weights: Mapping[str, float | None] = {}
+    lanes: dict[str, LaneConfig],
+    host: HostFacts,
+    weights: Mapping[str, float | None] = {},
+    placed: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Which lanes this host can run at all, as served by /fit and printed by status --fit;
-    for a lane that sleeps, the level it would sleep at (`weights`: its weight files, GiB)."""
+    for a lane that sleeps, the level it would sleep at (`weights`: its weight files, GiB);
+    and placement: which lanes may run together, and each GPU with the lanes `placed` on it
+    (laned.core.placement)."""
     rows = []
     for name in sorted(lanes):
         found = fit(name, lanes[name], host) + sleep_fit(name, lanes[name], host, weights.get(name))
         rows.append({"name": name, "fits": not blocking(found), "findings": findings_json(found)})
-    return {"host": host.to_json(), "lanes": rows}
+    totals = None if not host.gpus else {g.index: g.total_bytes for g in host.gpus}
+    return {
+        "host": host.to_json(),
+        "lanes": rows,
+        "placement": placement.report(lanes, totals, placed),
+    }

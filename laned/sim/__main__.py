@@ -114,6 +114,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         "--api-key": lambda v: setattr(settings, "api_key", v),
         "--max-model-len": lambda v: setattr(settings, "max_model_len", _int(v, "--max-model-len")),
         "--max-num-seqs": lambda v: setattr(settings, "max_num_seqs", _int(v, "--max-num-seqs")),
+        "--gpu-memory-utilization": lambda v: setattr(settings, "gpu_share", float(v)),
         "--max-num-batched-tokens": lambda v: setattr(
             settings, "max_num_batched_tokens", _int(v, "--max-num-batched-tokens")
         ),
@@ -187,6 +188,8 @@ def _tune(settings: Settings, env: Mapping[str, str]) -> Settings:
     settings.shutdown = _float(env, "LANED_SIM_SHUTDOWN", 0.0)
     settings.hold_gpu_gib = _float(env, "LANED_SIM_HOLD_GPU_GIB", 0.0)
     settings.gpu_linger = _float(env, "LANED_SIM_GPU_LINGER", 0.0)
+    settings.sim_gpus = env.get("LANED_SIM_GPUS") or None
+    settings.visible = env.get("CUDA_VISIBLE_DEVICES")
     settings.legacy_metrics = _flag(env, "LANED_SIM_LEGACY_METRICS")
     settings.old_api_line = _flag(env, "LANED_SIM_OLD_API_LINE")
     settings.weights_gib = _float(env, "LANED_SIM_WEIGHTS_GIB", 1.0)

@@ -333,6 +333,11 @@ class Engine:
     def _move_gpu_memory(self, move: str) -> None:
         """What a sleep or a wake does to the GPU memory held (LANED_SIM_HOLD_GPU_GIB):
         level 1 copies it to pinned host memory and back, level 2 drops it and takes it again."""
+        root = self.settings.sim_gpus
+        if root:  # a simulated host: a sleep keeps the context only, a wake takes all again
+            asleep = move in ("offload", "discard")
+            held = self.settings.sim_held
+            gpu.sim_write(root, {g: int(gpu.RESIDUAL) for g in held} if asleep else held)
         if move == "offload":
             gpu.offload()
         elif move == "restore":

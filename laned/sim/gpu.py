@@ -1,4 +1,14 @@
-"""GPU memory held as an engine holds it (LANED_SIM_HOLD_GPU_GIB, for runs on a GPU host).
+"""GPU memory held as an engine holds it: on a simulated host's GPUs (LANED_SIM_GPUS), or for
+real with torch (LANED_SIM_HOLD_GPU_GIB, for runs on a GPU host).
+
+LANED_SIM_GPUS=DIR is a host with no GPU that laned reads as if NVML did
+(laned.adapters.gpus.SimGpus): DIR/gpus.json lists the GPUs, and each simulated engine writes
+what its process holds to DIR/held/PID.json when it takes the memory (vLLM: at its worker's
+start, before the weights), rewrites it at a sleep and a wake, and leaves it at its exit (a
+process that has ended holds nothing). vLLM's rule is played as vllm/v1/worker/utils.py
+`request_memory` has it: on each of its GPUs it takes --gpu-memory-utilization × the GPU's
+memory, and refuses to start ("Free memory on device ... on startup is less than desired GPU
+memory utilization") when less is free. Its GPUs: CUDA_VISIBLE_DEVICES, else all.
 
 vLLM takes its GPU memory while it loads the weights and profiles the KV cache, and the
 driver gives it back only after the process holding it has ended. With
@@ -14,6 +24,7 @@ imported and nothing is taken."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +33,68 @@ from typing import Any
 from laned.errors import EngineError
 
 _held: list[Any] = []
+RESIDUAL = 0.5 * 2**30  # what a sleeping engine keeps per GPU on a simulated host (its context)
+
+
+def _sim_gpus(root: str) -> list[int]:
+    with open(os.path.join(root, "gpus.json")) as f:
+        return [int(g["total_bytes"]) for g in json.load(f)["gpus"]]
+
+
+def _sim_used(root: str, gpu: int) -> int:
+    """What the other live processes hold on a simulated GPU."""
+    folder, used = os.path.join(root, "held"), 0
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        try:
+            with open(os.path.join(folder, name)) as f:
+                record = json.load(f)
+            if int(record["pid"]) != os.getpid():
+                os.kill(int(record["pid"]), 0)
+                used += int(record["gpus"].get(str(gpu), 0))
+        except (OSError, ValueError, KeyError):
+            continue  # ended, or being written
+    return used
+
+
+def sim_write(root: str, held: dict[int, int]) -> None:
+    """Say what this process holds on the simulated GPUs (atomically)."""
+    folder = os.path.join(root, "held")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{os.getpid()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid(), "gpus": {str(g): b for g, b in held.items()}}, f)
+    os.replace(path + ".tmp", path)
+
+
+def _gib(size: int) -> float:
+    """vllm/utils/mem_utils.py `format_gib`."""
+    return round(size / 2**30, 2)
+
+
+def sim_take(
+    root: str, visible: str | None, share: float | None, of_free: float = 0.85
+) -> dict[int, int]:
+    """Take the memory of an engine on the simulated host's GPUs: `share` of each (vLLM),
+    or (None) `of_free` of what is free on each (SGLang's --mem-fraction-static). vLLM's
+    refusal as a ValueError with its text."""
+    totals = _sim_gpus(root)
+    mine = [int(v) for v in visible.split(",") if v.strip().isdigit()] if visible else []
+    held = {}
+    for index, gpu in enumerate(mine or range(len(totals))):
+        total = totals[gpu]
+        free = total - _sim_used(root, gpu)
+        want = int(total * share) if share is not None else int(free * of_free)
+        if free < want:
+            raise ValueError(
+                f"Free memory on device cuda:{index} ({_gib(free)}/{_gib(total)} GiB) on startup "
+                f"is less than desired GPU memory utilization ({share}, {_gib(want)} GiB). "
+                "Decrease GPU memory utilization or reduce GPU memory used by other processes."
+            )
+        held[gpu] = want
+    sim_write(root, held)
+    return held
+
+
 _offloaded: list[Any] = []  # level 1: the held blocks' copies in pinned host memory
 
 # The lingering holder: take the memory, say so, outlive the engine (argv: GiB, pid, seconds).

@@ -54,6 +54,11 @@ class Settings:
     shutdown: float = 0.0  # seconds between closing the port and exiting, after SIGTERM
     hold_gpu_gib: float = 0.0  # LANED_SIM_HOLD_GPU_GIB: GPU memory taken at load (laned/sim/gpu.py)
     gpu_linger: float = 0.0  # LANED_SIM_GPU_LINGER: that memory outlives the engine this long
+    sim_gpus: str | None = None  # LANED_SIM_GPUS: a simulated host's GPUs (laned/sim/gpu.py)
+    visible: str | None = None  # CUDA_VISIBLE_DEVICES: its GPUs there (None: all)
+    gpu_share: float | None = 0.92  # --gpu-memory-utilization (vLLM's default); SGLang: None
+    mem_fraction: float = 0.85  # SGLang's --mem-fraction-static, of what is free at its start
+    sim_held: dict[int, int] = field(default_factory=dict)  # what it holds there, by GPU
     cache_root: str | None = None  # VLLM_CACHE_ROOT: where the "compiled kernels" are kept
     nnodes: int = 1  # --nnodes: ranks over several nodes (laned/sim/ranks.py)
     node_rank: int = 0  # --node-rank: 0 is the head, which serves the API

@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from laned.errors import EngineError
+from laned.sim import gpu
 from laned.sim.http import Request, Response
 from laned.sim.metrics import Metrics, _labels, _num
 from laned.sim.settings import Settings, split_flags
@@ -102,6 +103,7 @@ def parse(args: Sequence[str], env: Mapping[str, str], settings: Settings) -> Se
         for key, value in _config_file(values.pop("--config")).items():
             values.setdefault("--" + key.replace("_", "-"), value)
     settings.face = "sglang"
+    settings.gpu_share = None  # of what is free at its start (laned/sim/gpu.py)
     settings.model = values.pop("--model-path", "") or values.pop("--model", "")
     if not settings.model:
         raise EngineError("--model-path is required", USAGE)
@@ -118,6 +120,7 @@ def parse(args: Sequence[str], env: Mapping[str, str], settings: Settings) -> Se
         "--enable-memory-saver": lambda v: setattr(settings, "enable_sleep_mode", True),
         "--enable-weights-cpu-backup": lambda v: setattr(settings, "weights_cpu_backup", True),
         "--disable-cuda-graph": lambda v: setattr(settings, "enforce_eager", True),
+        "--mem-fraction-static": lambda v: setattr(settings, "mem_fraction", float(v)),
         "--reasoning-parser": lambda v: setattr(settings, "reasoning_parser", v or None),
         "--tool-call-parser": lambda v: setattr(settings, "auto_tool_choice", True),
         "--preferred-sampling-params": lambda v: setattr(
@@ -155,6 +158,8 @@ async def cold_start(s: Settings, pause: Pause) -> bool:
     _log("Init torch distributed begin.")
     if not await pause(s.startup * 0.05):
         return False
+    if s.sim_gpus:  # the pool sized from what is free (srt/mem_cache/kv_cache_configurator.py)
+        s.sim_held = gpu.sim_take(s.sim_gpus, s.visible, None, s.mem_fraction)
     _log("Load weight begin. avail mem=94.12 GB")
     if not await tqdm_bar("Loading safetensors checkpoint shards", 8, s.startup * 0.45, pause):
         return False

@@ -276,12 +276,29 @@ def pauser(stop: asyncio.Event) -> Pause:
     return pause
 
 
+def take_sim_gpus(s: Settings) -> None:
+    """The worker's memory on a simulated host, as vLLM's worker takes it before the weights
+    (vllm/v1/worker/gpu_worker.py `init_device` → utils.py `request_memory`); its refusal
+    ends the engine core and the API server as vLLM's do (vllm/v1/engine/utils.py)."""
+    assert s.sim_gpus is not None
+    try:
+        s.sim_held = gpu.sim_take(s.sim_gpus, s.visible, s.gpu_share)
+    except ValueError as exc:
+        log("ERROR", "core.py:1", "EngineCore failed to start.", ENGINE_CORE)
+        log("ERROR", "core.py:1", f"ValueError: {exc}", ENGINE_CORE)
+        log("ERROR", "utils.py:1", "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}")  # fmt: skip
+        sys.stderr.flush()
+        os._exit(1)
+
+
 async def cold_start(s: Settings, stop: asyncio.Event) -> bool:
     """vLLM's startup over LANED_SIM_STARTUP seconds (plus LANED_SIM_JIT); False when told to stop."""
 
     pause = pauser(stop)
     started = time.monotonic()
     config_dump(s)
+    if s.sim_gpus:
+        take_sim_gpus(s)
     gpu.hold(s.hold_gpu_gib, s.gpu_linger)
     weights = read_weights(s, stop) if s.read_weights else load_weights(s, pause)
     if not await weights or not await torch_compile(s, pause):

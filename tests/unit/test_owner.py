@@ -38,7 +38,7 @@ from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
 from laned.errors import EngineBrokeOff, Finding
 from laned.gates.acceptance import GateResult
-from laned.owner.seam import Asleep, Note, Refused, Seam
+from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused, Seam
 from laned.owner.supervisor import Supervisor
 from laned.preflight.facts import NO_SLEEPERS, HostFacts, Sleepers
 from laned.render.plan import Action
@@ -186,6 +186,7 @@ class FakeHost:
         recorder: Recorder,
         waking: bool = False,
         sleepers: Collection[int] = (),
+        beside: Beside = ALONE,
     ) -> Refused | None:
         return None
 

@@ -107,7 +107,7 @@ def run(seconds: float, env: dict[str, str], connections: tuple[int, ...] = CONN
         )
         for lane, port in (("a", engine), ("b", free_port())):
             text += sim_lane(
-                lane, f"{tag}-{lane}.service", port, f'group = "{lane}"\n',
+                lane, f"{tag}-{lane}.service", port, f'group = "{lane}"\ngpus = []\n',
                 'LANED_SIM_DECODE_TPS = "100000"\nLANED_SIM_PREFILL_TPS = "10000000"\n', model=str(tmp),
             )  # fmt: skip
         path = tmp / "laned.toml"

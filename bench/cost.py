@@ -121,13 +121,13 @@ def config_text(tmp: Path, lanes: int, running: int, api: int, unit_dir: Path, t
     while 41000 < first < 41000 + lanes:  # the kernel's pick may be one of the fixed ports
         first = free_port()
     for i in range(lanes):
-        # One group each: all may run at once, but only `running` of them are started.
-        # Only l0 ever runs: the others get distinct ports that nothing binds.
+        # No GPU each: all may run at once (laned.core.placement), but only `running` of them
+        # are started. Only l0 ever runs: the others get distinct ports that nothing binds.
         text += sim_lane(
             f"l{i}",
             f"{tag}-l{i}.service",
             first if i == 0 else 41000 + i,
-            f'group = "g{i}"\ngpus = [0]\n',
+            "gpus = []\n",
             model=str(tmp / "models"),
         )
     return text

@@ -153,9 +153,9 @@ def main() -> None:
         api, ports = free_port(), {"a": free_port(), "b": free_port()}
         units = [f"benchcost{os.getpid()}-{lane}.service" for lane in "ab"]
         text = f'[daemon]\nlisten = "127.0.0.1:{api}"\nstate_dir = "{tmp}/state"\nbin_dir = "{tmp}/bin"\n'  # fmt: skip
-        text += sim_lane("a", units[0], ports["a"], 'group = "a"\n', FAST, model=tmp)
+        text += sim_lane("a", units[0], ports["a"], 'group = "a"\ngpus = []\n', FAST, model=tmp)
         paced = f'LANED_SIM_DECODE_TPS = "{args.tps:g}"\nLANED_SIM_PREFILL_TPS = "100000000"\n'
-        text += sim_lane("b", units[1], ports["b"], 'group = "b"\n', paced, model=tmp)
+        text += sim_lane("b", units[1], ports["b"], 'group = "b"\ngpus = []\n', paced, model=tmp)
         path = Path(tmp) / "laned.toml"
         path.write_text(text)
         with LanedServe(path, api, env, units, ready=0) as laned:

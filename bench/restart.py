@@ -102,7 +102,7 @@ async def bench(rounds: int, startup: float) -> dict[str, Any]:
                 "disk",
                 f"{tag}-disk.service",
                 ports["disk"],
-                common + 'group = "d"\n',
+                common + 'group = "d"\ngpus = []\n',
                 lane_env,
                 tmp,
             )
@@ -110,7 +110,7 @@ async def bench(rounds: int, startup: float) -> dict[str, Any]:
                 "cache",
                 f"{tag}-cache.service",
                 ports["cache"],
-                common + 'group = "c"\n'
+                common + 'group = "c"\ngpus = []\n'
                 f"weight_cache = {{ health_port = {health}, master_port = {master} }}\n",
                 lane_env,
                 tmp,

@@ -45,7 +45,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{config.source}: valid ({len(config.lanes)} lane(s): {lanes}{suffix})")
     if len(config.lanes) > 1:
         from laned.cli.client import placement_lines
-        from laned.core.placement import report
+        from laned.core.footprints import report
 
         print("\n".join(placement_lines(report(config.lanes, _gpu_totals()))))
     return EXIT_OK

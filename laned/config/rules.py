@@ -7,6 +7,7 @@ combinations come from the seed lane's operational notes; each says why.
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from collections.abc import Iterator
 
@@ -16,6 +17,8 @@ from laned.config.groups import check_groups
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
 from laned.config.sleep import check_sleep
+from laned.core.footprints import footprints
+from laned.core.placement import never
 from laned.errors import Finding, Severity
 
 LANE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -41,7 +44,27 @@ def check_config(config: Config) -> list[Finding]:
     problems += _check_uniqueness(config)
     problems += check_sleep(config)
     problems += check_groups(config)
+    problems += _check_groups_apart(config)
     return problems
+
+
+def _check_groups_apart(config: Config) -> Iterator[Finding]:
+    """Lanes of different groups that their GPU memory keeps apart anyway: before placement,
+    different groups ran side by side whatever their GPUs (docs/placement.md)."""
+    fps = footprints(config.lanes)
+    for a, b in itertools.combinations(sorted(fps), 2):
+        ga, gb = fps[a].group, fps[b].group
+        if ga is None or gb is None or ga == gb or fps[a].port == fps[b].port:
+            continue
+        why = never(fps[a], fps[b])
+        if why:
+            yield Finding(
+                f"lanes.{b}.gpus",
+                f"lanes {a} (group {ga}) and {b} (group {gb}) never run together: {why}",
+                "different groups no longer mean side by side: declare each lane's gpus (or "
+                "CUDA_VISIBLE_DEVICES) and its engine's share, or put them in one group",
+                Severity.WARNING,
+            )
 
 
 def _check_daemon(config: Config) -> Iterator[Finding]:

@@ -1,6 +1,8 @@
 """Which lanes may run together, and which an activation must take off (docs/placement.md).
 
-Pure: footprints and the host's GPUs in, decisions out. A lane's footprint is what its engine
+Pure: footprints and the host's GPUs in, decisions out (laned.core.footprints reads the
+footprints from the config; this module imports neither it nor pydantic, so that
+bench/gpu_placement.py runs it on a GPU machine). A lane's footprint is what its engine
 takes of each of its GPUs by the engine's own rule (laned.engines, `gpu_share`: vLLM's
 --gpu-memory-utilization × the GPU's memory), else the lane's `needs.gpu_memory_gib` spread
 over its GPUs, else the whole GPU; on the GPUs it names (`gpus`, its CDI devices or
@@ -18,10 +20,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from laned import engines
-from laned.config.model import LaneConfig, gpu_indices
 from laned.preflight.facts import GIB
 
 Totals = Mapping[int, int]  # GPU index -> its memory in bytes, as NVML reads it
@@ -69,23 +68,6 @@ class Footprint:
         else:
             size = f"{self.share:g} of it" if self.share is not None else f"{self.gib:g} GiB in all"
         return f"{self.lane} {size} ({self.rule})"
-
-
-def footprint(lane: str, spec: LaneConfig) -> Footprint:
-    """The lane's footprint, from its engine's rule, its needs and its GPUs."""
-    share, rule = engines.for_lane(spec).gpu_share(spec)
-    gib = None
-    if share is None and spec.needs.gpu_memory_gib:
-        gib = spec.needs.gpu_memory_gib
-        rule = f"needs.gpu_memory_gib = {gib:g} in all"
-    elif share is None:
-        rule += "; no needs.gpu_memory_gib"
-    return Footprint(lane, gpu_indices(spec), share, gib, rule, spec.group, spec.port)
-
-
-def footprints(lanes: Mapping[str, LaneConfig]) -> dict[str, Footprint]:
-    """Every lane's footprint."""
-    return {name: footprint(name, spec) for name, spec in sorted(lanes.items())}
 
 
 def common(a: Footprint, b: Footprint, totals: Totals | None) -> tuple[int, ...]:
@@ -175,12 +157,6 @@ def never(a: Footprint, b: Footprint) -> str:
     if a.share is not None and b.share is not None and a.share + b.share > 1.0 + 1e-9:
         return f"{a.lane} {a.share:g} + {b.lane} {b.share:g} of a GPU they share is more than all of it"
     return ""
-
-
-def never_peers(lanes: Mapping[str, LaneConfig], lane: str) -> list[str]:
-    """The lanes that can never run beside `lane` on any host (systemd's Conflicts=)."""
-    fps = footprints(lanes)
-    return [n for n in sorted(fps) if n != lane and never(fps[lane], fps[n])]
 
 
 def cost(start_s: float | None, load: int, priority: int, pinned: bool) -> float:
@@ -281,34 +257,3 @@ def per_gpu(placed: Sequence[Footprint], totals: Totals | None) -> list[GpuPlace
         left = None if total is None or len(known) < len(there) else total - sum(known)
         out.append(GpuPlace(gpu, total, tuple(there), left))
     return out
-
-
-def report(
-    lanes: Mapping[str, LaneConfig], totals: Totals | None, placed: Sequence[str] = ()
-) -> dict[str, Any]:
-    """Placement as JSON (GET /fit, `laned status --fit`, `laned validate`): each lane's
-    footprint, each pair of lanes with whether they may run together and why, and each GPU
-    with the lanes `placed` on it and what is left."""
-    fps = footprints(lanes)
-    pairs = []
-    for a, b in itertools.combinations(sorted(fps), 2):
-        ok, why = together(fps[a], fps[b], totals)
-        pairs.append({"a": a, "b": b, "together": ok, "why": why})
-    gpus = [
-        {
-            "index": g.index,
-            "total_bytes": g.total,
-            "lanes": [{"name": n, "bytes": b} for n, b in g.lanes],
-            "left_bytes": g.left,
-        }
-        for g in per_gpu([fps[n] for n in placed if n in fps], totals)
-    ]
-    return {
-        "gpus_known": totals is not None,
-        "footprints": {
-            n: {"gpus": fp.gpus, "share": fp.share, "gib": fp.gib, "rule": fp.rule}
-            for n, fp in fps.items()
-        },
-        "pairs": pairs,
-        "gpus": gpus,
-    }

@@ -17,6 +17,7 @@ from laned.adapters import state
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
 from laned.core import placement, policy
+from laned.core.footprints import footprints
 from laned.core.lanes import Desired, LaneState, LaneStatus
 from laned.core.machine import SERVING_MODES, Ev
 from laned.core.recorder import Recorder
@@ -72,7 +73,7 @@ class Records:
         }
         # What each daemon loads as the config renders it (its wrapper's digest).
         self.weights_digests = {n: weights_digest(config, n) for n in self.weights_units.values()}
-        self.footprints = placement.footprints(config.lanes)
+        self.footprints = footprints(config.lanes)
 
     def all_units(self) -> dict[str, str]:
         """Every unit laned keeps loaded and follows: the lanes' and their daemons'."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
-from laned.core import placement
+from laned.core import footprints
 from laned.errors import Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts, blocking, findings_json
 
@@ -255,5 +255,5 @@ def fit_report(
     return {
         "host": host.to_json(),
         "lanes": rows,
-        "placement": placement.report(lanes, totals, placed),
+        "placement": footprints.report(lanes, totals, placed),
     }

@@ -19,7 +19,7 @@ from laned.config.names import (
     weights_wrapper_path,
     wrapper_path,
 )
-from laned.core.placement import never_peers
+from laned.core.footprints import never_peers
 from laned.core.unit_state import systemd_restarts as restarts_itself
 
 Section = tuple[str, Sequence[tuple[str, str]]]

@@ -139,7 +139,7 @@ def test_a_request_activates_an_on_demand_lane_and_only_that(
     lanes = {
         "a": FAST,  # on_demand off (the default)
         "b": FAST + "on_demand = true\n",
-        "c": FAST + 'on_demand = true\ngroup = "c"\nstart_limit_burst = 1\n',
+        "c": FAST + 'on_demand = true\ngroup = "c"\ngpus = []\nstart_limit_burst = 1\n',
     }
     env = {"b": {"LANED_SIM_STARTUP": "1"}, "c": {"LANED_SIM_FAIL_AT_START": "3"}}
     daemon = f'listen = "127.0.0.1:{api_port}"\n'  # the hints name it, not :9000

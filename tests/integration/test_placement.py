@@ -59,7 +59,9 @@ def test_lanes_that_fit_run_together_and_an_activation_evicts_only_what_it_must(
             assert all(s[n].state is LaneState.READY for n in three)
             assert held() == {0: int(0.9 * 96 * GIB), 1: int(0.9 * 96 * GIB),
                               2: 2 * int(0.45 * 96 * GIB), 3: 2 * int(0.45 * 96 * GIB)}  # fmt: skip
-            beside = [e.reason for e in sup.events if e.kind is EventKind.GATE and "beside" in e.reason]
+            beside = [
+                e.reason for e in sup.events if e.kind is EventKind.GATE and "beside" in e.reason
+            ]
             assert beside, "the second small lane's gate left the first one's memory to it"
 
             # The whole-box lane takes all three off.

@@ -35,9 +35,10 @@ def test_one_url_routes_by_model_streams_and_says_why_a_lane_does_not_serve(
     key_file.write_text(f"VLLM_API_KEY={KEY}\n")
     key_file.chmod(0o600)
     lanes = {
-        "a": FAST + 'aliases = ["alpha"]\n',
-        "b": FAST + f'group = "other"\napi_key_file = "{key_file}"\n',
-        "c": FAST + 'group = "third"\n',
+        # No GPU each (laned.core.placement): the three run together.
+        "a": FAST + 'aliases = ["alpha"]\ngpus = []\n',
+        "b": FAST + f'group = "other"\ngpus = []\napi_key_file = "{key_file}"\n',
+        "c": FAST + 'group = "third"\ngpus = []\n',
     }
     config = lane_config(
         harness, units, tmp_path, lanes, port_a, ports={"b": port_b, "c": port_c},
@@ -169,10 +170,11 @@ def test_requests_wait_through_a_cold_start_within_their_queue(
     ports = {n: free_port() for n in "abcd"}
     api_port = free_port()
     lanes = {
-        "a": FAST,  # waits, then succeeds
-        "b": FAST + 'group = "b"\nproxy = { queue_timeout = "300ms" }\n',  # too slow for it
-        "c": FAST + 'group = "c"\nproxy = { queue_limit = 0 }\n',  # no queue at all
-        "d": FAST + 'group = "d"\nstart_limit_burst = 1\n',  # fails while requests wait
+        # No GPU each (laned.core.placement): the four run side by side.
+        "a": FAST + "gpus = []\n",  # waits, then succeeds
+        "b": FAST + 'gpus = []\nproxy = { queue_timeout = "300ms" }\n',  # too slow for it
+        "c": FAST + 'gpus = []\nproxy = { queue_limit = 0 }\n',  # no queue at all
+        "d": FAST + 'gpus = []\nstart_limit_burst = 1\n',  # fails while requests wait
     }
     env = {
         "a": {"LANED_SIM_STARTUP": "1.5"},

@@ -41,7 +41,7 @@ def laned_api(harness: Harness, units: Units, tmp_path: Path) -> Iterator[str]:
     lanes = {
         "a": FAST + "sleep_level = 2\n",
         "b": FAST,
-        "c": FAST + 'group = "c"\nstart_limit_burst = 1\n',
+        "c": FAST + 'group = "c"\ngpus = []\nstart_limit_burst = 1\n',
     }
     env = {
         "a": {"LANED_SIM_STARTUP": "2"},

@@ -616,7 +616,7 @@ def test_a_restart_broken_by_a_lost_bus_is_caught_up(
             with bus_kept_away(sup, tmp_path):
                 restarted = sup.restart("a")  # resolves when the lane is ready again
                 await until(
-                    lambda: sup.records.ops.of("gpu") is None, 10, "the restart ended by the bus"
+                    lambda: sup.records.ops.of("a") is None, 10, "the restart ended by the bus"
                 )
                 assert sup.statuses["a"].state is LaneState.RESTARTING
                 assert "user manager" in sup.notices

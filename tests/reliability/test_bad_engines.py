@@ -103,7 +103,7 @@ def test_a_flapping_health_is_tolerated_below_the_limit_and_restarted_at_it(
     lanes = {name: text.replace("[lanes.X.", f"[lanes.{name}.") for name, text in lanes.items()}
     ports = {"flaps": free_port(), "fails": free_port()}
     serve = daemon(
-        {n: t.replace(PROBE, PROBE + f'group = "{n}"\n') for n, t in lanes.items()},
+        {n: t.replace(PROBE, PROBE + f'group = "{n}"\ngpus = []\n') for n, t in lanes.items()},
         ready=0,
         ports=ports,
     )

@@ -75,7 +75,7 @@ def test_no_secret_appears_anywhere(
     auth = {"Authorization": f"Bearer {token}"}
     secrets = f'secrets_file = "{key_file}"\nsecrets = ["VLLM_API_KEY", "HF_TOKEN"]\n'
     container = (
-        FAST + secrets + 'group = "c"\nenv = { LANED_SIM_STARTUP = "0.3" }\n'
+        FAST + secrets + 'group = "c"\ngpus = []\nenv = { LANED_SIM_STARTUP = "0.3" }\n'
         f'[lanes.c.container]\nimage = "{sim_image}"\nentrypoint = "vllm"\n'
         'command = ["serve", "/models/c"]\nnetwork = "host"\n'
     )

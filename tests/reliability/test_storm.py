@@ -25,10 +25,11 @@ def settled(url: str) -> list[dict[str, Any]] | None:
 
 def test_200_concurrent_calls_over_two_groups(harness: Harness, daemon: Any) -> None:
     lanes = {
-        "a1": 'group = "g1"\n',
-        "b1": 'group = "g1"\n',
-        "a2": 'group = "g2"\n',
-        "b2": 'group = "g2"\n',
+        # No GPU each: the groups alone keep lanes apart (laned.core.placement).
+        "a1": 'group = "g1"\ngpus = []\n',
+        "b1": 'group = "g1"\ngpus = []\n',
+        "a2": 'group = "g2"\ngpus = []\n',
+        "b2": 'group = "g2"\ngpus = []\n',
     }
     ports = {"a1": (p1 := free_port()), "b1": p1, "a2": (p2 := free_port()), "b2": p2}
     serve = daemon({n: FAST + extra for n, extra in lanes.items()}, ready=0, ports=ports)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from laned.adapters.gpus import held
 from laned.config.load import parse_config
+from laned.core.footprints import footprints, never_peers
 from laned.core.placement import (
     EVERY,
     Footprint,
@@ -18,9 +19,7 @@ from laned.core.placement import (
     cost,
     evictions,
     fits,
-    footprints,
     never,
-    never_peers,
     per_gpu,
     together,
 )

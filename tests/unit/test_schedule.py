@@ -320,3 +320,82 @@ def test_the_owners_scheduler_swaps_once_and_backs_off_a_failed_idle_return() ->
         assert len(asked) == 2
 
     asyncio.run(scenario())
+
+
+PLACED = """
+[lanes.a]
+port = 8001
+served_model_name = "a"
+gpus = [0]
+min_residency = "30s"
+args = ["--gpu-memory-utilization", "0.5"]
+[lanes.a.exec]
+command = ["vllm", "serve", "m"]
+[lanes.b]
+port = 8002
+served_model_name = "b"
+gpus = [0]
+on_demand = true
+args = ["--gpu-memory-utilization", "0.4"]
+[lanes.b.exec]
+command = ["vllm", "serve", "m"]
+[lanes.c]
+port = 8003
+served_model_name = "c"
+gpus = [0]
+on_demand = true
+min_residency = "60s"
+args = ["--gpu-memory-utilization", "0.6"]
+[lanes.c.exec]
+command = ["vllm", "serve", "m"]
+"""
+
+
+def test_the_owners_scheduler_starts_a_lane_that_fits_beside_the_running_one_with_no_swap() -> None:
+    import asyncio
+
+    from laned.core.lanes import Desired
+    from laned.core.machine import Ev
+    from laned.owner.records import Records
+    from laned.owner.scheduler import Scheduler
+    from laned.owner.traffic import Traffic
+
+    config = parse_config(PLACED, "t.toml", {"HOME": "/home/op"})
+
+    async def scenario() -> None:
+        now = [1000.0]
+        records = Records(config, lambda: now[0], 252)
+        records.gpu_totals = {0: 96 * 2**30}
+        traffic = Traffic(lambda: now[0])
+        asked: list[tuple[str, str]] = []
+
+        def activate(lane: str, reason: str) -> asyncio.Future[object]:
+            asked.append((lane, reason))
+            records.ledger.desire(lane, Desired.ACTIVE)  # as an activation does at once
+            return asyncio.get_running_loop().create_future()
+
+        scheduler = Scheduler(records, traffic, activate)  # type: ignore[arg-type]
+        records.ledger.desire("a", Desired.ACTIVE)
+        records.fire("a", Ev.START, "start")
+        records.ledger.ready("a", "ready", None)
+        flight = traffic.enter("a")  # a is busy: it would keep its GPU against a swap
+        # b (0.4) fits beside a (0.5) on GPU 0: started at once, nothing taken off.
+        traffic.wait_begins("b")
+        scheduler.decide()
+        assert asked == [("b", asked[0][1])] and "it fits beside the lanes running" in asked[0][1]
+        assert records.evictions("b").lanes == ()
+        # c (0.6) fits beside b (0.4) but not beside a: it waits until a has paid for its swap
+        # (its min residency, 30 s), busy as a is, and then takes a alone off.
+        traffic.wait_begins("c")
+        records.fire("b", Ev.START, "start")
+        records.ledger.ready("b", "ready", None)
+        assert records.evictions("c").lanes == ("a",)
+        again = scheduler.decide()
+        assert len(asked) == 1 and again is not None and again <= now[0] + 30.0
+        now[0] += 31.0
+        scheduler.decide()
+        assert [lane for lane, _ in asked] == ["b", "c"]
+        assert asked[1][1].endswith("a resident 31 s, past its min residency 30 s")
+        flight.done()
+
+    asyncio.run(scenario())

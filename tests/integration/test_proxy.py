@@ -173,8 +173,8 @@ def test_requests_wait_through_a_cold_start_within_their_queue(
         # No GPU each (laned.core.placement): the four run side by side.
         "a": FAST + "gpus = []\n",  # waits, then succeeds
         "b": FAST + 'gpus = []\nproxy = { queue_timeout = "300ms" }\n',  # too slow for it
-        "c": FAST + 'gpus = []\nproxy = { queue_limit = 0 }\n',  # no queue at all
-        "d": FAST + 'gpus = []\nstart_limit_burst = 1\n',  # fails while requests wait
+        "c": FAST + "gpus = []\nproxy = { queue_limit = 0 }\n",  # no queue at all
+        "d": FAST + "gpus = []\nstart_limit_burst = 1\n",  # fails while requests wait
     }
     env = {
         "a": {"LANED_SIM_STARTUP": "1.5"},

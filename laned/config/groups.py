@@ -17,17 +17,6 @@ def groups(config: Config) -> list[str]:
     return sorted({spec.group for spec in config.lanes.values() if spec.group is not None})
 
 
-def lanes_of(config: Config, group: str) -> list[str]:
-    """The lanes of a group, sorted (they take turns on its GPUs)."""
-    return sorted(n for n, spec in config.lanes.items() if spec.group == group)
-
-
-def group_peers(config: Config, lane: str) -> list[str]:
-    """The other lanes of the lane's explicit group (never together with it), sorted."""
-    group = config.lanes[lane].group
-    return [] if group is None else [n for n in lanes_of(config, group) if n != lane]
-
-
 def port_sharers(config: Config, lane: str) -> list[str]:
     """The other lanes on the lane's port: only one of them can listen at a time."""
     port = config.lanes[lane].port

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laned.config.applied import Applied, applied_of
-from laned.config.groups import group_peers
+from laned.config.groups import groups, port_sharers
 from laned.config.load import Config, parse_config
 from laned.config.model import DaemonConfig, LaneConfig
 from laned.core import exits, policy, resume
@@ -38,9 +38,9 @@ ALL_STATES = list(LaneState)
 # --- groups, ports, "already active" --------------------------------------------------------
 
 
-def test_peers_are_the_other_lanes_of_the_group() -> None:
-    assert group_peers(CONFIG, "a") == ["b"]
-    assert group_peers(CONFIG, "c") == []
+def test_lanes_of_a_group_and_on_one_port_are_named_by_the_group_module() -> None:
+    assert groups(CONFIG) == ["gpu", "other"]
+    assert port_sharers(CONFIG, "a") == ["b"] and port_sharers(CONFIG, "c") == []
 
 
 @pytest.mark.parametrize("state", ALL_STATES)

@@ -4,8 +4,9 @@ activation takes off the lanes placement says must go (laned.core.placement: tho
 never run beside it, and the cheapest set that leaves it room), and no other.
 
 After every await an operation checks that it is still current, so a newer request always
-wins: a deactivate that arrives while a restart waits at its start gate stops it. Every start is part of an operation, made by `_clear_and_start` alone. A part of the
-owner (laned.owner.supervisor); the reactions ask it for restarts (`Restarts`), and the lane
+wins: a deactivate that arrives while a restart waits at its start gate stops it. Every
+start is part of an operation, made by `_clear_and_start` alone. A part of the owner
+(laned.owner.supervisor); the reactions ask it for restarts (`Restarts`), and the lane
 machine's timers call `restart_after_failure`.
 """
 

@@ -38,7 +38,7 @@ import sys, time, torch
 torch.cuda.set_device(int(sys.argv[2]))
 torch.empty(1, device="cuda")  # the context first: it counts in the lane's share
 free, total = torch.cuda.mem_get_info()
-context = total - free - int(sys.argv[3])
+context = total - free - int(sys.argv[3])  # argv[3]: what the other processes hold
 block = torch.empty(max(int(float(sys.argv[1]) * total) - context, 0), dtype=torch.uint8, device="cuda")
 block.fill_(1)
 torch.cuda.synchronize()
@@ -96,8 +96,9 @@ class Lanes:
             proc.wait()
         if gate.released:
             t1 = time.monotonic()
+            others = self.nvml.read([self.gpu])[0].used_bytes  # what the others hold now
             proc = subprocess.Popen(
-                [sys.executable, "-c", HOLDER, str(SHARES[lane]), str(self.gpu), str(self.before)],
+                [sys.executable, "-c", HOLDER, str(SHARES[lane]), str(self.gpu), str(others)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
             assert proc.stdout is not None

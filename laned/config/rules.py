@@ -381,7 +381,8 @@ def _check_uniqueness(config: Config) -> Iterator[Finding]:
                 )
             daemons[port] = f"the weight-cache daemon's of lane {name}"
     for port, users in sorted(ports.items()):
-        if len(users) > 1:
+        groups = {config.lanes[n].group for n in users}
+        if len(users) > 1 and (None in groups or len(groups) > 1):  # one group: as meant
             yield Finding(
                 f"lanes.{users[-1]}.port",
                 f"port {port} is shared by lanes {', '.join(users)}: they never run together "

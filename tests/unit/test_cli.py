@@ -116,3 +116,44 @@ def test_bash_completes_commands_options_and_lane_names_from_the_config() -> Non
     assert complete(["laned", "--config", DEMO, "activate", ""]) == ["dsv41", "glm53"]
     assert complete(["laned", "activate", "--config", DEMO, "g"]) == ["glm53"]
     assert complete(["laned", "--config", DEMO, "events", "--lane", "d"]) == ["dsv41"]
+
+
+def test_validate_says_which_lanes_may_run_together_and_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lanes = (("big", 8001, "[0, 1]", "0.9"), ("s1", 8002, "[2, 3]", "0.45"),
+             ("s2", 8003, "[2, 3]", "0.45"), ("whole", 8004, "", "0.92"))  # fmt: skip
+    text = "".join(
+        f'[lanes.{n}]\nport = {p}\nserved_model_name = "{n}"\n'
+        + (f"gpus = {g}\n" if g else "")
+        + f'args = ["--gpu-memory-utilization", "{u}"]\n[lanes.{n}.exec]\ncommand = ["vllm", "serve", "m"]\n'
+        for n, p, g, u in lanes
+    )
+    path = tmp_path / "laned.toml"
+    path.write_text(text)
+    assert main(["--config", str(path), "validate"]) == 0
+    out = capsys.readouterr().out
+    assert "which lanes may run together (GPU memory not read here" in out
+    rows = {tuple(line.split()[:3]) for line in out.splitlines() if line.startswith("  ")}
+    assert ("big", "s1", "together") in rows and ("s1", "s2", "together") in rows
+    assert ("s1", "whole", "apart") in rows and ("big", "whole", "apart") in rows
+    assert "s1 0.45 + whole 0.92 of its memory is more than all of it" in out
+
+
+def test_status_fit_shows_each_gpu_with_its_lanes_and_what_is_left() -> None:
+    from laned.cli.client import fit_table
+    from laned.config.load import parse_config
+    from laned.preflight.facts import GpuReading, HostFacts
+    from laned.preflight.fit import fit_report
+
+    text = "".join(
+        f'[lanes.{n}]\nport = {p}\nserved_model_name = "{n}"\ngpus = {g}\n'
+        f'args = ["--gpu-memory-utilization", "{u}"]\n[lanes.{n}.exec]\ncommand = ["vllm", "serve", "m"]\n'
+        for n, p, g, u in (("big", 8001, "[0]", "0.5"), ("small", 8002, "[0]", "0.25"))
+    )
+    lanes = parse_config(text, "t.toml", {"HOME": "/h"}).lanes
+    gpu = GpuReading(0, "H100", 80 * 2**30, 0, ())
+    body = fit_report(dict(lanes), HostFacts((gpu,), "", 100.0, 90.0), placed=["big", "small"])
+    out = fit_table(body)
+    assert "placed now:\n  GPU 0 (80 GiB): big 40.0 GiB, small 20.0 GiB; 20.0 GiB left" in out
+    assert "  big              small            together  both fit on GPU 0" in out

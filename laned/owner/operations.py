@@ -45,6 +45,7 @@ class Operations:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self.current: dict[str, Operation] = {}  # lane -> its operation
+        self.aside: dict[str, Operation] = {}  # lane -> its stop alongside another's activation
         self._generation = 0
 
     def of(self, lane: str) -> Operation | None:
@@ -71,10 +72,13 @@ class Operations:
         self.current[lane] = op
         return op
 
-    @staticmethod
-    def alongside(lane: str, kind: OpKind) -> Operation:
-        """An operation that runs beside another lane's without displacing it."""
-        return Operation(lane, kind, 0, new_future())
+    def alongside(self, lane: str, kind: OpKind) -> Operation:
+        """An operation that runs beside another lane's without displacing it (a stop of a
+        lane that an activation takes off anyway); a newer activation of its own lane
+        supersedes it (`aside`)."""
+        op = Operation(lane, kind, 0, new_future())
+        self.aside[lane] = op
+        return op
 
     @staticmethod
     def run(op: Operation, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
@@ -106,8 +110,7 @@ class Operations:
         self._record_swap(op, error)
         if not op.future.done():
             op.future.set_exception(error)
-        if self.current.get(op.lane) is op:
-            del self.current[op.lane]
+        self._forget(op)
 
     def finish(self, op: Operation, status: LaneStatus, error: LanedError | None) -> None:
         """The operation ended: its caller hears the lane's status or the error."""
@@ -117,12 +120,17 @@ class Operations:
                 op.future.set_result(status)
             else:
                 op.future.set_exception(error)
-        if self.current.get(op.lane) is op:
-            del self.current[op.lane]
+        self._forget(op)
+
+    def _forget(self, op: Operation) -> None:
+        for table in (self.current, self.aside):
+            if table.get(op.lane) is op:
+                del table[op.lane]
 
     def cancel_all(self) -> list[asyncio.Task[None]]:
         """Cancel every operation's tasks (laned is stopping); the tasks, to wait for."""
-        tasks = [t for op in self.current.values() for t in op.tasks]
+        ops = [*self.current.values(), *self.aside.values()]
+        tasks = [t for op in ops for t in op.tasks]
         for task in tasks:
             task.cancel()
         return tasks

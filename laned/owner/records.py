@@ -186,14 +186,14 @@ class Records:
         self.ledger.desire(lane, Desired.ACTIVE)
 
     def placed(self, but: str = "") -> list[str]:
-        """The lanes on the GPUs or on their way there (desired active, or holding them),
-        failed and sleeping lanes aside (a sleeper's residual memory is the gate's)."""
+        """The lanes on the GPUs or on their way there: desired active (a failed one too: an
+        activation of it may be under way, and taking it off costs nothing), or holding them.
+        Sleeping lanes aside: a sleeper's residual memory is the gate's."""
         return sorted(
             name
             for name, status in self.statuses.items()
             if name != but
             and name in self.config.lanes
-            and status.state is not LaneState.FAILED
             and (status.desired is Desired.ACTIVE or status.state in policy.HOLDING_STATES)
         )
 
@@ -207,6 +207,8 @@ class Records:
     def eviction_cost(self, lane: str) -> float:
         """What taking the lane off costs (laned.core.placement.cost)."""
         spec, status = self.config.lanes[lane], self.statuses[lane]
+        if status.state is LaneState.FAILED:
+            return 0.0  # it holds nothing; taking it off acknowledges its failure
         start = status.last_wake if status.woke else status.last_cold_start
         return placement.cost(start, self.load(lane), spec.priority, spec.pinned)
 

@@ -84,6 +84,9 @@ class Requests:
         if admit is Admit.WAIT_READY:
             return self.ledger.wait_ready(lane)  # idempotent: nothing is restarted
         off = set(self.records.evictions(lane).lanes)
+        stopping = self.ops.aside.get(lane)
+        if stopping is not None:  # its stop alongside another's activation: this one wins
+            self.ops.supersede(stopping, f"superseded by activate {lane}")
         for other in list(self.ops.current.values()):
             # The newest request wins: over this lane's own operation, the activations of
             # the lanes it takes off, and an activation that would take it off (that lane
@@ -413,8 +416,11 @@ class Requests:
         names: list[str] = []
         for other in r.placed(but=lane):
             shared = placement.common(me, r.footprints[other], r.gpu_totals)
-            if r.statuses[other].desired is not Desired.ACTIVE or not shared:
-                continue  # taken off: its memory must go, as the gate has always asked
+            status = r.statuses[other]
+            if status.desired is not Desired.ACTIVE or status.state is LaneState.FAILED:
+                continue  # taken off (its memory must go, as the gate has always asked), or none
+            if not shared:
+                continue
             names.append(other)
             spec = r.engine_spec(other)
             snap = await self.seam.snapshot(unit_name(other, spec))

@@ -70,7 +70,6 @@ CASES: list[tuple[str, str, str]] = [
     ("exec and container both", config(a_tables='[lanes.a.container]\nimage = "x"'), "lanes.a"),
     ("args not a list", config(a='args = "--x"'), "lanes.a.args"),
     # ports, groups, names
-    ("one port in two groups", config().replace("port = 8002", "port = 8001"), "lanes.b.port"),
     (
         "the listen port taken by a lane",
         config().replace("port = 8002", "port = 9000"),

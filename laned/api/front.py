@@ -237,7 +237,7 @@ class Front:
         if facts.gpus is None:
             return {"gpus": [], "note": facts.gpu_note or "no NVML"}
         holders = await self.supervisor.gpu_holders()
-        places = {g.index: g for g in self.supervisor.placement()[0]}
+        places = {g.index: g for g in self.supervisor.placement()}
         return {
             "note": None,
             "gpus": [

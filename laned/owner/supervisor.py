@@ -298,12 +298,11 @@ class Supervisor:
         """The lanes on the GPUs or on their way there (laned.core.placement)."""
         return self.records.placed()
 
-    def placement(self) -> tuple[list[placement.GpuPlace], placement.Totals | None]:
+    def placement(self) -> list[placement.GpuPlace]:
         """Each GPU with the lanes placed on it now (laned.core.placement) and what is left,
-        and the GPUs' memory as read at start."""
+        by the GPUs' memory as read at start."""
         r = self.records
-        placed = [r.footprints[n] for n in r.placed()]
-        return placement.per_gpu(placed, r.gpu_totals), r.gpu_totals
+        return placement.per_gpu([r.footprints[n] for n in r.placed()], r.gpu_totals)
 
     async def gpu_holders(self) -> dict[int, str]:
         """Which lane each process on the GPUs is an engine process of (pid -> lane): the

@@ -215,8 +215,11 @@ def test_laned_runs_real_llama_server_from_start_to_death(
     since = time.time()
     statuses: list[int] = []
     post_long(f"{engine}/v1/completions", 30000, statuses)
-    wait_until(lambda: "llamacpp:requests_processing 1" in httpx.get(
-        f"{engine}/metrics", headers=auth, timeout=10).text, 30, "the request running")  # fmt: skip
+    # laned itself must have seen it running before the loop is held: a scrape unanswered
+    # counts as no progress only after one that saw requests (liveness.StallDetector), and
+    # its scrape (1 s apart) could otherwise fall just before the request began.
+    wait_until(lambda: ((view(serve.url)["engine"] or {}).get("requests_running") or 0) >= 1,
+               30, "laned seeing the request running")  # fmt: skip
     paused = Paused(pid)
     try:
         wait_until(

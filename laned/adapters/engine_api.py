@@ -32,10 +32,10 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from laned import engines
 from laned.core import canary
-from laned.core.liveness import EngineSample
+from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
 from laned.engines.profile import Call, EngineProfile, MetricNames
-from laned.engines.vllm import VLLM
 from laned.errors import EngineRefused, EngineUnreachable
 
 ENGINE_KEEP_ALIVE = 5.0  # vLLM's API server closes a connection idle this long (uvicorn)
@@ -80,7 +80,7 @@ class EngineClient:
     # A pool of connections to share: the owner passes its probe's, one pool per laned for
     # the engines it watches. None: a pool of its own, closed by `close()`.
     pool: httpx.AsyncClient | None = None
-    profile: EngineProfile = VLLM
+    profile: EngineProfile = engines.DEFAULT
     _per_sentence: tuple[int, float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -162,11 +162,18 @@ class EngineClient:
             return None
         return response.text if response.status_code == 200 else None
 
-    async def sample(self) -> EngineSample | None:
-        """The numbers stall detection and the engine summary need, from /metrics."""
-        text = await self.metrics()
+    async def sample(self) -> EngineSample | Unanswered | None:
+        """The numbers stall detection and the engine summary need, from /metrics;
+        UNANSWERED when the engine gave no answer in time; None when it answered without
+        them (no page, another status, a page laned cannot read)."""
         try:
-            return None if text is None else parse_engine_metrics(text, self.profile.metrics)
+            response = await self._request("GET", "/metrics")
+        except httpx.HTTPError:
+            return UNANSWERED
+        if response.status_code != 200:
+            return None
+        try:
+            return parse_engine_metrics(response.text, self.profile.metrics)
         except ValueError:
             return None
 
@@ -373,7 +380,7 @@ def _json(answer: httpx.Response) -> Any:
         return None
 
 
-def parse_engine_metrics(text: str, names: MetricNames = VLLM.metrics) -> EngineSample:
+def parse_engine_metrics(text: str, names: MetricNames = engines.DEFAULT.metrics) -> EngineSample:
     """One sample of an engine's /metrics by its `names` (laned.engines; vLLM's by default):
     gauges and counters summed across engines (and models), a usage as the fullest
     engine's (the first of its names that is there: vLLM's KV-cache usage has an older name

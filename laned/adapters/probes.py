@@ -10,6 +10,7 @@ import socket
 
 import httpx
 
+from laned import engines
 from laned.adapters.engine_api import (
     ENGINE_KEEP_ALIVE,
     ENGINE_POOL,
@@ -17,15 +18,11 @@ from laned.adapters.engine_api import (
     parse_engine_metrics,
 )
 from laned.engines.profile import EngineProfile
-from laned.engines.vllm import KV_USAGE, SUMMED, VLLM
 
-# An engine's /metrics as laned reads them: their homes are laned.adapters.engine_api and
-# laned.engines.vllm.
+# An engine's /metrics as laned reads them: its home is laned.adapters.engine_api.
 __all__ = [
     "ENGINE_KEEP_ALIVE",
     "ENGINE_POOL",
-    "KV_USAGE",
-    "SUMMED",
     "Probe",
     "parse_engine_metrics",
 ]
@@ -52,7 +49,7 @@ class Probe:
         model: str = "",
         api_key: str | None = None,
         timeout: float = 0,
-        profile: EngineProfile = VLLM,
+        profile: EngineProfile = engines.DEFAULT,
     ) -> EngineClient:
         """The engine on `port` (serving `model`, with the lane's key), over the shared pool;
         `timeout`: of each request (default: the probes'); `profile`: which engine it is."""

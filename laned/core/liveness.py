@@ -6,6 +6,7 @@ observation when one of them says so.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
@@ -29,17 +30,35 @@ class EngineSample:
         return (self.generation_tokens, self.prompt_tokens, self.steps, self.kv_cache_usage)
 
 
+class Unanswered(enum.Enum):
+    """A scrape of /metrics that the engine did not answer (timed out, connection dropped),
+    unlike a page it answered without laned's numbers (None: no judgement)."""
+
+    UNANSWERED = "unanswered"
+
+
+UNANSWERED = Unanswered.UNANSWERED
+
+# Scrapes unanswered in a row before they count as a stall by themselves: one lost is not
+# a verdict.
+UNANSWERED_IN_A_ROW = 2
+
+
 @dataclass
 class StallDetector:
     """Requests running or waiting while nothing moves — no token, no engine step, no change
-    of the KV cache — for `after` seconds is a stall (vLLM #39863)."""
+    of the KV cache — for `after` seconds is a stall (vLLM #39863). So is an engine that
+    leaves its /metrics unanswered for `after` seconds while its /health answers."""
 
     after: float
     since: float | None = None
     progress: tuple[float, ...] | None = None
+    unanswered_since: float | None = None
+    unanswered_count: int = 0
 
     def observe(self, sample: EngineSample, now: float) -> bool:
         """Feed one sample; True once the engine has been stalled for `after` seconds."""
+        self.answered()
         busy = sample.running + sample.waiting > 0
         progress = sample.progress()
         if not busy or progress != self.progress:
@@ -50,12 +69,31 @@ class StallDetector:
             self.since = now
         return now - self.since >= self.after
 
+    def answered(self) -> None:
+        """The engine answered /metrics (with laned's numbers or without them)."""
+        self.unanswered_since, self.unanswered_count = None, 0
+
     def unanswered(self, now: float) -> bool:
         """A scrape that got no answer while /health answers: no progress seen. While the
-        last sample had requests running or waiting, the stall clock runs on (llama-server
-        answers /metrics from its task loop, so a wedged decode loop can leave it
-        unanswered: tools/server/server-context.cpp); otherwise nothing is judged."""
-        return self.since is not None and now - self.since >= self.after
+        last sample had requests running or waiting, the stall clock runs on from then. And
+        scrapes unanswered in a row for `after` seconds (at least UNANSWERED_IN_A_ROW of
+        them) are a stall whatever the last sample said: an engine answers /metrics idle or
+        busy, but llama-server answers it from its task loop, which a wedged decode leaves
+        unanswered (tools/server/server-context.cpp) — and the request that wedged it may
+        have come after the last scrape, which then read it idle."""
+        if self.unanswered_since is None:
+            self.unanswered_since = now
+        self.unanswered_count += 1
+        if self.since is not None and now - self.since >= self.after:
+            return True
+        return (
+            self.unanswered_count >= UNANSWERED_IN_A_ROW
+            and now - self.unanswered_since >= self.after
+        )
+
+    def unanswered_for(self, now: float) -> float:
+        """How long /metrics has gone unanswered (0: it answers)."""
+        return 0.0 if self.unanswered_since is None else now - self.unanswered_since
 
 
 @dataclass

@@ -21,6 +21,10 @@ from laned.engines.vllm import VLLM
 ENGINES: dict[str, EngineProfile] = {p.name: p for p in (SGLANG, LLAMACPP, VLLM)}
 
 
+# The engine of a lane that names none and whose command names none: every config written
+# before laned knew other engines keeps its meaning.
+DEFAULT: EngineProfile = VLLM
+
 # Programs that run another one (`taskset -c 0 llama-server ...`): their words are skipped.
 LAUNCHERS = frozenset({"taskset", "numactl", "nice", "ionice", "chrt", "env", "stdbuf", "nohup"})
 
@@ -61,8 +65,17 @@ def for_lane(spec: LaneConfig) -> EngineProfile:
     """The profile of the lane's engine: its `engine`, else the one its command names, else
     vLLM. (An unknown `engine` is refused by laned.config.rules before anything asks.)"""
     if spec.engine is not None:
-        return ENGINES.get(spec.engine, VLLM)
-    return inferred(program_words(spec)) or VLLM
+        return ENGINES.get(spec.engine, DEFAULT)
+    return inferred(program_words(spec)) or DEFAULT
 
 
-__all__ = ["ENGINES", "LLAMACPP", "SGLANG", "VLLM", "EngineProfile", "for_lane", "inferred"]
+__all__ = [
+    "DEFAULT",
+    "ENGINES",
+    "LLAMACPP",
+    "SGLANG",
+    "VLLM",
+    "EngineProfile",
+    "for_lane",
+    "inferred",
+]

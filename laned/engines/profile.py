@@ -232,7 +232,10 @@ class EngineProfile:
     - `weight_cache`: how its weights outlive its restarts in a daemon (None: they cannot);
     - `gpu_share(spec)`: the part of each of its GPUs' memory the engine takes by its own
       rule, and the flag or source that says so (None: not known from its flags; laned's
-      placement then counts `needs.gpu_memory_gib`, else the whole GPU: docs/placement.md).
+      placement then counts `needs.gpu_memory_gib`, else the whole GPU: docs/placement.md);
+      a part is of each GPU's whole memory, and the engine refuses to start unless that much
+      is free (vLLM's rule);
+    - `share_flag`: the flag that sets that part, named in hints.
     """
 
     name: str
@@ -262,3 +265,4 @@ class EngineProfile:
     key_file: tuple[str, str] | None = None
     weight_cache: WeightCacheApi | None = None
     gpu_share: Callable[[LaneConfig], Share] = no_share
+    share_flag: str = ""

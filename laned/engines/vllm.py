@@ -383,6 +383,7 @@ VLLM = EngineProfile(
     default_port=8000,  # vllm/entrypoints/openai/cli_args.py: --port's default
     weight_cache=WEIGHT_CACHE,  # laned/engines/vllm_preload.py
     gpu_share=gpu_share,
+    share_flag="--gpu-memory-utilization",
     parallel_flags=(
         "--tensor-parallel-size",
         "--pipeline-parallel-size",

@@ -233,7 +233,14 @@ class Reactions:
         elif isinstance(seen, watchers.Stalled):
             r.recorder.stall(lane)
             s = seen.sample
-            reason = f"stalled: {s.running:g} running, {s.waiting:g} waiting and no token for {seen.after:g}s"
+            load = "" if s is None else f"{s.running:g} running, {s.waiting:g} waiting"
+            if seen.unanswered:
+                reason = (
+                    f"stalled: /metrics unanswered for {seen.unanswered:.0f}s while /health answers"
+                )
+                reason += f" (last read: {load})" if load else ""
+            else:
+                reason = f"stalled: {load} and no token for {seen.after:g}s"
             self._degrade(lane, reason, RestartKind.STALLED)
         elif isinstance(seen, (watchers.StartTimedOut, watchers.MemoryLow)):
             if isinstance(seen, watchers.StartTimedOut):

@@ -21,7 +21,7 @@ from laned.config.model import Config, LaneConfig
 from laned.core import canary
 from laned.core.exits import ExitRecord
 from laned.core.lanes import EventKind, LaneState
-from laned.core.liveness import EngineSample
+from laned.core.liveness import EngineSample, Unanswered
 from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import Finding
@@ -135,9 +135,10 @@ class Seam(Protocol):
     def weights_digest(self, path: str) -> str | None:
         """The digest of what the running daemon loads, as its wrapper wrote it (blocking)."""
 
-    async def weights_held(self, path: str) -> int | None:
+    async def weights_held(self, path: str, pattern: str) -> int | None:
         """The GPU memory the daemon's ranks hold, by their own word, asked over the sockets
-        its wrapper's record (`path`) names; None: no answer."""
+        (`pattern`, its engine's) in the directory its wrapper's record (`path`) names; None:
+        no answer."""
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         """The daemon's processes (its unit's cgroup, its container's): the engine's start
@@ -199,8 +200,9 @@ class Seam(Protocol):
     async def accepts(self, port: int) -> bool:
         """Something accepts connections on the port."""
 
-    async def sample(self, spec: LaneConfig) -> EngineSample | None:
-        """Its /metrics, as laned reads them (running, waiting, tokens)."""
+    async def sample(self, spec: LaneConfig) -> EngineSample | Unanswered | None:
+        """Its /metrics, as laned reads them (running, waiting, tokens); UNANSWERED when the
+        engine gave no answer; None when it answered without them."""
 
     async def sleep(
         self, lane: str, spec: LaneConfig, seen: UnitSnapshot | None, note: Note, level: int

@@ -42,7 +42,7 @@ from laned.config.names import (
 from laned.core import canary, policy
 from laned.core.exits import ExitRecord, parse_exit_record
 from laned.core.lanes import EventKind, LaneState
-from laned.core.liveness import EngineSample
+from laned.core.liveness import EngineSample, Unanswered
 from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import Finding, LanedError, NotAContainer, PodmanError
@@ -274,11 +274,10 @@ class HostSeam:
     def weights_digest(self, path: str) -> str | None:
         return _record_lines(path)[0]
 
-    async def weights_held(self, path: str) -> int | None:
+    async def weights_held(self, path: str, pattern: str) -> int | None:
         sockets = (await asyncio.to_thread(_record_lines, path))[1]
-        if sockets is None or engines.VLLM.weight_cache is None:
+        if sockets is None:
             return None
-        pattern = engines.VLLM.weight_cache.socket_glob
         return await asyncio.to_thread(weight_cache.held_bytes, sockets, pattern)
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
@@ -319,7 +318,7 @@ class HostSeam:
     async def accepts(self, port: int) -> bool:
         return await self.probe.accepts(port)
 
-    async def sample(self, spec: LaneConfig) -> EngineSample | None:
+    async def sample(self, spec: LaneConfig) -> EngineSample | Unanswered | None:
         # llama-server guards /metrics with its key (vLLM and SGLang do not).
         key = await asyncio.to_thread(self.api_key, spec)
         return await self._engine(spec, key).sample()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from laned.config.model import LaneConfig
-from laned.core.liveness import EngineSample, MemoryFloor, StallDetector
+from laned.core.liveness import UNANSWERED, EngineSample, MemoryFloor, StallDetector
 from laned.core.phases import Seen
 from laned.owner.seam import Seam
 from laned.preflight.facts import GIB
@@ -57,10 +57,12 @@ class Sampled:
 
 @dataclass(frozen=True)
 class Stalled:
-    """Requests running or waiting and no token moving for `after` seconds."""
+    """Requests running or waiting and no token moving for `after` seconds, or /metrics
+    unanswered that long (`unanswered`: for how long; `sample`: the last one read)."""
 
-    sample: EngineSample
+    sample: EngineSample | None
     after: float
+    unanswered: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -173,16 +175,19 @@ async def watch_liveness(seam: Seam, spec: LaneConfig, report: Report) -> None:
         failures = 0
         sample = await seam.sample(spec)
         now = time.monotonic()
-        if sample is not None:
+        if isinstance(sample, EngineSample):
             last = sample
             if not report(Sampled(sample, now)):
                 return
             if stall.observe(sample, now):
                 report(Stalled(sample, settings.stall_after))
                 return
-        elif last is not None and stall.unanswered(now):
-            report(Stalled(last, settings.stall_after))
-            return
+        elif sample is UNANSWERED:
+            if stall.unanswered(now):
+                report(Stalled(last, settings.stall_after, stall.unanswered_for(now)))
+                return
+        else:
+            stall.answered()
         if settings.memory_floor_gib > 0:
             free = seam.mem_available()
             available = None if free is None else free / GIB

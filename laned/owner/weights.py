@@ -15,6 +15,7 @@ import functools
 import logging
 from typing import Protocol
 
+from laned import engines
 from laned.config.model import LaneConfig
 from laned.config.names import weights_unit_name
 from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, Desired, EventKind, LaneState
@@ -155,7 +156,12 @@ class Weights:
 
     async def _held(self, lane: str) -> None:
         """What the ready daemon's ranks hold, by their own word (get_memory)."""
-        held = await self.seam.weights_held(weights_digest_path(self.records.config, lane))
+        spec = self.records.config.lanes.get(lane)
+        cache = engines.for_lane(spec).weight_cache if spec is not None else None
+        if cache is None:
+            return
+        path = weights_digest_path(self.records.config, lane)
+        held = await self.seam.weights_held(path, cache.socket_glob)
         if lane in self.records.statuses and self.records.statuses[lane].weights == "ready":
             self.records.ledger.weights_seen(lane, "ready", held)
 

@@ -185,9 +185,6 @@ def sleep_fit(
     return []
 
 
-VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py (0.32): gpu_memory_utilization's default
-
-
 def beside_sleepers(
     lane: str,
     spec: LaneConfig,
@@ -196,20 +193,17 @@ def beside_sleepers(
     coming: Mapping[str, Mapping[int, int]] = {},
 ) -> list[Finding]:
     """Whether the lane's engine would start beside the memory laned's sleeping lanes keep
-    on its GPUs: vLLM refuses to start unless free memory covers total × its
-    --gpu-memory-utilization ("Free memory on device ... is less than desired GPU memory
-    utilization", vllm/v1/worker/utils.py `request_memory`). `coming`: the peers this swap
-    puts to sleep, with what each kept per GPU at its last sleep. An error that says by how
-    much to lower that flag; nothing where no sleeper holds memory on its GPUs. Only vLLM's
-    rule is known here: SGLang's (--mem-fraction-static) and llama.cpp's (layers and
-    context) are not checked yet."""
-    if engines.for_lane(spec) is not engines.VLLM:
-        return []
-    text = spec.engine_arg("--gpu-memory-utilization")
-    try:
-        wanted = float(text) if text is not None else VLLM_GPU_MEMORY_UTILIZATION
-    except ValueError:
-        return []  # the engine's own parser says so at start
+    on its GPUs, for an engine whose profile has a fixed share of each GPU (`gpu_share`):
+    vLLM refuses to start unless free memory covers total × its --gpu-memory-utilization
+    ("Free memory on device ... is less than desired GPU memory utilization",
+    vllm/v1/worker/utils.py `request_memory`). `coming`: the peers this swap puts to sleep,
+    with what each kept per GPU at its last sleep. An error that says by how much to lower
+    that flag; nothing where no sleeper holds memory on its GPUs. SGLang's share is of what
+    is free at its start and llama.cpp's is not read from its flags: neither is checked."""
+    profile = engines.for_lane(spec)
+    wanted, _ = profile.gpu_share(spec)
+    if wanted is None:
+        return []  # no fixed share, or one the engine's own parser refuses at start
     out = []
     for gpu in readings:
         soon = {peer: kept[gpu.index] for peer, kept in coming.items() if kept.get(gpu.index)}
@@ -227,9 +221,9 @@ def beside_sleepers(
                 "sleepers",
                 f"GPU {gpu.index}: laned's sleeping lanes keep {kept / GIB:.1f} GiB of it"
                 + (f" (with the lanes this swap puts to sleep: {also})" if soon else "")
-                + f"; vLLM starts only with {wanted:g} × {gpu.total_bytes / GIB:.0f} GiB free "
-                f"(--gpu-memory-utilization) and would find {free / GIB:.1f} GiB",
-                f"lower lanes.{lane}'s --gpu-memory-utilization to {fits:.2f} or less, or stop a "
+                + f"; {profile.title} starts only with {wanted:g} × {gpu.total_bytes / GIB:.0f} "
+                f"GiB free ({profile.share_flag}) and would find {free / GIB:.1f} GiB",
+                f"lower lanes.{lane}'s {profile.share_flag} to {fits:.2f} or less, or stop a "
                 "sleeping lane (laned deactivate LANE)"
                 + (f", or set lanes.{next(iter(soon))}.sleep_level = 0" if soon else ""),
             )

@@ -567,7 +567,7 @@ VLLM_SAMPLES = {
 
 
 def test_every_engine_metric_laned_reads_is_vllms_and_the_simulators(start_sim: Any) -> None:
-    from laned.adapters.probes import KV_USAGE, SUMMED
+    from laned.engines.vllm import KV_USAGE, SUMMED
 
     read = set(SUMMED) | set(KV_USAGE)
     assert read <= VLLM_SAMPLES, f"laned reads names vLLM does not export: {read - VLLM_SAMPLES}"

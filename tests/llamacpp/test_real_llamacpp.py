@@ -28,8 +28,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from laned.adapters.probes import parse_engine_metrics
 from laned.core.phases import Phase
-from laned.engines.llamacpp import SUMMED
+from laned.engines.llamacpp import LLAMACPP, SUMMED
 from tests.helpers import argv_holding, free_port, journal, wait_until
 from tests.integration.lanes import FAST
 from tests.llamacpp.conftest import RealLlamacpp
@@ -215,11 +216,15 @@ def test_laned_runs_real_llama_server_from_start_to_death(
     since = time.time()
     statuses: list[int] = []
     post_long(f"{engine}/v1/completions", 30000, statuses)
-    # laned itself must have seen it running before the loop is held: a scrape unanswered
-    # counts as no progress only after one that saw requests (liveness.StallDetector), and
-    # its scrape (1 s apart) could otherwise fall just before the request began.
-    wait_until(lambda: ((view(serve.url)["engine"] or {}).get("requests_running") or 0) >= 1,
-               30, "laned seeing the request running")  # fmt: skip
+
+    # Held as soon as the engine itself says the request runs, whether or not laned's last
+    # scrape (1 s apart) saw it: scrapes left unanswered for stall_after are a stall even
+    # after one that read the engine idle (liveness.StallDetector.unanswered).
+    def processing() -> float:
+        page = httpx.get(f"{engine}/metrics", headers=auth, timeout=10).text
+        return parse_engine_metrics(page, LLAMACPP.metrics).running
+
+    wait_until(lambda: processing() >= 1, 30, "llama-server running the request", 0.05)
     paused = Paused(pid)
     try:
         wait_until(

@@ -61,13 +61,11 @@ def test_stall_needs_busy_and_flat_tokens_for_the_whole_window() -> None:
     assert not detector.observe(idle, 1000)
 
 
-def test_an_unanswered_scrape_is_no_progress_only_while_busy() -> None:
+def test_an_unanswered_scrape_runs_the_stall_clock_on_while_busy() -> None:
     # llama-server's /metrics can hang behind a wedged decode loop while /health answers.
     detector = StallDetector(after=10)
-    assert not detector.unanswered(50)  # nothing seen yet: nothing judged
     idle = EngineSample(running=0, waiting=0, generation_tokens=5, prompt_tokens=2)
     assert not detector.observe(idle, 0)
-    assert not detector.unanswered(100)  # idle at the last look: not stalled
     busy = EngineSample(running=1, waiting=0, generation_tokens=5, prompt_tokens=2, steps=7)
     assert not detector.observe(busy, 101)
     assert not detector.unanswered(110)
@@ -75,6 +73,26 @@ def test_an_unanswered_scrape_is_no_progress_only_while_busy() -> None:
     moved = EngineSample(running=1, waiting=0, generation_tokens=5, prompt_tokens=2, steps=8)
     assert not detector.observe(moved, 112)  # a step: the clock starts again
     assert not detector.unanswered(121)
+
+
+def test_scrapes_unanswered_for_the_whole_window_are_a_stall_even_after_an_idle_one() -> None:
+    # The request that wedged llama-server came after the last scrape, which read it idle.
+    detector = StallDetector(after=10)
+    idle = EngineSample(running=0, waiting=0, generation_tokens=5, prompt_tokens=2)
+    assert not detector.observe(idle, 0)
+    assert not detector.unanswered(5)
+    assert not detector.unanswered(14)  # two in a row, but 9 s: not yet
+    assert detector.unanswered(15) and detector.unanswered_for(15) == 10
+    # One lost scrape is not a verdict, however long it took.
+    single = StallDetector(after=10)
+    assert not single.unanswered(100)
+    # An answer in between starts the count again: a page without laned's numbers too.
+    again = StallDetector(after=10)
+    assert not again.unanswered(0)
+    again.answered()
+    assert not again.unanswered(8) and not again.unanswered(17)
+    assert again.unanswered(18) and again.unanswered_for(18) == 10
+    assert not again.observe(idle, 19) and again.unanswered_for(19) == 0
 
 
 def test_phases_from_vllm_log_lines() -> None:

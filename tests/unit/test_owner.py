@@ -33,7 +33,7 @@ from laned.config.names import unit_name, weights_unit_name
 from laned.core import canary
 from laned.core.exits import ExitRecord
 from laned.core.lanes import Desired, LaneState, Verdict
-from laned.core.liveness import EngineSample
+from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
 from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
 from laned.errors import EngineBrokeOff, Finding
@@ -153,7 +153,7 @@ class FakeHost:
     def weights_digest(self, path: str) -> str | None:
         return self.digests.get(path)
 
-    async def weights_held(self, path: str) -> int | None:
+    async def weights_held(self, path: str, pattern: str) -> int | None:
         return None
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
@@ -213,8 +213,8 @@ class FakeHost:
     async def accepts(self, port: int) -> bool:
         return self._up(port)
 
-    async def sample(self, spec: LaneConfig) -> EngineSample | None:
-        return EngineSample(0, 0, 0, 0) if self._up(spec.port) else None
+    async def sample(self, spec: LaneConfig) -> EngineSample | Unanswered | None:
+        return EngineSample(0, 0, 0, 0) if self._up(spec.port) else UNANSWERED
 
     async def sleep(
         self, lane: str, spec: LaneConfig, seen: UnitSnapshot | None, note: Note, level: int

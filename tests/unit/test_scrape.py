@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from laned.adapters.probes import KV_USAGE, SUMMED, parse_engine_metrics
+from laned.adapters.probes import parse_engine_metrics
+from laned.engines.vllm import KV_USAGE, SUMMED
 from laned.sim.metrics import Metrics
 
 

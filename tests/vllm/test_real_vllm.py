@@ -28,8 +28,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from laned.adapters.probes import KV_USAGE, SUMMED, Probe, parse_engine_metrics
+from laned.adapters.probes import Probe, parse_engine_metrics
 from laned.core.phases import Phase
+from laned.engines.vllm import KV_USAGE, SUMMED
 from tests.helpers import free_port, journal, wait_until
 from tests.integration.lanes import FAST
 from tests.reliability.conftest import unit_property

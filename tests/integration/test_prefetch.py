@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
 from laned.adapters.pagecache import evict, residency, weight_files
@@ -101,7 +102,11 @@ def test_without_the_prefetch_the_start_finds_a_cold_page_cache(
             assert residency(files).fraction > 0.95
             found = await sup.preflight("new")
             said = [f.message for f in found if f.where == "weights"]
-            assert said and said[0].startswith("128 MiB of 128 MiB of its weight files"), said
+            # Nearly all: the kernel may take a few pages back between the two reads (CI
+            # once saw 126 of 128 MiB).
+            form = r"\d+ MiB of 128 MiB of its weight files are in the page cache \((\d+)%\)"
+            got = re.match(form, said[0] if said else "")
+            assert got and int(got[1]) >= 95, said
 
     run(scenario())
 

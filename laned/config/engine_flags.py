@@ -167,10 +167,7 @@ def daemon_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
     if spec.weight_cache is None or api is None:
         return
     base = f"lanes.{lane}"
-    command = list(
-        spec.exec.command if spec.exec else spec.container.command if spec.container else ()
-    )
-    words = api.command([*command, *spec.engine_args()]) or []
+    words = api.command([*spec.command_words(), *spec.arg_words()]) or []
     at = words.index("preload") + 1 if "preload" in words else 0
     yield from ((f"{base}.args", word) for word in words[at:])
     for _why, own in api.daemon_lines(spec, base, "/run/laned/weights"):

@@ -21,6 +21,7 @@ from laned.config import paths
 from laned.config.applied import LIVE, NEXT_START, RESTART
 from laned.config.base import ArgText, Duration, scalar_to_str
 from laned.config.base import StrictModel as _Model
+from laned.config.command import command_flags
 from laned.config.listener import LimitsConfig
 from laned.config.scheduling import GroupConfig, PrefetchConfig, ProxyConfig
 from laned.errors import Finding, UnknownLane
@@ -405,9 +406,21 @@ class LaneConfig(_Model):
         master = wc.master_port or health + 1
         return health, master, master + 1
 
-    def engine_args(self) -> list[str]:
-        """The user's engine arguments as argv elements (without laned's own additions)."""
+    def command_words(self) -> list[str]:
+        """The words of its command: the exec command, or the container's after its image."""
+        if self.exec is not None:
+            return list(self.exec.command)
+        return list(self.container.command) if self.container is not None else []
+
+    def arg_words(self) -> list[str]:
+        """Its `args` as argv elements."""
         return [part for arg in self.args for part in arg.argv()]
+
+    def engine_args(self) -> list[str]:
+        """The user's engine flags as argv elements, without laned's own additions: those
+        its command carries after the program and the model (laned.config.command), then
+        `args`. The engine reads both; so does every rule that asks for a flag."""
+        return [*command_flags(self.command_words()), *self.arg_words()]
 
     def headless(self) -> bool:
         """A worker rank of a lane over several hosts: it serves no API (docs/multinode.md)."""

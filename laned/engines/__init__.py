@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from laned.config.command import program_start
 from laned.config.model import LaneConfig
 from laned.engines.llamacpp import LLAMACPP
 from laned.engines.profile import EngineProfile
@@ -25,9 +26,6 @@ ENGINES: dict[str, EngineProfile] = {p.name: p for p in (SGLANG, LLAMACPP, VLLM)
 # before laned knew other engines keeps its meaning.
 DEFAULT: EngineProfile = VLLM
 
-# Programs that run another one (`taskset -c 0 llama-server ...`): their words are skipped.
-LAUNCHERS = frozenset({"taskset", "numactl", "nice", "ionice", "chrt", "env", "stdbuf", "nohup"})
-
 
 def program_words(spec: LaneConfig) -> list[str]:
     """The words of a lane's command that name its program: an exec command's first three
@@ -36,14 +34,7 @@ def program_words(spec: LaneConfig) -> list[str]:
     first two command words."""
     if spec.exec is not None:
         words = list(spec.exec.command)
-        i = 0
-        while i < len(words) and words[i].rsplit("/", 1)[-1] in LAUNCHERS:
-            i += 1
-            # the launcher's options and their values (`-c 0`, `--cpunodebind=0`, `A=B`)
-            while i < len(words) and (
-                words[i].startswith("-") or "=" in words[i] or words[i][:1].isdigit()
-            ):
-                i += 1
+        i = program_start(words)
         return words[i : i + 3]
     if spec.container is not None:
         c = spec.container

@@ -254,8 +254,7 @@ def weight_cache_findings(spec: LaneConfig, base: str) -> list[Finding]:
         return []
     where = f"{base}.weight_cache"
     out: list[Finding] = []
-    command = spec.exec.command if spec.exec else spec.container.command if spec.container else ()
-    if preload_command(list(command)) is None:
+    if preload_command(spec.command_words()) is None:
         out.append(
             Finding(
                 where,

@@ -35,10 +35,7 @@ def model_path(spec: LaneConfig) -> str | None:
     names."""
     if spec.model_dir:
         return spec.model_dir
-    words = list(
-        spec.exec.command if spec.exec else spec.container.command if spec.container else ()
-    )
-    named = engines.for_lane(spec).model_in([*words, *spec.engine_args()])
+    named = engines.for_lane(spec).model_in([*spec.command_words(), *spec.arg_words()])
     return None if named is None else host_path(spec, named)
 
 

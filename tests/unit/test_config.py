@@ -398,3 +398,28 @@ def test_hints_name_the_address_laned_listens_on() -> None:
     assert api_address("0.0.0.0:9000") == api_address("[::]:9000") == "localhost:9000"
     assert api_address("10.0.0.5:9000") == "10.0.0.5:9000"
     assert api_address("[fd00::5]:9000") == "[fd00::5]:9000"
+
+
+def test_the_engines_flags_are_read_from_its_command_too() -> None:
+    from laned.config.command import command_flags
+
+    assert command_flags(["vllm", "serve", "/m", "--max-model-len", "8192"]) == [
+        "--max-model-len",
+        "8192",
+    ]
+    assert command_flags(["serve", "/m", "--x=1"]) == ["--x=1"]  # a container's command
+    assert command_flags(["--model", "/m"]) == ["--model", "/m"]  # an image's entrypoint serves
+    python = ["/v/bin/python3", "-u", "-m", "sglang.launch_server", "--model-path", "/m"]
+    assert command_flags(python) == ["--model-path", "/m"]
+    assert command_flags(["python", "serve.py", "--port-file", "p"]) == ["--port-file", "p"]
+    assert command_flags(["taskset", "-c", "0-7", "llama-server", "-m", "x.gguf"]) == [
+        "-m",
+        "x.gguf",
+    ]
+    assert command_flags(["env", "A=B", "numactl", "--cpunodebind=0", "vllm", "serve"]) == []
+    text = MINIMAL.replace('"/models/a"]', '"/models/a", "--headless"]').replace(
+        'served_model_name = "m"', 'served_model_name = "m"\nargs = ["--tp", "2"]'
+    )
+    lane = parse_config(text, "t", ENV).lanes["a"]
+    assert lane.engine_args() == ["--headless", "--tp", "2"] and lane.headless()
+    assert lane.arg_words() == ["--tp", "2"] and lane.engine_arg("--tp") == "2"

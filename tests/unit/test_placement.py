@@ -79,6 +79,28 @@ command = ["llama-server", "-m", "m.gguf"]
     assert never(fps["l"], fps["v"]) == ""  # no GPU in common
 
 
+def test_a_share_written_in_the_command_counts_as_one_in_args() -> None:
+    # The engine reads its flags wherever they are; so does laned (LaneConfig.engine_args).
+    text = """
+[lanes.a]
+port = 8001
+served_model_name = "a"
+gpus = [0]
+[lanes.a.exec]
+command = ["taskset", "-c", "0-7", "vllm", "serve", "/m", "--gpu-memory-utilization", "0.4"]
+[lanes.b]
+port = 8002
+served_model_name = "b"
+gpus = [0]
+[lanes.b.container]
+image = "docker.io/vllm/vllm-openai:v0.32.0"
+command = ["/m", "--gpu-memory-utilization=0.5"]
+"""
+    fps = footprints(parse_config(text, "t.toml", {"HOME": "/h"}).lanes)
+    assert (fps["a"].share, fps["b"].share) == (0.4, 0.5)
+    assert together(fps["a"], fps["b"], {0: 80 * GIB})[0]
+
+
 def test_fit_on_a_four_gpu_host_and_the_reasons_say_how_much() -> None:
     big, s1, s2 = fp("big", (0, 1), 0.9), fp("s1", (2, 3), 0.45), fp("s2", (2, 3), 0.45)
     assert together(big, s1, FOUR) == (True, "no GPU in common")

@@ -188,7 +188,7 @@ def gpu_share(spec: LaneConfig) -> Share:
     it takes what is free on its GPUs when it starts."""
     return (
         None,
-        "SGLang takes the memory free on its GPUs at its start (--mem-fraction-static is of that)",
+        "SGLang takes the memory free on its GPUs at its start, --mem-fraction-static of it",
     )
 
 

@@ -256,6 +256,13 @@ def cmd_lane(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             force=force,
         )
+    if not args.wait:  # accepted, not done: say so, not only the state it is still in
+        print(
+            f"{view['name']}: {args.command} accepted; {view['state']} now, desired "
+            f"{view.get('desired', '?')} (follow: laned events -f --lane {view['name']}, "
+            "or add --wait)"
+        )
+        return EXIT_OK
     print(
         f"{view['name']}: {view['state']}" + (f" ({view['reason']})" if view.get("reason") else "")
     )

@@ -31,6 +31,7 @@ from laned.owner.supervisor import Supervisor
 from tests.helpers import ROOT, free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
+from tests.integration.test_supervisor import until
 
 
 def envelope(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -187,6 +188,16 @@ def test_api_end_to_end(harness: Harness, units: Units, tmp_path: Path) -> None:
                 env=env,
             )
             assert refused.returncode == 1 and "bearer token" in refused.stderr
+            # Without --wait: accepted, and the line says so (not only "a: ready").
+            accepted_cli = await asyncio.to_thread(
+                subprocess.run,
+                [*cli, "deactivate", "a", "--url", base, "--token-file", str(token_file)],
+                capture_output=True, text=True, env=env, timeout=60,
+            )  # fmt: skip
+            assert accepted_cli.returncode == 0, accepted_cli.stderr
+            assert accepted_cli.stdout.startswith("a: deactivate accepted; "), accepted_cli.stdout
+            assert "desired inactive" in accepted_cli.stdout, accepted_cli.stdout
+            await until(lambda: sup.statuses["a"].state.value == "inactive", 30, "a stopped")
             events = (await client.get("/events?lane=b")).json()["events"]
             assert events[-1]["to"] == "inactive" and any(e["to"] == "ready" for e in events)
             # Metrics and service discovery, readable without the token.

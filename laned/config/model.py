@@ -422,20 +422,28 @@ class LaneConfig(_Model):
         `args`. The engine reads both; so does every rule that asks for a flag."""
         return [*command_flags(self.command_words()), *self.arg_words()]
 
+    def flag_key(self, flag: str) -> str:
+        """The key the lane writes `flag` under, for messages: `args`, or its command's."""
+        given = any(w == flag or w.startswith(flag + "=") for w in self.arg_words())
+        if given or (self.exec is None and self.container is None):
+            return "args"
+        return "exec.command" if self.exec is not None else "container.command"
+
     def headless(self) -> bool:
         """A worker rank of a lane over several hosts: it serves no API (docs/multinode.md)."""
         return "--headless" in self.engine_args()
 
     def engine_arg(self, flag: str) -> str | None:
-        """The value of `flag` in the engine arguments (`--flag VALUE` or `--flag=VALUE`);
-        None when it is not there."""
-        args = self.engine_args()
+        """The value of `flag` in the engine arguments (`--flag VALUE` or `--flag=VALUE`),
+        the last one given where it is given twice (argparse keeps the last: a flag in
+        `args` wins over the command's); None when it is not there."""
+        args, found = self.engine_args(), None
         for i, part in enumerate(args):
             if part.startswith(flag + "="):
-                return part.removeprefix(flag + "=")
-            if part == flag and i + 1 < len(args):
-                return args[i + 1]
-        return None
+                found = part.removeprefix(flag + "=")
+            elif part == flag and i + 1 < len(args):
+                found = args[i + 1]
+        return found
 
 
 class Config(_Model):

@@ -222,6 +222,35 @@ def model_in(words: Sequence[str]) -> str | None:
 
 
 def findings(spec: LaneConfig, base: str) -> list[Finding]:
+    """What vLLM would refuse or expose, seen in the config: its dev mode on a reachable
+    host, a --gpu-memory-utilization it refuses."""
+    return [*_dev_mode(spec, base), *_utilization(spec, base)]
+
+
+def _utilization(spec: LaneConfig, base: str) -> list[Finding]:
+    """--gpu-memory-utilization must be a number in (0, 1] (vllm/config/cache.py,
+    `Field(gt=0, le=1)`): vLLM refuses anything else at its start, and laned places the
+    lane by it."""
+    text = spec.engine_arg("--gpu-memory-utilization")
+    if text is None:
+        return []
+    try:
+        share = float(text)
+    except ValueError:
+        share = None
+    if share is not None and 0 < share <= 1:
+        return []
+    return [
+        Finding(
+            f"{base}.{spec.flag_key('--gpu-memory-utilization')}",
+            f"--gpu-memory-utilization {text!r}: vLLM takes a part of each GPU's memory "
+            "above 0 and at most 1 (vllm/config/cache.py), and refuses this at its start",
+            "write it as a fraction, e.g. --gpu-memory-utilization 0.9",
+        )
+    ]
+
+
+def _dev_mode(spec: LaneConfig, base: str) -> list[Finding]:
     """vLLM's sleep routes are dev mode's (VLLM_SERVER_DEV_MODE=1), which also serves
     /collective_rpc, /reset_prefix_cache and the rest of vllm/entrypoints/serve/dev/ to anyone
     who reaches the port: a lane that sleeps listens on loopback (laned renders --host
@@ -232,7 +261,7 @@ def findings(spec: LaneConfig, base: str) -> list[Finding]:
         return []
     return [
         Finding(
-            f"{base}.args",
+            f"{base}.{spec.flag_key('--host')}",
             f"--host {host} with sleep_level = {spec.sleep_level}: vLLM's dev mode, "
             "which sleep needs, serves /collective_rpc, /reset_prefix_cache and /sleep to "
             "anyone who reaches that address",

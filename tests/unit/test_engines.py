@@ -130,6 +130,18 @@ def test_the_rules_of_each_engine() -> None:
         'sleep_level = 1\nargs = ["--host", "0.0.0.0"]\nexec = { command = ["vllm", "serve", "/m"] }'
     )
     assert lane(sglang + 'sleep_level = 1\nargs = ["--host", "0.0.0.0"]').sleep_level == 1
+    # vLLM refuses a --gpu-memory-utilization outside (0, 1], wherever it is written.
+    vllm = 'exec = { command = ["vllm", "serve", "/m", "--gpu-memory-utilization", "%s"] }'
+    [big] = problems(vllm % "1.5")
+    assert big.startswith("lanes.a.exec.command: --gpu-memory-utilization '1.5': vLLM takes")
+    assert "(vllm/config/cache.py)" in big and "e.g. --gpu-memory-utilization 0.9" in big
+    assert len(problems(vllm % "abc")) == 1 and len(problems(vllm % "0")) == 1
+    assert lane(vllm % "1").port == 8001
+    # Given twice (refused as such), the last is judged, as argparse reads it: args come
+    # after the command.
+    [twice, arg] = problems('args = ["--gpu-memory-utilization=-1"]\n' + vllm % "0.5")
+    assert "is given twice" in twice
+    assert arg.startswith("lanes.a.args: --gpu-memory-utilization '-1'"), arg
 
 
 def test_sglang_gets_its_flags_and_its_sleep_flags() -> None:

@@ -33,9 +33,8 @@ from typing import Any
 from laned.errors import EngineError
 
 _held: list[Any] = []
-RESIDUAL = (
-    0.6 * 2**30
-)  # a sleeping engine keeps its context: 0.60 GiB seen on an H200 (bench/gpu_sleep.py)
+# A sleeping engine keeps its context: 0.60 GiB seen on an H200 (bench/gpu_sleep.py).
+RESIDUAL = 0.6 * 2**30
 
 
 def _sim_gpus(root: str) -> list[int]:

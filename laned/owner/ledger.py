@@ -43,6 +43,7 @@ log = logging.getLogger("laned.supervisor")
 
 Listener = Callable[[Event], None]
 SAMPLES_KEPT = 60.0  # seconds of an engine's /metrics samples (its tokens/s over a minute)
+JOURNAL_LAG = 5.0  # seconds journald may stamp a start's log line after the engine answered
 
 
 class Hands(Protocol):
@@ -343,11 +344,15 @@ class Ledger:
             status.phase, status.progress = seen.phase, seen.progress
             status.phases = add_mark(status.phases, seen.phase, since)
             return seen.phase in ALMOST_READY
-        if status.started_at is not None and status.last_cold_start is not None:
-            ready_at = status.started_at + status.last_cold_start
-            if since < ready_at:  # late, but of this start: its timeline gets it
-                status.phases = add_mark(status.phases, seen.phase, since)
-                status.last_phases = dict(phase_durations(status.phases, ready_at))
+        # Late, but of this start: its timeline gets it. journald stamps a stream's line when
+        # it reads it, and a busy host reads a burst late: a line stamped up to JOURNAL_LAG
+        # after the engine answered was written before (an engine that starts in a second
+        # can answer before journald reads any of its start).
+        ready_at = status.ready_at
+        this_run = status.started_at is not None and ready_at >= status.started_at
+        if this_run and since < ready_at + JOURNAL_LAG:
+            status.phases = add_mark(status.phases, seen.phase, min(since, ready_at))
+            status.last_phases = dict(phase_durations(status.phases, ready_at))
         return False
 
     def sampled(self, lane: str, at: float, sample: EngineSample) -> None:

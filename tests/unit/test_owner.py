@@ -34,10 +34,13 @@ from laned.core import canary
 from laned.core.exits import ExitRecord
 from laned.core.lanes import Desired, LaneState, Verdict
 from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
+from laned.core.machine import Ev
+from laned.core.phases import Seen
 from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
 from laned.errors import EngineBrokeOff, Finding
 from laned.gates.acceptance import GateResult
+from laned.owner.ledger import JOURNAL_LAG, Ledger
 from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused, Seam
 from laned.owner.supervisor import Supervisor
 from laned.preflight.facts import NO_SLEEPERS, HostFacts, Sleepers
@@ -538,3 +541,21 @@ def test_random_requests_and_exits_keep_the_owners_invariants(
                     assert running or not active or status.state is LaneState.FAILED
 
     run(scenario)
+
+
+def test_start_lines_journald_stamps_after_the_engine_answered_are_still_this_starts() -> None:
+    """journald stamps a stream's line when it reads it: on a busy host a fast engine's whole
+    start can be stamped after it answered. Up to JOURNAL_LAG later, those lines are this
+    start's (at the moment it answered at the latest); later ones, or an earlier run's, not."""
+    now = [100.0]
+    ledger = Ledger(["a"], lambda: now[0])
+    assert ledger.fire("a", Ev.START, "asked")
+    assert ledger.phase_seen("a", Seen("loading model"), 100.2) is False
+    now[0] = 101.0
+    assert ledger.ready("a", "answers", None) == 1.0
+    assert ledger["a"].last_phases == {"loading model": 0.8}
+    ledger.phase_seen("a", Seen("loading weights"), 101.0 + JOURNAL_LAG - 0.5)  # read late
+    ledger.phase_seen("a", Seen("capturing CUDA graphs"), 101.0 + JOURNAL_LAG + 0.5)  # after
+    ledger.phase_seen("a", Seen("torch.compile"), 99.0)  # before this run began
+    assert ledger["a"].last_phases == {"loading model": 0.8, "loading weights": 0.0}
+    assert [name for name, _ in ledger["a"].phases] == ["loading model", "loading weights"]

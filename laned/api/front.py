@@ -224,7 +224,8 @@ class Front:
         facts = await self.supervisor.host_facts()
         lanes = self.supervisor.config.lanes
         weights = await self.supervisor.weights_gib([n for n, s in lanes.items() if s.sleep_level])
-        return fit_report(lanes, facts, weights, self.supervisor.placed())
+        placed, asleep = self.supervisor.placed(), self.supervisor.resting()
+        return fit_report(lanes, facts, weights, placed, asleep)
 
     async def weights(self) -> dict[str, Any]:
         """Each lane with local weight files: how much of them is in the page cache now."""
@@ -238,6 +239,7 @@ class Front:
             return {"gpus": [], "note": facts.gpu_note or "no NVML"}
         holders = await self.supervisor.gpu_holders()
         places = {g.index: g for g in self.supervisor.placement()}
+        asleep = {fp.lane for fp in self.supervisor.resting()}
         return {
             "note": None,
             "gpus": [
@@ -249,7 +251,7 @@ class Front:
                     # Where laned placed lanes (laned.core.placement): what each takes, and
                     # what is left for another (null: cannot be told).
                     "placed": [
-                        {"lane": n, "bytes": b}
+                        {"lane": n, "bytes": b, "asleep": n in asleep}
                         for n, b in (places[gpu.index].lanes if gpu.index in places else ())
                     ],
                     "left_bytes": places[gpu.index].left

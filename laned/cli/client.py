@@ -228,9 +228,12 @@ def placement_lines(placement: dict[str, Any]) -> list[str]:
             where = f"GPU {g['index']}" if g["index"] >= 0 else "its GPUs"
             size = f" ({g['total_bytes'] / gib:.0f} GiB)" if g["total_bytes"] else ""
             who = ", ".join(
-                f"{lane['name']} {lane['bytes'] / gib:.1f} GiB"
-                if lane["bytes"] is not None
-                else lane["name"]
+                (
+                    f"{lane['name']} {lane['bytes'] / gib:.1f} GiB"
+                    if lane["bytes"] is not None
+                    else lane["name"]
+                )
+                + (" asleep" if lane.get("asleep") else "")
                 for lane in g["lanes"]
             )
             left = f"; {g['left_bytes'] / gib:.1f} GiB left" if g["left_bytes"] is not None else ""

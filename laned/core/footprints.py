@@ -43,12 +43,17 @@ def never_peers(lanes: Mapping[str, LaneConfig], lane: str) -> list[str]:
 
 
 def report(
-    lanes: Mapping[str, LaneConfig], totals: Totals | None, placed: Sequence[str] = ()
+    lanes: Mapping[str, LaneConfig],
+    totals: Totals | None,
+    placed: Sequence[str] = (),
+    asleep: Sequence[Footprint] = (),
 ) -> dict[str, Any]:
     """Placement as JSON (GET /fit, `laned status --fit`, `laned validate`): each lane's
     footprint, each pair of lanes with whether they may run together and why, and each GPU
-    with the lanes `placed` on it and what is left."""
+    with the lanes `placed` on it, the sleepers `asleep` there (what each keeps), and what
+    is left."""
     fps = footprints(lanes)
+    sleepers = {fp.lane for fp in asleep}
     pairs = []
     for a, b in itertools.combinations(sorted(fps), 2):
         ok, why = together(fps[a], fps[b], totals)
@@ -57,10 +62,10 @@ def report(
         {
             "index": g.index,
             "total_bytes": g.total,
-            "lanes": [{"name": n, "bytes": b} for n, b in g.lanes],
+            "lanes": [{"name": n, "bytes": b, "asleep": n in sleepers} for n, b in g.lanes],
             "left_bytes": g.left,
         }
-        for g in per_gpu([fps[n] for n in placed if n in fps], totals)
+        for g in per_gpu([*(fps[n] for n in placed if n in fps), *asleep], totals)
     ]
     return {
         "gpus_known": totals is not None,

@@ -41,6 +41,16 @@ class Footprint:
     rule: str = ""  # where the figure comes from, for people
     group: str | None = None
     port: int = 0
+    # Bytes it holds on each GPU as measured, which every other figure gives way to: a
+    # sleeping lane's residual memory (`asleep`), kept at its last sleep.
+    held: tuple[tuple[int, int], ...] | None = None
+
+    @classmethod
+    def asleep(cls, lane: str, kept: Mapping[int, int], port: int) -> Footprint:
+        """A sleeping lane: what it kept on each GPU at its last sleep, and its port (its
+        engine still listens). Of no group: a sleeper runs beside anything that fits."""
+        held = tuple(sorted(kept.items()))
+        return cls(lane, tuple(g for g, _ in held), rule="asleep", port=port, held=held)
 
     def on(self, totals: Totals | None) -> tuple[int, ...]:
         """The indices of its GPUs ((EVERY,): all of a host whose GPUs are not known)."""
@@ -50,6 +60,8 @@ class Footprint:
 
     def demand(self, gpu: int, totals: Totals | None) -> int | None:
         """Bytes it takes of GPU `gpu`; None where that cannot be told here."""
+        if self.held is not None:
+            return dict(self.held).get(gpu, 0)
         total = None if totals is None else totals.get(gpu)
         if self.share is not None:
             return None if total is None else int(self.share * total)
@@ -61,7 +73,7 @@ class Footprint:
     def says(self, gpu: int, totals: Totals | None) -> str:
         """Its demand on `gpu`, for people: "44.2 GiB (--gpu-memory-utilization 0.46)"."""
         need = self.demand(gpu, totals)
-        if self.share is None and self.gib is None:
+        if self.share is None and self.gib is None and self.held is None:
             return f"{self.lane} the whole GPU ({self.rule})"
         if need is not None:
             size = f"{need / GIB:.1f} GiB"

@@ -37,6 +37,7 @@ class Operation:
     findings: list[Finding] | None = None  # a preflight its caller already ran
     desired_before: dict[str, Desired] = field(default_factory=dict)  # restored if refused
     evicts: tuple[str, ...] = ()  # the lanes an activation takes off (laned.core.placement)
+    stops_asleep: tuple[str, ...] = ()  # of those, the sleepers whose residual is in the way
 
 
 class Operations:

@@ -188,7 +188,7 @@ class Records:
     def placed(self, but: str = "") -> list[str]:
         """The lanes on the GPUs or on their way there: desired active (a failed one too: an
         activation of it may be under way, and taking it off costs nothing), or holding them.
-        Sleeping lanes aside: a sleeper's residual memory is the gate's."""
+        Sleeping lanes that stay asleep are placed by what they keep (`resting`)."""
         return sorted(
             name
             for name, status in self.statuses.items()
@@ -197,19 +197,39 @@ class Records:
             and (status.desired is Desired.ACTIVE or status.state in policy.HOLDING_STATES)
         )
 
+    def resting(self, but: str = "") -> dict[str, placement.Footprint]:
+        """The sleeping lanes that stay asleep (not desired: none is on its way to a wake),
+        each placed by the GPU memory it kept at its last sleep. One whose residual was not
+        measured (found asleep at laned's start), or on a host whose GPUs are not known, is
+        left to the start gate, which counts what it holds."""
+        if self.gpu_totals is None:
+            return {}
+        return {
+            name: placement.Footprint.asleep(name, status.residual, self.config.lanes[name].port)
+            for name, status in sorted(self.statuses.items())
+            if name != but
+            and name in self.config.lanes
+            and status.state is LaneState.SLEEPING
+            and status.desired is not Desired.ACTIVE
+            and status.residual
+        }
+
     def evictions(self, lane: str) -> placement.Eviction:
-        """The lanes an activation of `lane` takes off now, each with why."""
-        placed = self.placed(but=lane)
-        costs = {name: self.eviction_cost(name) for name in placed}
+        """The lanes an activation of `lane` takes off now, each with why: of the lanes
+        placed, and of the sleepers whose residual memory leaves it no room (those stop)."""
         fps = self.footprints
-        return placement.evictions(fps[lane], [fps[n] for n in placed], self.gpu_totals, costs)
+        placed = [fps[n] for n in self.placed(but=lane)] + list(self.resting(but=lane).values())
+        costs = {fp.lane: self.eviction_cost(fp.lane) for fp in placed}
+        return placement.evictions(fps[lane], placed, self.gpu_totals, costs)
 
     def eviction_cost(self, lane: str) -> float:
-        """What taking the lane off costs (laned.core.placement.cost)."""
+        """What taking the lane off costs (laned.core.placement.cost): the swap back in it
+        would need (a sleeper taken off needs a cold start, not a wake)."""
         spec, status = self.config.lanes[lane], self.statuses[lane]
         if status.state is LaneState.FAILED:
             return 0.0  # it holds nothing; taking it off acknowledges its failure
-        start = status.last_wake if status.woke else status.last_cold_start
+        asleep = status.state is LaneState.SLEEPING
+        start = status.last_wake if status.woke and not asleep else status.last_cold_start
         return placement.cost(start, self.load(lane), spec.priority, spec.pinned)
 
     def count_failure(self, lane: str, seen_by: str, what: str) -> policy.Counted | None:
@@ -224,9 +244,14 @@ class Records:
         self.recorder.failure(lane, seen_by)
         return counted
 
-    def sleepers(self) -> frozenset[int]:
-        """The processes of every sleeping lane: their residual GPU memory stays."""
-        asleep = [s for s in self.statuses.values() if s.state is LaneState.SLEEPING]
+    def sleepers(self, but: Collection[str] = ()) -> frozenset[int]:
+        """The processes of every sleeping lane (`but` those an activation stops): their
+        residual GPU memory stays."""
+        asleep = [
+            s
+            for name, s in self.statuses.items()
+            if s.state is LaneState.SLEEPING and name not in but
+        ]
         return frozenset().union(*(s.sleepers for s in asleep))
 
     def to_sleep(self, lane: str) -> dict[str, dict[int, int]]:

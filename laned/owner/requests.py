@@ -84,6 +84,7 @@ class Requests:
         if admit is Admit.WAIT_READY:
             return self.ledger.wait_ready(lane)  # idempotent: nothing is restarted
         off = set(self.records.evictions(lane).lanes)
+        resting = self.records.resting()  # sleepers that stay asleep unless they are in the way
         stopping = self.ops.aside.get(lane)
         if stopping is not None:  # its stop alongside another's activation: this one wins
             self.ops.supersede(stopping, f"superseded by activate {lane}")
@@ -103,6 +104,7 @@ class Requests:
         op = self.ops.begin(lane, OpKind.ACTIVATE)
         op.force, op.desired_before, op.findings = force, before, findings
         op.evicts = tuple(peers)
+        op.stops_asleep = tuple(p for p in peers if p in resting)
         holding = [p for p in peers if self.ledger.statuses[p].state in policy.HOLDING_STATES]
         op.from_lane = holding[0] if holding else "none"
         self.ops.run(op, self._operation(op, lambda: self._activation(op, reason)))
@@ -157,7 +159,9 @@ class Requests:
         # A sleeping lane wakes: no new engine, no free-memory check beside the sleepers.
         asleep = status.state is LaneState.SLEEPING
         r = self.records
-        sleepers = Sleepers() if asleep else Sleepers(r.sleepers(), r.to_sleep(lane))
+        # The sleepers the activation stops for room keep nothing by the time it starts.
+        off = r.evictions(lane).lanes
+        sleepers = Sleepers() if asleep else Sleepers(r.sleepers(but=off), r.to_sleep(lane))
         return await self.seam.preflight(
             self.records.config, lane, self.ledger.states(), status.image_id, sleepers
         )
@@ -202,7 +206,7 @@ class Requests:
         if op.from_lane != "none":  # the weights read in while the running lane goes
             self.prefetches.begin(lane, [op.from_lane])
         for peer in op.evicts:
-            await self._take_off(peer, f"swap to {lane}", op.force)
+            await self._take_off(peer, f"swap to {lane}", op.force, peer in op.stops_asleep)
             self._ensure_current(op)
         asleep = self.ledger.statuses[lane].state is LaneState.SLEEPING
         if asleep and self.sleeping.changed_since(lane):
@@ -231,10 +235,16 @@ class Requests:
 
     # --- sleep mode (docs/sleep.md) ------------------------------------------------------------
 
-    async def _take_off(self, lane: str, reason: str, force: bool) -> None:
+    async def _take_off(self, lane: str, reason: str, force: bool, asleep_too: bool) -> None:
         """Take a peer off the GPUs for a swap: to sleep where it can (a lane with a
-        sleep_level that serves), else stopped; a sleeper stays asleep."""
+        sleep_level that serves), else stopped; a sleeper stays asleep, unless what it keeps
+        leaves the new lane no room (`asleep_too`): then it stops."""
         spec, state = self.records.config.lanes[lane], self.ledger.statuses[lane].state
+        if state is LaneState.SLEEPING and asleep_too:
+            why = f"{reason}: the GPU memory it keeps asleep leaves no room; stopping it"
+            self.ledger.note(lane, EventKind.SLEEP, why)
+            await self._stop_and_confirm(lane, reason, force)
+            return
         if state is LaneState.SLEEPING:
             return
         if spec.sleep_level and self.records.serving(lane):

@@ -298,11 +298,16 @@ class Supervisor:
         """The lanes on the GPUs or on their way there (laned.core.placement)."""
         return self.records.placed()
 
+    def resting(self) -> list[placement.Footprint]:
+        """The sleepers that stay asleep, placed by what each kept at its last sleep."""
+        return list(self.records.resting().values())
+
     def placement(self) -> list[placement.GpuPlace]:
-        """Each GPU with the lanes placed on it now (laned.core.placement) and what is left,
-        by the GPUs' memory as read at start."""
+        """Each GPU with the lanes placed on it now (laned.core.placement), the sleepers
+        there, and what is left, by the GPUs' memory as read at start."""
         r = self.records
-        return placement.per_gpu([r.footprints[n] for n in r.placed()], r.gpu_totals)
+        placed = [r.footprints[n] for n in r.placed()] + self.resting()
+        return placement.per_gpu(placed, r.gpu_totals)
 
     async def gpu_holders(self) -> dict[int, str]:
         """Which lane each process on the GPUs is an engine process of (pid -> lane): the

@@ -9,6 +9,7 @@ from typing import Any
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
 from laned.core import footprints
+from laned.core.placement import Footprint
 from laned.errors import Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts, blocking, findings_json
 
@@ -236,11 +237,12 @@ def fit_report(
     host: HostFacts,
     weights: Mapping[str, float | None] = {},
     placed: Sequence[str] = (),
+    asleep: Sequence[Footprint] = (),
 ) -> dict[str, Any]:
     """Which lanes this host can run at all, as served by /fit and printed by status --fit;
     for a lane that sleeps, the level it would sleep at (`weights`: its weight files, GiB);
     and placement: which lanes may run together, and each GPU with the lanes `placed` on it
-    (laned.core.placement)."""
+    and the sleepers `asleep` there (laned.core.placement)."""
     rows = []
     for name in sorted(lanes):
         found = fit(name, lanes[name], host) + sleep_fit(name, lanes[name], host, weights.get(name))
@@ -249,5 +251,5 @@ def fit_report(
     return {
         "host": host.to_json(),
         "lanes": rows,
-        "placement": footprints.report(lanes, totals, placed),
+        "placement": footprints.report(lanes, totals, placed, asleep),
     }

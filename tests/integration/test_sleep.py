@@ -328,7 +328,7 @@ class SleepAwareGpu:
         pass
 
 
-def test_the_next_lane_starts_beside_a_sleepers_residual_or_is_told_which_flag_to_lower(
+def test_the_next_lane_starts_beside_a_sleepers_residual_or_stops_it_or_is_told_the_flag(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
     ports = {"a": free_port(), "b": free_port(), "c": free_port()}
@@ -362,6 +362,16 @@ def test_the_next_lane_starts_beside_a_sleepers_residual_or_is_told_which_flag_t
             assert "a: 8.0 GiB at its last sleep" in refused.value.message, refused.value
             assert "nothing was stopped" in refused.value.hint
             assert sup.statuses["a"].state is LaneState.READY and main_pid(harness, units, "a") == pid  # fmt: skip
+            # c again: a sleeps beside it. b then takes c off and a too, asleep: what a
+            # keeps (8 GiB) leaves 72 of the 73.6 b takes. Stopped, not left in b's way.
+            assert (await sup.activate("c")).state is LaneState.READY
+            assert sup.statuses["a"].state is LaneState.SLEEPING
+            assert ("a", 8 * GIB) in sup.placement()[0].lanes  # placed by what it keeps
+            assert (await sup.activate("b")).state is LaneState.READY
+            assert sup.statuses["a"].state is LaneState.INACTIVE
+            assert sup.statuses["c"].state is LaneState.INACTIVE
+            said = [e.reason for e in sup.events if e.lane == "a" and e.kind is EventKind.SLEEP]
+            assert "swap to b: the GPU memory it keeps asleep leaves no room; stopping it" in said
 
     run(scenario())
 

@@ -143,6 +143,7 @@ def test_validate_says_which_lanes_may_run_together_and_why(
 def test_status_fit_shows_each_gpu_with_its_lanes_and_what_is_left() -> None:
     from laned.cli.client import fit_table
     from laned.config.load import parse_config
+    from laned.core.placement import Footprint
     from laned.preflight.facts import GpuReading, HostFacts
     from laned.preflight.fit import fit_report
 
@@ -153,7 +154,13 @@ def test_status_fit_shows_each_gpu_with_its_lanes_and_what_is_left() -> None:
     )
     lanes = parse_config(text, "t.toml", {"HOME": "/h"}).lanes
     gpu = GpuReading(0, "H100", 80 * 2**30, 0, ())
-    body = fit_report(dict(lanes), HostFacts((gpu,), "", 100.0, 90.0), placed=["big", "small"])
+    asleep = [Footprint.asleep("nap", {0: 6 * 2**30}, 8003)]  # a sleeper: what it keeps
+    body = fit_report(
+        dict(lanes), HostFacts((gpu,), "", 100.0, 90.0), placed=["big", "small"], asleep=asleep
+    )
     out = fit_table(body)
-    assert "placed now:\n  GPU 0 (80 GiB): big 40.0 GiB, small 20.0 GiB; 20.0 GiB left" in out
+    assert (
+        "placed now:\n  GPU 0 (80 GiB): big 40.0 GiB, small 20.0 GiB, nap 6.0 GiB asleep; "
+        "14.0 GiB left" in out
+    )
     assert "  big              small            together  both fit on GPU 0" in out

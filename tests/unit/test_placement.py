@@ -140,6 +140,26 @@ def test_the_cheapest_lane_goes_and_nothing_else() -> None:
     assert evictions(s4, [s1, s2], FOUR, pinned).lanes == ("s2",)
 
 
+def test_a_sleeper_stays_where_the_new_lane_fits_beside_it_and_goes_where_it_is_in_the_way() -> (
+    None
+):
+    z = Footprint.asleep("z", {0: 8 * GIB}, 9000)  # what it kept on GPU 0 at its last sleep
+    assert z.demand(0, FOUR) == 8 * GIB and z.demand(1, FOUR) == 0
+    assert z.says(0, FOUR) == "z 8.0 GiB (asleep)"
+    # 86.4 + 8 of 96 GiB: beside it; 91.2 + 8: it goes; on another GPU, or of a group: stays.
+    assert evictions(fp("a", (0,), 0.9), [z], FOUR, {}).lanes == ()
+    out = evictions(fp("b", (0,), 0.95), [z], FOUR, {})
+    assert out.lanes == ("z",) and out.fits and "z 8.0 GiB (asleep)" in out.why["z"]
+    assert evictions(fp("c", (1,), 0.95), [z], FOUR, {}).lanes == ()
+    assert evictions(fp("d", (0,), 0.9, group="x"), [z], FOUR, {}).lanes == ()
+    # Beside a running lane, the cheaper of the two goes.
+    r, new = fp("r", (0,), 0.5), fp("new", (0,), 0.45)
+    assert evictions(new, [r, z], FOUR, {"r": 100.0, "z": 30.0}).lanes == ("z",)
+    assert evictions(new, [r, z], FOUR, {"r": 10.0, "z": 30.0}).lanes == ("r",)
+    row = per_gpu([r, z], FOUR)[0]
+    assert row.lanes == (("r", 48 * GIB), ("z", 8 * GIB)) and row.left == 40 * GIB
+
+
 def test_costs_weigh_the_swap_back_the_requests_and_priority() -> None:
     assert cost(None, 0, 0, False) == 30.0  # never measured
     assert cost(100.0, 2, 0, False) == 300.0  # its swap back, once more per request
@@ -231,6 +251,12 @@ def scene(
         candidate = draw(footprint(f"p{i}"))
         if not fits(candidate, placed, totals):  # what runs fits together, as placement keeps it
             placed.append(candidate)
+    if totals is not None:  # sleepers, placed by what they keep (known only with NVML)
+        for i in range(draw(st.integers(0, 2))):
+            kept = draw(st.dictionaries(st.integers(0, 3), st.integers(1, 12), max_size=2))
+            sleeper = Footprint.asleep(f"z{i}", {g: n * GIB for g, n in kept.items()}, 9000 + i)
+            if kept and not fits(sleeper, placed, totals):
+                placed.append(sleeper)
     lane = draw(footprint("new"))
     costs = {p.lane: draw(st.floats(0, 1000)) for p in placed}
     return lane, placed, costs, totals

@@ -245,6 +245,26 @@ def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]
             )
     yield from _check_cache_env(where, spec.cache_env)
     yield from _check_podman_args(base, where, lane)
+    yield from _check_gpu_devices(base, where, lane)
+
+
+def _check_gpu_devices(base: str, where: str, lane: LaneConfig) -> Iterator[Finding]:
+    """A container is given no GPU unless podman is asked for one (a CDI device, or any
+    --device): vLLM and SGLang then fail at start, and llama-server runs on the CPU without
+    a word. A lane that needs no GPU says `gpus = []`."""
+    spec = lane.container
+    assert spec is not None
+    names = {flag for flag, _ in _podman_flags(spec.podman_args)}
+    if lane.gpus == () or spec.devices or names & {"--device", "--gpus"}:
+        return
+    narrowed = f"; laned narrows it to {base}.gpus with CUDA_VISIBLE_DEVICES" if lane.gpus else ""
+    yield Finding(
+        f"{where}.devices",
+        "the container is given no GPU: podman passes none unless asked",
+        f'add devices = ["nvidia.com/gpu=all"] (rootless podman: CDI{narrowed}), or set '
+        f"{base}.gpus = [] for a lane that needs none",
+        Severity.WARNING,
+    )
 
 
 def _check_cache_env(where: str, cache_env: Mapping[str, str]) -> Iterator[Finding]:

@@ -307,6 +307,38 @@ def test_warnings_do_not_block() -> None:
     assert config.warnings[0].severity is Severity.WARNING
 
 
+@pytest.mark.parametrize(
+    ("lines", "warned"),
+    [
+        ("", True),  # podman gives a container no GPU unless asked
+        ("gpus = [0]", True),
+        ("gpus = []", False),  # a lane that needs none says so
+        ('devices = ["nvidia.com/gpu=all"]', False),
+        ('podman_args = ["--device", "/dev/nvidia0"]', False),
+    ],
+)
+def test_a_container_given_no_gpu_is_a_warning_unless_the_lane_needs_none(
+    lines: str, warned: bool
+) -> None:
+    lane, container = (lines, "") if lines.startswith("gpus") else ("", lines)
+    text = f"""
+    [lanes.a]
+    port = 8001
+    served_model_name = "m"
+    {lane}
+    [lanes.a.container]
+    image = "ghcr.io/ggml-org/llama.cpp:server-cuda"
+    command = ["-m", "/models/m.gguf", "-ngl", "99"]
+    {container}
+    """
+    config = parse_config(textwrap.dedent(text), "t", ENV)
+    found = [w for w in config.warnings if w.where == "lanes.a.container.devices"]
+    assert bool(found) == warned, config.warnings
+    if found:
+        assert "given no GPU" in found[0].message and "nvidia.com/gpu=all" in found[0].hint
+        assert ("narrows it to lanes.a.gpus" in found[0].hint) == ("gpus" in lines)
+
+
 def test_lane_needs_exactly_one_of_container_and_exec() -> None:
     neither = MINIMAL.split("[lanes.a.exec]")[0]
     assert "lanes.a" in paths_of(neither)

@@ -45,6 +45,11 @@ class Footprint:
     # sleeping lane's residual memory (`asleep`), kept at its last sleep.
     held: tuple[tuple[int, int], ...] | None = None
 
+    @property
+    def whole(self) -> bool:
+        """It takes its GPUs whole: no figure says less."""
+        return self.share is None and self.gib is None and self.held is None
+
     @classmethod
     def asleep(cls, lane: str, kept: Mapping[int, int], port: int) -> Footprint:
         """A sleeping lane: what it kept on each GPU at its last sleep, and its port (its
@@ -73,7 +78,7 @@ class Footprint:
     def says(self, gpu: int, totals: Totals | None) -> str:
         """Its demand on `gpu`, for people: "44.2 GiB (--gpu-memory-utilization 0.46)"."""
         need = self.demand(gpu, totals)
-        if self.share is None and self.gib is None and self.held is None:
+        if self.whole:
             return f"{self.lane} the whole GPU ({self.rule})"
         if need is not None:
             size = f"{need / GIB:.1f} GiB"
@@ -106,6 +111,9 @@ def crowded(gpu: int, lanes: Sequence[Footprint], totals: Totals | None) -> str:
     total = None if totals is None else totals.get(gpu)
     where = f"GPU {gpu}" if gpu != EVERY else "their GPUs"
     if total is None:
+        whole = next((fp for fp in lanes if fp.whole), None)
+        if whole is not None and len(lanes) > 1:  # whatever the GPU's memory
+            return f"{where}: {whole.says(gpu, totals)}: nothing runs beside it"
         shares = [fp.share for fp in lanes]
         if all(s is not None for s in shares):
             if sum(s or 0.0 for s in shares) <= 1.0 + 1e-9:
@@ -163,7 +171,7 @@ def never(a: Footprint, b: Footprint) -> str:
     why = apart(a, b)
     if why or not common(a, b, None):
         return why
-    whole = next((fp for fp in (a, b) if fp.share is None and fp.gib is None), None)
+    whole = next((fp for fp in (a, b) if fp.whole), None)
     if whole is not None:
         return f"{whole.lane} takes its GPUs whole ({whole.rule})"
     if a.share is not None and b.share is not None and a.share + b.share > 1.0 + 1e-9:

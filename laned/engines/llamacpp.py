@@ -145,8 +145,15 @@ def read_help(text: str) -> tuple[str, frozenset[str]]:
 
 def gpu_share(spec: LaneConfig) -> Share:
     """What its offloaded layers (-ngl) and context take: known from the GGUF file and the
-    flags together only, not from the flags alone (llama.cpp's own --fit reads the file)."""
-    return None, "llama.cpp takes what its -ngl layers and context need, not read from its flags"
+    flags together only, not from the flags alone. Its --fit, on by default, sets what the
+    flags leave unset to the memory free on its GPUs at its start, less a 1 GiB margin
+    (`llama-server --help`, build 170: "whether to adjust unset arguments to fit in device
+    memory ... default: 'on'", --fit-target 1024)."""
+    return (
+        None,
+        "llama.cpp takes what its -ngl layers and context need of the GGUF file, and its "
+        "--fit (on by default) sizes those left unset to the memory free at its start",
+    )
 
 
 LLAMACPP = EngineProfile(

@@ -126,6 +126,15 @@ def test_a_group_and_a_port_keep_lanes_apart_whatever_the_memory() -> None:
     assert evictions(a, [b], FOUR, {}).lanes == ("b",)
 
 
+def test_a_whole_gpu_lane_is_apart_for_that_reason_whether_or_not_the_gpus_are_known() -> None:
+    whole = Footprint("gguf", (0,), rule="llama.cpp", port=1)
+    half = fp("v", (0, 1), 0.5)
+    ok, why = together(whole, half, None)
+    assert not ok and why == "GPU 0: gguf the whole GPU (llama.cpp): nothing runs beside it"
+    ok, why = together(whole, half, FOUR)
+    assert not ok and "gguf the whole GPU (llama.cpp) + v 48.0 GiB" in why
+
+
 def test_the_cheapest_lane_goes_and_nothing_else() -> None:
     big, s1, s2, s4 = (fp("big", (0, 1), 0.9), fp("s1", (2, 3), 0.45),
                        fp("s2", (2, 3), 0.45), fp("s4", (2, 3), 0.45))  # fmt: skip

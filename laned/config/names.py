@@ -7,21 +7,9 @@ from collections.abc import Mapping
 from laned.config.model import Config, LaneConfig
 
 DAEMON_UNIT = "laned.service"
+# The lane's persistent cache directory inside its container: each engine points the
+# variables of what it compiles at a cold start there (laned.engines, `caches`).
 CACHE_MOUNT = "/laned/cache"
-
-# Where engines keep what they compile at a cold start, inside the container; each points
-# into the lane's persistent cache directory (seed 001: FlashInfer autotune and DeepGEMM
-# JIT take ~22 minutes, and "nothing is cached across --rm containers").
-DEFAULT_CACHE_ENV = {
-    "VLLM_CACHE_ROOT": f"{CACHE_MOUNT}/vllm",  # torch.compile artifacts and vLLM's own caches
-    "FLASHINFER_WORKSPACE_BASE": f"{CACHE_MOUNT}",  # FlashInfer JIT (it appends .cache/flashinfer)
-    "DG_JIT_CACHE_DIR": f"{CACHE_MOUNT}/deep_gemm",  # DeepGEMM's JIT kernels
-    "TRITON_CACHE_DIR": f"{CACHE_MOUNT}/triton",
-    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT}/inductor",
-    "TORCH_EXTENSIONS_DIR": f"{CACHE_MOUNT}/torch_extensions",
-    "CUDA_CACHE_PATH": f"{CACHE_MOUNT}/nv",  # the driver's PTX JIT cache
-    "XDG_CACHE_HOME": f"{CACHE_MOUNT}/xdg",  # whatever else follows XDG
-}
 
 
 def unit_name(lane: str, spec: LaneConfig) -> str:

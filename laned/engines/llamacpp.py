@@ -35,8 +35,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from laned.config.model import LaneConfig
+from laned.config.names import CACHE_MOUNT
 from laned.core.phases import Phase, read_with
 from laned.engines.profile import (
+    Caches,
     Call,
     EngineProfile,
     FlagProbe,
@@ -143,6 +145,19 @@ def read_help(text: str) -> tuple[str, frozenset[str]]:
     return "unknown", frozenset(flags)
 
 
+# llama-server compiles nothing itself; the driver JIT-compiles its CUDA kernels where the
+# image has no code for the GPU, and its -hf downloads follow XDG_CACHE_HOME
+# (common/common.cpp `fs_get_cache_directory`, common/hf-cache.cpp).
+CACHES = Caches(
+    {
+        "CUDA_CACHE_PATH": f"{CACHE_MOUNT}/nv",  # the driver's PTX JIT cache
+        "XDG_CACHE_HOME": f"{CACHE_MOUNT}/xdg",  # -hf downloads (llama.cpp, huggingface/hub)
+    },
+    "persistent caches (the driver's PTX JIT, -hf downloads): a second cold start reuses the "
+    "first one's work",
+)
+
+
 def gpu_share(spec: LaneConfig) -> Share:
     """What its offloaded layers (-ngl) and context take: known from the GGUF file and the
     flags together only, not from the flags alone. Its --fit, on by default, sets what the
@@ -179,4 +194,5 @@ LLAMACPP = EngineProfile(
     default_port=8080,  # common/arg.cpp: --port's default
     window=window,
     gpu_share=gpu_share,
+    caches=CACHES,
 )

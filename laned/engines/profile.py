@@ -203,6 +203,17 @@ def no_share(spec: LaneConfig) -> Share:
 
 
 @dataclass(frozen=True)
+class Caches:
+    """What the engine compiles (or fetches) at a cold start and keeps across `--rm`
+    containers once pointed into the lane's cache directory: each variable with its path
+    inside the container (under laned.config.names.CACHE_MOUNT), and why, for the wrapper's
+    comment."""
+
+    env: Mapping[str, str]
+    why: str
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """One engine.
 
@@ -235,7 +246,9 @@ class EngineProfile:
       placement then counts `needs.gpu_memory_gib`, else the whole GPU: docs/placement.md);
       a part is of each GPU's whole memory, and the engine refuses to start unless that much
       is free (vLLM's rule);
-    - `share_flag`: the flag that sets that part, named in hints.
+    - `share_flag`: the flag that sets that part, named in hints;
+    - `caches`: where a container lane's engine keeps what it compiles at a cold start, in
+      the lane's persistent cache directory (None: nothing).
     """
 
     name: str
@@ -266,3 +279,4 @@ class EngineProfile:
     weight_cache: WeightCacheApi | None = None
     gpu_share: Callable[[LaneConfig], Share] = no_share
     share_flag: str = ""
+    caches: Caches | None = None

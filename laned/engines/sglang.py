@@ -44,8 +44,10 @@ import re
 from collections.abc import Sequence
 
 from laned.config.model import LaneConfig
+from laned.config.names import CACHE_MOUNT
 from laned.core.phases import BAR, Phase, read_with
 from laned.engines.profile import (
+    Caches,
     Call,
     EngineProfile,
     FlagProbe,
@@ -180,6 +182,21 @@ print(json.dumps({"version": version, "flags": flags, "abbrev": parser.allow_abb
 """
 
 
+# SGLang points its kernel caches (Triton, Inductor, CUDA, TileLang, FlashInfer) under
+# SGLANG_CACHE_DIR when it is imported, and sets DeepGEMM's DG_JIT_CACHE_DIR from it whatever
+# was set before (srt/environ.py `redirect_third_party_caches`, default ~/.cache/sglang;
+# srt/layers/deep_gemm_wrapper/compile_utils.py): the one variable that keeps them all.
+CACHES = Caches(
+    {
+        "SGLANG_CACHE_DIR": f"{CACHE_MOUNT}/sglang",
+        "TORCH_EXTENSIONS_DIR": f"{CACHE_MOUNT}/torch_extensions",
+        "XDG_CACHE_HOME": f"{CACHE_MOUNT}/xdg",  # whatever else follows XDG
+    },
+    "persistent compile caches (DeepGEMM, FlashInfer, Triton and TileLang JIT, torch.compile, "
+    "all under SGLANG_CACHE_DIR): a second cold start reuses the first one's work",
+)
+
+
 def gpu_share(spec: LaneConfig) -> Share:
     """Not a fixed part of the GPU: SGLang sizes its KV pool from the memory free at its start,
     less a slack of (1 - --mem-fraction-static) of what was free before the weights
@@ -212,4 +229,5 @@ SGLANG = EngineProfile(
     findings=findings,
     key_file=(KEY_FLAG, KEY_NAME),
     gpu_share=gpu_share,
+    caches=CACHES,
 )

@@ -23,9 +23,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from laned.config.model import LaneConfig
+from laned.config.names import CACHE_MOUNT
 from laned.config.sleep import LOOPBACK, loopback
 from laned.core.phases import BAR, CACHE_HIT, Phase, read_with
 from laned.engines.profile import (
+    Caches,
     Call,
     EngineProfile,
     FlagProbe,
@@ -375,6 +377,24 @@ print(json.dumps({"version": version, "flags": flags, "abbrev": parser.allow_abb
 GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py (0.32): gpu_memory_utilization's default
 
 
+# Seed 001: FlashInfer autotune and DeepGEMM JIT take ~22 minutes at a first start, and
+# "nothing is cached across --rm containers".
+CACHES = Caches(
+    {
+        "VLLM_CACHE_ROOT": f"{CACHE_MOUNT}/vllm",  # torch.compile artifacts, vLLM's own caches
+        "FLASHINFER_WORKSPACE_BASE": CACHE_MOUNT,  # FlashInfer JIT (it appends .cache/flashinfer)
+        "DG_JIT_CACHE_DIR": f"{CACHE_MOUNT}/deep_gemm",  # DeepGEMM's JIT kernels
+        "TRITON_CACHE_DIR": f"{CACHE_MOUNT}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT}/inductor",
+        "TORCH_EXTENSIONS_DIR": f"{CACHE_MOUNT}/torch_extensions",
+        "CUDA_CACHE_PATH": f"{CACHE_MOUNT}/nv",  # the driver's PTX JIT cache
+        "XDG_CACHE_HOME": f"{CACHE_MOUNT}/xdg",  # whatever else follows XDG
+    },
+    "persistent compile caches (FlashInfer autotune, DeepGEMM and Triton JIT, torch.compile): "
+    "a second cold start reuses the first one's work",
+)
+
+
 def gpu_share(spec: LaneConfig) -> Share:
     """vLLM takes --gpu-memory-utilization × each GPU's memory whatever its model needs, and
     refuses to start unless that much is free ("Free memory on device ... is less than
@@ -413,6 +433,7 @@ VLLM = EngineProfile(
     weight_cache=WEIGHT_CACHE,  # laned/engines/vllm_preload.py
     gpu_share=gpu_share,
     share_flag="--gpu-memory-utilization",
+    caches=CACHES,
     parallel_flags=(
         "--tensor-parallel-size",
         "--pipeline-parallel-size",

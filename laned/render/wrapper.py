@@ -22,7 +22,6 @@ from laned import engines
 from laned.config.model import Config, LaneConfig
 from laned.config.names import (
     CACHE_MOUNT,
-    DEFAULT_CACHE_ENV,
     WEIGHTS_SOCKETS_MOUNT,
     cache_dir,
     container_name,
@@ -201,10 +200,12 @@ def _is_command(spec: LaneConfig, words: list[str]) -> bool:
 
 
 def cache_env(spec: LaneConfig) -> dict[str, str]:
-    """The compile-cache variables a container lane gets (its own `env` wins over them)."""
+    """The compile-cache variables a container lane gets: its engine's (laned.engines,
+    `caches`), then `container.cache_env`; its own `env` wins over them."""
     if spec.container is None or not spec.container.compile_cache:
         return {}
-    merged = {**DEFAULT_CACHE_ENV, **spec.container.cache_env}
+    caches = engines.for_lane(spec).caches
+    merged = {**(caches.env if caches else {}), **spec.container.cache_env}
     return {k: v for k, v in sorted(merged.items()) if k not in spec.env}
 
 
@@ -213,13 +214,9 @@ def _cache_lines(config: Config, lane: str) -> list[Line]:
     variables = cache_env(spec)
     if not variables:
         return []
-    lines: list[Line] = [
-        (
-            "persistent compile caches (FlashInfer autotune, DeepGEMM and Triton JIT, "
-            "torch.compile): a second cold start reuses the first one's work",
-            ["-v", f"{cache_dir(config, lane)}:{CACHE_MOUNT}"],
-        )
-    ]
+    caches = engines.for_lane(spec).caches
+    why = caches.why if caches else "persistent caches: a second cold start reuses the first's work"
+    lines: list[Line] = [(why, ["-v", f"{cache_dir(config, lane)}:{CACHE_MOUNT}"])]
     lines += [(None, ["-e", f"{key}={value}"]) for key, value in variables.items()]
     return lines
 

@@ -14,8 +14,8 @@ import pytest
 
 from laned.cli.main import main
 from laned.config.load import load_config, parse_config
-from laned.config.names import DEFAULT_CACHE_ENV
 from laned.config.secrecy import names_in
+from laned.engines.vllm import CACHES
 from laned.render import plan as render
 from laned.render.units import daemon_unit
 from laned.render.wrapper import engine_argv
@@ -69,7 +69,7 @@ LANED_ADDITIONS_PODMAN = [
     # gpus = [0, 1] with --device nvidia.com/gpu=all: the engine on the GPUs laned places it on
     ("-e", "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
     ("-e", "CUDA_VISIBLE_DEVICES=0,1"),
-    *[("-e", f"{k}={v}") for k, v in sorted(DEFAULT_CACHE_ENV.items())],
+    *[("-e", f"{k}={v}") for k, v in sorted(CACHES.env.items())],
 ]
 # What laned drops, on purpose: --rm, because the wrapper reads how the container ended
 # (podman's OOMKilled) before it removes the container itself.
@@ -428,6 +428,38 @@ def test_specifiers_and_dollars_are_escaped(tmp_path: Path) -> None:
     unit = render.plan(config)[0].content
     assert "Description=50%% of $HOME" in unit
     assert 'ExecStart="/opt/100%%/b in/laned-a-serve"' in unit
+
+
+@pytest.mark.parametrize(
+    ("image", "command", "kept", "not_set"),
+    [
+        ("vllm/vllm-openai", '["vllm", "serve", "/m"]', "DG_JIT_CACHE_DIR", "SGLANG_CACHE_DIR"),
+        # SGLang sets DG_JIT_CACHE_DIR from SGLANG_CACHE_DIR whatever was set before.
+        (
+            "lmsysorg/sglang",
+            '["python3", "-m", "sglang.launch_server", "--model-path", "/m"]',
+            "SGLANG_CACHE_DIR",
+            "DG_JIT_CACHE_DIR",
+        ),
+        (
+            "ghcr.io/ggml-org/llama.cpp:server-cuda",
+            '["-m", "/m.gguf"]',
+            "CUDA_CACHE_PATH",
+            "VLLM_CACHE_ROOT",
+        ),
+    ],
+)
+def test_each_engine_gets_its_own_cache_variables(
+    image: str, command: str, kept: str, not_set: str
+) -> None:
+    text = (
+        '[lanes.a]\nport = 1\nserved_model_name = "m"\n'
+        f'[lanes.a.container]\nimage = "{image}"\ncommand = {command}\n'
+        'devices = ["nvidia.com/gpu=all"]\n'
+    )
+    argv = engine_argv(parse_config(text, "t", ENV), "a")
+    pairs = {argv[i + 1].split("=")[0] for i, word in enumerate(argv[:-1]) if word == "-e"}
+    assert kept in pairs and not_set not in pairs and "XDG_CACHE_HOME" in pairs, argv
 
 
 def test_restart_policy_follows_the_managers_version(example: object) -> None:

@@ -64,6 +64,9 @@ def test_the_six_gates_pass_on_a_good_lane_and_are_kept_shown_and_exported(
             view = (await client.get("/lanes/a")).json()
             assert view["checks"]["passed"] is True
             assert view["state"] == "ready"
+            # The start's phases come from the journal, which may hand them over late.
+            phases = sup.statuses["a"].last_phases
+            await until(lambda: "loading weights" in phases, 10, "the start's phases")
             metrics = (await client.get("/metrics")).text
             assert 'laned_check_passed{gate="tools",lane="a"} 1.0' in metrics
             assert "laned_check_last_run_timestamp_seconds" in metrics

@@ -600,6 +600,9 @@ def test_preflight_fit_and_refusals_through_the_api_and_the_cli(
             assert (
                 await client.get("/lanes/a/activate", params={"wait": "true"})
             ).status_code == 200
+            # The start's phases come from the journal, which may hand them over after the
+            # engine answered (docs/supervisor.md): waited for, with a deadline.
+            await until(lambda: sup.statuses["a"].last_phases, 10, "the start's phases")
             shown = (await client.get("/lanes/a")).json()
             assert shown["last_phases"] and shown["container"] is None
             body = (await client.get("/lanes/b/preflight")).json()

@@ -60,6 +60,7 @@ from laned.preflight.rules import model_path
 from laned.render import plan as render
 
 log = logging.getLogger("laned.supervisor")
+GPU_REREAD = 60.0  # seconds between tries to read GPUs that laned could not read at its start
 
 
 class Supervisor:
@@ -109,21 +110,36 @@ class Supervisor:
             r.notices["state.json at start"] = saved.problem
         r.ledger.restore(saved, functools.partial(state.load_checks, r.config.daemon.state_dir))
         r.writer.start()
-        await self.read_gpus()
+        if not await self.read_gpus():
+            r.spawn(self._read_gpus_later())
         await self.bus.connect()
         self._log_task = r.spawn(self.outages.follow_logs())
         await self.reconcile(first=not saved.desired)
         r.spawn(self.bus.keep())
         r.spawn(self.scheduler.run())
 
-    async def read_gpus(self) -> None:
-        """The host's GPUs, for placement (laned.core.placement): read once, at start."""
+    async def read_gpus(self) -> bool:
+        """The host's GPUs, for placement (laned.core.placement), read at start; True when
+        read. Their sizes do not change while laned runs."""
         try:
             gpus = (await self.seam.facts()).gpus
         except Exception as exc:  # placement then keeps lanes apart where sizes matter
             log.warning("GPUs not read for placement: %r", exc)
             gpus = None
         self.records.gpu_totals = None if not gpus else {g.index: g.total_bytes for g in gpus}
+        return self.records.gpu_totals is not None
+
+    async def _read_gpus_later(self) -> None:
+        """GPUs not read at start — a driver that loads after laned at boot, or a host with
+        none — are tried again every GPU_REREAD seconds until read: until then placement
+        adds up shares only and keeps lanes sized in GiB apart (docs/placement.md)."""
+        while True:
+            await asyncio.sleep(GPU_REREAD)
+            if await self.read_gpus():
+                totals = self.records.gpu_totals or {}
+                log.info("GPUs read: %d; placement now counts their memory", len(totals))
+                self.scheduler.news()  # a lane waiting may fit beside the others now
+                return
 
     async def close(self) -> None:
         """Stop watching (the lanes keep running: they are systemd's units)."""

@@ -40,10 +40,11 @@ from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
 from laned.errors import EngineBrokeOff, Finding
 from laned.gates.acceptance import GateResult
+from laned.owner import supervisor as owner_supervisor
 from laned.owner.ledger import JOURNAL_LAG, Ledger
 from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused, Seam
 from laned.owner.supervisor import Supervisor
-from laned.preflight.facts import NO_SLEEPERS, HostFacts, Sleepers
+from laned.preflight.facts import NO_SLEEPERS, GpuReading, HostFacts, Sleepers
 from laned.render.plan import Action
 from laned.render.wrapper import weights_digest, weights_digest_path
 
@@ -61,6 +62,7 @@ class FakeHost:
         self.lanes = {spec.port: (unit_name(n, spec), spec) for n, spec in config.lanes.items()}
         self.on_change: Callable[[str, dict[str, Any]], None] | None = None
         self.started: list[str] = []
+        self.gpus: tuple[GpuReading, ...] | None = None  # none read, as on a host without NVML
         self._closed = asyncio.Event()
 
     # --- what the tests do to it -----------------------------------------------------------
@@ -263,7 +265,7 @@ class FakeHost:
         return []
 
     async def facts(self) -> HostFacts:
-        return HostFacts(None, "a fake host")
+        return HostFacts(self.gpus, "a fake host")
 
     def weights_gib(self, model: str | None) -> float | None:
         return None
@@ -559,3 +561,20 @@ def test_start_lines_journald_stamps_after_the_engine_answered_are_still_this_st
     ledger.phase_seen("a", Seen("torch.compile"), 99.0)  # before this run began
     assert ledger["a"].last_phases == {"loading model": 0.8, "loading weights": 0.0}
     assert [name for name, _ in ledger["a"].phases] == ["loading model", "loading weights"]
+
+
+def test_gpus_not_read_at_start_are_read_again_until_they_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver that loads after laned at boot: placement counts the GPUs' memory once NVML
+    answers, without a restart of laned."""
+    monkeypatch.setattr(owner_supervisor, "GPU_REREAD", 0.01)
+
+    async def scenario() -> None:
+        async with owner(config(tmp_path)) as (sup, manager):
+            assert sup.records.gpu_totals is None
+            manager.gpus = (GpuReading(0, "H100", 80 * 2**30, 0, ()),)
+            await until(lambda: sup.records.gpu_totals == {0: 80 * 2**30}, "the GPUs read")
+            assert [g.index for g in sup.placement()] == [0]
+
+    run(scenario)

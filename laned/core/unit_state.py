@@ -55,6 +55,7 @@ _PROPERTIES = {
     "ExecMainStatus": "exec_main_status",
     "NRestarts": "n_restarts",
     "ControlGroup": "control_group",
+    "Job": "job",
 }
 
 
@@ -70,6 +71,7 @@ class UnitSnapshot:
     exec_main_status: int = 0
     n_restarts: int = 0
     control_group: str = ""  # the unit's cgroup, under /sys/fs/cgroup
+    job: int = 0  # the id of the job queued or running for it (0: none)
 
     @property
     def running(self) -> bool:
@@ -78,8 +80,11 @@ class UnitSnapshot:
 
     @property
     def ending(self) -> bool:
-        """Running, or its stop is under way (deactivating)."""
-        return self.running or self.active_state == ActiveState.DEACTIVATING.value
+        """Running, its stop under way (deactivating), or a job queued for it: a start
+        job sent by an operation a newer request superseded, which has not begun (the unit
+        is still inactive) and would start it after a stop that looked only at its state."""
+        running = self.running or self.active_state == ActiveState.DEACTIVATING.value
+        return running or self.job != 0
 
     @property
     def exited(self) -> bool:
@@ -92,6 +97,8 @@ class UnitSnapshot:
         for key, attr in _PROPERTIES.items():
             if key in props:
                 value = props[key]
+                if key == "Job":  # (id, object path); (0, "/") when none
+                    value = int(value[0]) if isinstance(value, (list, tuple)) and value else 0
                 values[attr] = value.hex() if isinstance(value, (bytes, bytearray)) else value
         return UnitSnapshot(**values)
 

@@ -154,6 +154,10 @@ def test_unit_paths_and_snapshots() -> None:
     )
     assert snap.running
     assert not UnitSnapshot("a.service").running
+    # A start job queued and not begun: the unit is still inactive, and a stop must be sent.
+    queued = UnitSnapshot("a.service").update({"Job": [1234, "/org/freedesktop/systemd1/job/1234"]})
+    assert queued.job == 1234 and not queued.running and queued.ending
+    assert not queued.update({"Job": [0, "/"]}).ending
 
 
 def test_state_file_round_trip(tmp_path: Path) -> None:

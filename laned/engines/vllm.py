@@ -234,13 +234,8 @@ def _utilization(spec: LaneConfig, base: str) -> list[Finding]:
     `Field(gt=0, le=1)`): vLLM refuses anything else at its start, and laned places the
     lane by it."""
     text = spec.engine_arg("--gpu-memory-utilization")
-    if text is None:
-        return []
-    try:
-        share = float(text)
-    except ValueError:
-        share = None
-    if share is not None and 0 < share <= 1:
+    share, _rule = gpu_share(spec)  # None: not a number
+    if text is None or (share is not None and 0 < share <= 1):
         return []
     return [
         Finding(

@@ -43,7 +43,7 @@ log = logging.getLogger("laned.supervisor")
 
 Listener = Callable[[Event], None]
 SAMPLES_KEPT = 60.0  # seconds of an engine's /metrics samples (its tokens/s over a minute)
-JOURNAL_LAG = 5.0  # seconds journald may stamp a start's log line after the engine answered
+JOURNAL_LAG = 30.0  # seconds journald may stamp a start's log line after the engine answered
 
 
 class Hands(Protocol):

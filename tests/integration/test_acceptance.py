@@ -64,9 +64,15 @@ def test_the_six_gates_pass_on_a_good_lane_and_are_kept_shown_and_exported(
             view = (await client.get("/lanes/a")).json()
             assert view["checks"]["passed"] is True
             assert view["state"] == "ready"
-            # The start's phases come from the journal, which may hand them over late.
-            phases = sup.statuses["a"].last_phases
-            await until(lambda: "loading weights" in phases, 10, "the start's phases")
+            # The start's phases come from the journal, which may hand them over late
+            # (each late line gives the status a new last_phases: read it each time).
+            a = sup.statuses["a"]
+            try:
+                await until(lambda: "loading weights" in a.last_phases, 20, "the phases")
+            except AssertionError as exc:  # what the ledger holds, for a failure on CI
+                raise AssertionError(
+                    f"{exc}: started {a.started_at}, ready {a.ready_at}, marks {a.phases}"
+                ) from None
             metrics = (await client.get("/metrics")).text
             assert 'laned_check_passed{gate="tools",lane="a"} 1.0' in metrics
             assert "laned_check_last_run_timestamp_seconds" in metrics

@@ -119,8 +119,9 @@ class Supervisor:
         r.spawn(self.scheduler.run())
 
     async def read_gpus(self) -> bool:
-        """The host's GPUs, for placement (laned.core.placement), read at start; True when
-        read. Their sizes do not change while laned runs."""
+        """The host's GPUs, for placement (laned.core.placement): read at start, and by
+        `_read_gpus_later` until read; True when read. Their sizes do not change while
+        laned runs."""
         try:
             gpus = (await self.seam.facts()).gpus
         except Exception as exc:  # placement then keeps lanes apart where sizes matter

@@ -62,6 +62,7 @@ unit_dir = "{tmp}/units"
 bin_dir = "{tmp}/bin"
 state_dir = "{tmp}/state"
 [lanes.p]
+engine = "vllm"  # named: a drawn word after the program (say "SGLANG") would otherwise name it
 port = 8123
 served_model_name = "m"
 description = {toml_string(description)}

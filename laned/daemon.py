@@ -18,11 +18,13 @@ from fastapi import FastAPI
 
 from laned.adapters import rendered
 from laned.adapters.host import Host
+from laned.adapters.kernel import usable_memory
 from laned.adapters.notify import keep_watchdog, notify
 from laned.adapters.podman import Podman
 from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.api import ApiSettings, create_app
+from laned.api.budget import Budget
 from laned.api.front import Front
 from laned.api.limits import Limits, bounded
 from laned.api.metrics import LanedMetrics
@@ -87,6 +89,8 @@ class ApiServer(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    budget: Budget | None = None  # the memory of requests in flight (laned.api.budget)
+
     def stop(self) -> None:
         """Ask the server to exit, now."""
         self.should_exit = True
@@ -110,17 +114,22 @@ def api_server(
     app: FastAPI, settings: ApiSettings, limits: LimitsConfig | None = None
 ) -> ApiServer:
     """The control API's HTTP server (`laned serve`, and the tests, use this one), its input
-    bounded by `limits` (daemon.limits; laned.api.limits)."""
-    return ApiServer(
+    bounded by `limits` (daemon.limits; laned.api.limits), the memory of its requests in
+    flight by one budget sized from the memory laned may use (its `budget`)."""
+    bounds = Limits.of(limits or LimitsConfig(), memory=usable_memory())
+    budget = Budget(bounds.request_memory)
+    server = ApiServer(
         uvicorn.Config(
             app,
             host=settings.listen_host,
             port=settings.listen_port,
             log_level="warning",
             timeout_keep_alive=API_KEEP_ALIVE,
-            http=bounded(Limits.of(limits or LimitsConfig())),
+            http=bounded(bounds, budget),
         )
     )
+    server.budget = budget
+    return server
 
 
 async def serve(config: Config) -> int:
@@ -131,6 +140,7 @@ async def serve(config: Config) -> int:
     supervisor, coordinator = front.supervisor, front.coordinator
     app = create_app(front, settings, metrics)
     server = api_server(app, settings, config.daemon.limits)
+    metrics.budget = server.budget
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)

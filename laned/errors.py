@@ -9,6 +9,7 @@
     ├── UsageError                  (CLI) the command's arguments do not say what to do
     ├── EngineParserFailed          vLLM's own argument parser could not be asked for its flags
     ├── BadRequest                  (API) a parameter the endpoint cannot take
+    │   └── BodyTooDeep             a request body's JSON nests deeper than the parser reads
     ├── WaitTimedOut                (API) a request asked to wait is not done by its timeout
     ├── RenderError                 generated files could not be read back or differ on disk
     ├── WriteFailed                 a file laned writes (unit, wrapper, state) could not be written
@@ -22,6 +23,7 @@
     ├── PodmanError                 a call to the podman API service failed
     │   └── PodmanUnavailable       the podman API socket does not answer
     ├── JournalUnavailable          journald's log cannot be read (journalctl missing, or it ended)
+    ├── BodyParserLost              (API) the worker reading a large request body died or hung
     ├── PeerUnreachable             another host's laned (a rank of a lane) does not answer
     ├── ApiUnavailable              (CLI) laned's control API does not answer
     ├── ApiRefused                  (CLI) laned answered with an error envelope
@@ -168,6 +170,12 @@ class BadRequest(LanedError):
     code = "bad-request"
 
 
+class BodyTooDeep(BadRequest):
+    """A request body's JSON nests deeper than Python's parser reads (its recursion limit)."""
+
+    code = "body-too-deep"
+
+
 class WaitTimedOut(LanedError):
     """(API) A request that asked to wait is not done by its timeout; it goes on."""
 
@@ -237,6 +245,13 @@ class JournalUnavailable(LanedError):
     """journald's log cannot be read: journalctl is missing, or it ended."""
 
     code = "journal-unavailable"
+
+
+class BodyParserLost(LanedError):
+    """The worker process that reads a large request body's `model` died or did not answer
+    (laned.adapters.body_parser); the request is refused, never read on the event loop."""
+
+    code = "body-parser-lost"
 
 
 class PodmanError(LanedError):

@@ -49,15 +49,17 @@ async def start(
     cwd: str | None = None,
     stderr: int | None = asyncio.subprocess.DEVNULL,
     limit: int = 2**16,
+    stdin: int = asyncio.subprocess.DEVNULL,
 ) -> asyncio.subprocess.Process:
-    """Start a command with its stdout piped (stderr: DEVNULL, or STDOUT to merge it)."""
+    """Start a command with its stdout piped (stderr: DEVNULL, STDOUT to merge it, or None
+    for laned's own; stdin: /dev/null, or PIPE to write to it)."""
     log.debug("+ %s", shlex.join(argv))
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
             env=_env(env),
             cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=stdin,
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
             limit=limit,

@@ -93,3 +93,34 @@ def cgroup_pids(path: str, root: str | None = None) -> set[int]:
             except (OSError, ValueError):
                 continue
     return pids
+
+
+def memory_limit(pid: int | None = None, root: str | None = None) -> int | None:
+    """The lowest `memory.max` (cgroup v2) of a process's cgroup and the cgroups above it, in
+    bytes (this process's by default); None where none is set or it cannot be read."""
+    path = cgroup_of(os.getpid() if pid is None else pid)
+    if not path:
+        return None
+    root = cgroup2_root() if root is None else root
+    lowest: int | None = None
+    while True:
+        try:
+            with open(os.path.join(root + path, "memory.max"), encoding="ascii") as handle:
+                text = handle.read().strip()
+        except OSError:
+            text = "max"
+        if text.isdigit():
+            lowest = int(text) if lowest is None else min(lowest, int(text))
+        if path in ("", "/"):
+            return lowest
+        path = os.path.dirname(path)
+
+
+def usable_memory() -> int | None:
+    """The bytes of memory this process may use: the host's (MemTotal), or its cgroup's limit
+    where that is lower; None where neither can be read."""
+    total = meminfo().get("MemTotal")
+    limit = memory_limit()
+    candidates = [int(total * GIB)] if total else []
+    candidates += [limit] if limit is not None else []
+    return min(candidates) if candidates else None

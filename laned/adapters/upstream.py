@@ -264,7 +264,7 @@ class _Connection(asyncio.Protocol):
 
     # the pool's and the answer's
     async def send(
-        self, target: bytes, body: bytes, headers: Iterable[tuple[bytes, bytes]]
+        self, target: bytes, body: bytes | bytearray, headers: Iterable[tuple[bytes, bytes]]
     ) -> Answer:
         assert self.transport is not None
         self.answer = Answer(self)
@@ -327,7 +327,11 @@ class Pool:
         self._idle: dict[int, list[_Connection]] = {}
 
     async def post(
-        self, port: int, target: bytes, body: bytes, headers: Iterable[tuple[bytes, bytes]]
+        self,
+        port: int,
+        target: bytes,
+        body: bytes | bytearray,
+        headers: Iterable[tuple[bytes, bytes]],
     ) -> Answer:
         """Send POST `target` (path and query, as the client sent them) with `body` and
         `headers` to the engine on 127.0.0.1:`port`: its answer once its head has come

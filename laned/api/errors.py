@@ -35,6 +35,7 @@ STATUS: tuple[tuple[type[errors.LanedError], int], ...] = (
     (errors.PeerUnreachable, 503),  # another host's laned: nothing was started here
     (errors.PodmanError, 503),  # the podman API service does not answer or refuses
     (errors.JournalUnavailable, 503),  # journalctl is missing, or journald cannot be read
+    (errors.BodyParserLost, 503),  # the worker reading a large body died: try again
     (errors.SystemdError, 503),  # the user manager does not answer or refuses
     (errors.LaneError, 502),
     (errors.LanedError, 500),

@@ -14,15 +14,29 @@ so these are what stand between any local process and laned's memory):
 - a head not complete `head_timeout` after the connection opened or its last answer ended
   (a slow or silent client): 408, closed;
 - a body over `max_body_mib` (by its Content-Length before it is read, or as it comes): 413;
-- a body not complete `body_timeout` after its head: 408, closed.
+- a body not complete `body_timeout` after its head: 408, closed;
+- a body that finds no room in the memory budget of all requests in flight
+  (`request_memory_mib`, laned.api.budget) within `request_memory_wait`, or finds
+  MAX_WAITING requests waiting already: 503 with Retry-After, closed. 503, not 429: the
+  client did nothing wrong and was not rate-limited; the server is full for a moment
+  (RFC 9110 15.6.4), and OpenAI's clients retry both after Retry-After.
+
+Connections are counted per client by address, with the addresses of one host counted as one
+(all of 127.0.0.0/8 and ::1 are this host; an IPv6 client by its /64, the prefix one host is
+given), beside the count of all of them.
 
 Reading stays paused while the application holds unread body (uvicorn's own flow control),
-so at most `max_body_mib` of one request's body is ever buffered by laned.
+and while a request waits for room in the budget, so at most `max_body_mib` of one request's
+body is ever buffered by laned, and the bodies of all requests together stay within the
+budget (what the listener read with each waiting request's head aside: one socket read each).
+A request's head is counted as it arrives, before the parser has it whole (httptools keeps a
+header's value until it ends: a 64 MB value was buffered whole before its 431).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import resource
 from collections import Counter
@@ -30,8 +44,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from laned.api.budget import Budget, Claim, default_capacity
+from laned.config.listener import BODY_COPIES as COPIES
 from laned.config.listener import LimitsConfig
 
 MIB, KIB = 1024 * 1024, 1024
@@ -39,6 +56,13 @@ MIB, KIB = 1024 * 1024, 1024
 # probes, D-Bus, the journal, podman, state files.
 RESERVED_FDS = 256
 LINGER = 1.0  # seconds a refused connection's input is still read (and dropped) before it closes
+# A chunked body (no Content-Length) claims the budget this much at a time as it comes.
+CHUNKED_STEP = 1 * MIB
+RETRY_AFTER = 1  # seconds, for a request refused for want of room in the budget
+# The scope extension under which a request's budget claim is handed to the application,
+# which gives it back as soon as the body has gone (laned.api.proxy).
+BUDGET_KEY = "laned.budget"
+WHO = {"loopback": "this host (its loopback addresses, counted as one client)", "": "this client"}
 
 
 @dataclass(frozen=True)
@@ -51,22 +75,49 @@ class Limits:
     body_timeout: float
     max_connections: int
     max_connections_per_client: int
+    request_memory: int = 256 * MIB
+    request_memory_wait: float = 5.0
 
     @staticmethod
-    def of(config: LimitsConfig, nofile: int | None = None) -> Limits:
+    def of(config: LimitsConfig, nofile: int | None = None, memory: int | None = None) -> Limits:
         """The limits a config asks for; `max_connections` kept below the file-descriptor
-        limit less what laned keeps for itself."""
+        limit less what laned keeps for itself; the request memory budget sized from
+        `memory` (the bytes laned may use: the host's, or its cgroup's limit) unless the
+        config gives it, and never below what one body at the limit claims."""
         soft = nofile if nofile is not None else resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         room = max(16, soft - RESERVED_FDS) if soft != resource.RLIM_INFINITY else 1 << 20
         total = min(config.max_connections, room)
+        max_body = int(config.max_body_mib * MIB)
+        if config.request_memory_mib is not None:
+            budget = int(config.request_memory_mib * MIB)
+        else:
+            budget = max(default_capacity(memory), COPIES * max_body)
         return Limits(
-            max_body=int(config.max_body_mib * MIB),
+            max_body=max_body,
             max_head=int(config.max_header_kib * KIB),
             head_timeout=config.head_timeout,
             body_timeout=config.body_timeout,
             max_connections=total,
             max_connections_per_client=min(config.max_connections_per_client, total),
+            request_memory=budget,
+            request_memory_wait=config.request_memory_wait,
         )
+
+
+def client_of(address: str) -> str:
+    """The client a connection is counted against: its address, but every loopback address
+    as one (127.0.0.0/8 and ::1 are all this host) and an IPv6 address by its /64."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address  # a Unix socket's path, or nothing
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 REASONS = {
@@ -74,57 +125,79 @@ REASONS = {
     413: b"Content Too Large",
     429: b"Too Many Requests",
     431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
 }
 KINDS = {
     408: "RequestTimeoutError",
     413: "RequestTooLargeError",
     429: "RateLimitError",
     431: "RequestTooLargeError",
+    503: "ServiceUnavailableError",
 }
 
 
-def refusal(status: int, message: str, limit: str) -> bytes:
+def refusal(status: int, message: str, limit: str, retry_after: int | None = None) -> bytes:
     """A whole HTTP answer in OpenAI's error shape, the limit named, the connection closed."""
-    body = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": KINDS[status],
-                "param": None,
-                "code": status,
-                "laned": {
-                    "limit": limit,
-                    "hint": f"raise daemon.limits.{limit} if this is a real client's need",
-                },
-            }
-        }
-    ).encode()
+    laned: dict[str, Any] = {
+        "limit": limit,
+        "hint": f"raise daemon.limits.{limit} if this is a real client's need",
+    }
+    if retry_after is not None:
+        laned["retry_after"] = retry_after
+        laned["hint"] = (
+            f"try again after {retry_after} s; {laned['hint']} (it is shared by every request)"
+        )
+    error = {"message": message, "type": KINDS[status], "param": None, "code": status}
+    body = json.dumps({"error": {**error, "laned": laned}}).encode()
     head = b"HTTP/1.1 %d %s\r\n" % (status, REASONS[status])
     fields = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n"
+    if retry_after is not None:
+        fields += b"retry-after: %d\r\n" % retry_after
     return head + fields % len(body) + b"\r\n" + body
+
+
+class _Flow(FlowControl):
+    """uvicorn's flow control, with reading held while the request waits for the budget
+    (the application's `receive` resumes reading whenever it wants more body)."""
+
+    held = False
+
+    def resume_reading(self) -> None:
+        if not self.held:
+            super().resume_reading()
 
 
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing a refused request."""
 
 
-def bounded(limits: Limits) -> type[HttpToolsProtocol]:
+def bounded(limits: Limits, budget: Budget | None = None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with `limits` (one class per listener: its connection
-    counts are shared by the listener's connections)."""
+    counts are shared by the listener's connections, and `budget`, the memory of requests in
+    flight, by every connection of the process)."""
     per_client: Counter[str] = Counter()
     open_now: list[int] = [0]
+    shared = budget if budget is not None else Budget(limits.request_memory)
 
     class Bounded(HttpToolsProtocol):
+        budget = shared
         _timer: asyncio.TimerHandle | None = None
+        _waiting: asyncio.TimerHandle | None = None  # a request waiting for the budget
         _head = 0
         _body = 0
+        _seen = 0  # bytes received since the current head began, while it is not whole
+        _in_head = True
         _counted: str | None = None
         _refused = False
         _whole = False  # the current request's body is all in
+        _chunked = False
+        _claim: Claim | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            address = self.client[0] if self.client else ""
+            self.flow = _Flow(transport)
+            self._claims: list[tuple[Any, Claim]] = []  # each request's claim, by its cycle
+            address = client_of(self.client[0] if self.client else "")
             if open_now[0] >= limits.max_connections:
                 self._refuse(
                     429,
@@ -135,7 +208,7 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
             if per_client[address] >= limits.max_connections_per_client:
                 self._refuse(
                     429,
-                    f"{address or 'this client'} holds {limits.max_connections_per_client} connections to laned, the limit for one address",
+                    f"{WHO.get(address, address)} holds {limits.max_connections_per_client} connections to laned, the limit for one client",
                     "max_connections_per_client",
                 )
                 return
@@ -146,6 +219,10 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._stop_waiting()
+            for _, claim in self._claims:
+                claim.release()
+            self._claims.clear()
             if self._counted is not None:
                 per_client[self._counted] -= 1
                 if per_client[self._counted] <= 0:
@@ -157,6 +234,15 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
         def data_received(self, data: bytes) -> None:
             # uvicorn's own, but a request refused from a callback is answered already.
             if self._refused:
+                return
+            if self._in_head and self._seen > limits.max_head:
+                # What came before this read was all head and passed the limit already: the
+                # parser holds a header's value until it ends, so it is refused here.
+                self._refuse(
+                    431,
+                    f"the request's head passed laned's limit of {limits.max_head} bytes",
+                    "max_header_kib",
+                )
                 return
             self._unset_keepalive_if_required()
             try:
@@ -170,13 +256,18 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
                 if not self._refused:
                     self.logger.warning("Invalid HTTP request received.")
                     self.send_400_response("Invalid HTTP request received.")
+                return
+            if self._in_head:
+                self._seen += len(data)
 
         # --- the head ---------------------------------------------------------------------
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._head = self._body = 0
-            self._whole = False
+            self._head = self._body = self._seen = 0
+            self._in_head = True
+            self._whole = self._chunked = False
+            self._claim = None
             if self._timer is None:  # a keep-alive connection's next request
                 self._arm(limits.head_timeout, "the request's head", "head_timeout")
 
@@ -190,6 +281,7 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._in_head = False
             declared = _content_length(self.headers)
             if declared is not None and declared > limits.max_body:
                 self._refuse(
@@ -198,7 +290,19 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
                     "max_body_mib",
                 )
                 raise _Refused
+            self._chunked = declared is None and _chunked(self.headers)
+            size = CHUNKED_STEP if self._chunked else declared or 0
+            if size:
+                self._claim = self.budget.claim(COPIES * size, self._granted)
+                if self._claim is None:
+                    self._refuse_for_room(f"{self.budget.waiting()} requests wait already")
+                    raise _Refused
+                if self._claim.pending:
+                    self._hold()
+                self.scope.setdefault("extensions", {})[BUDGET_KEY] = self._claim
             super().on_headers_complete()
+            if self._claim is not None:
+                self._claims.append((self.cycle, self._claim))
             self._arm(limits.body_timeout, "the request's body", "body_timeout")
 
         # --- the body ---------------------------------------------------------------------
@@ -210,6 +314,15 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
                     413, f"the body passed laned's limit of {limits.max_body} bytes", "max_body_mib"
                 )
                 raise _Refused
+            claim = self._claim
+            beyond = claim is not None and COPIES * self._body > claim.size + claim.pending
+            if (
+                self._chunked
+                and beyond
+                and claim is not None
+                and not claim.grow(COPIES * CHUNKED_STEP)
+            ):
+                self._hold()
             super().on_body(body)
 
         def on_message_complete(self) -> None:
@@ -220,7 +333,48 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
         def on_response_complete(self) -> None:
             if self._whole:  # else the body's deadline still runs: answered is not received
                 self._disarm()  # the keep-alive timer takes over until the next request's head
+            done = [pair for pair in self._claims if pair[0].response_complete]
+            for pair in done:
+                pair[1].release()
+                self._claims.remove(pair)
             super().on_response_complete()
+
+        # --- the budget -------------------------------------------------------------------
+
+        def _hold(self) -> None:
+            """Read no more of this connection until the budget has room for its body, for
+            up to request_memory_wait."""
+            self.flow.held = True  # type: ignore[attr-defined]
+            self.flow.pause_reading()
+            if self._waiting is None:
+                self._waiting = self.loop.call_later(
+                    limits.request_memory_wait,
+                    self._refuse_for_room,
+                    f"no room came within request_memory_wait ({limits.request_memory_wait:g} s)",
+                )
+
+        def _granted(self) -> None:
+            self._stop_waiting()
+            self.flow.held = False  # type: ignore[attr-defined]
+            if not self._refused:
+                self.flow.resume_reading()
+
+        def _stop_waiting(self) -> None:
+            if self._waiting is not None:
+                self._waiting.cancel()
+                self._waiting = None
+
+        def _refuse_for_room(self, why: str) -> None:
+            self._waiting = None
+            self.budget.refused += 1
+            held = self.budget.held / MIB
+            self._refuse(
+                503,
+                f"laned holds {held:.0f} MiB of requests in flight, its budget is "
+                f"{limits.request_memory / MIB:.0f} MiB, and {why}",
+                "request_memory_mib",
+                retry_after=RETRY_AFTER,
+            )
 
         # --- refusals ---------------------------------------------------------------------
 
@@ -247,16 +401,26 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
             self._timer = None
             self._refuse(408, f"{what} did not arrive within {seconds:g}s", limit)
 
-        def _refuse(self, status: int, message: str, limit: str) -> None:
+        def _refuse(
+            self, status: int, message: str, limit: str, retry_after: int | None = None
+        ) -> None:
             """Answer `status` unless an answer is under way, then close."""
             if self._refused or self.transport.is_closing():
                 return
             self._refused = True
             self._disarm()
+            self._stop_waiting()
+            self.flow.held = False  # type: ignore[attr-defined]
+            self.flow.resume_reading()  # the lingering close below reads what still comes
+            for _, claim in self._claims:
+                claim.release()
+            self._claims.clear()
+            if self._claim is not None:
+                self._claim.release()  # refused before its cycle began
             cycle: Any = self.cycle
             in_flight = cycle is not None and not cycle.response_complete
             if not in_flight or not cycle.response_started:
-                self.transport.write(refusal(status, message, limit))
+                self.transport.write(refusal(status, message, limit, retry_after))
             if in_flight:
                 # The application's receive() says the client is gone, its send() is dropped.
                 cycle.response_started = cycle.response_complete = cycle.disconnected = True
@@ -270,6 +434,12 @@ def bounded(limits: Limits) -> type[HttpToolsProtocol]:
                 self.transport.close()
 
     return Bounded
+
+
+def _chunked(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        name == b"transfer-encoding" and b"chunked" in value.lower() for name, value in headers
+    )
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from laned.api.budget import Budget
 from laned.api.present import LaneSource, render_present
 from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
@@ -42,6 +43,7 @@ class LanedMetrics(Recorder):
         self._rendered: bytes | None = None  # the counters and histograms, at their last change
         self._changed = True
         self.source: LaneSource | None = None
+        self.budget: Budget | None = None  # the listener's memory of requests in flight
         r = self.registry
         self.exits = Counter(
             "laned_engine_exits",
@@ -171,7 +173,8 @@ class LanedMetrics(Recorder):
         if self._rendered is None or self._changed:
             self._changed = False
             self._rendered = generate_latest(self.registry)
-        return self._rendered + (b"" if self.source is None else render_present(self.source))
+        present = b"" if self.source is None else render_present(self.source)
+        return self._rendered + present + (b"" if self.budget is None else _budget(self.budget))
 
     def _zeros(self, lane: str) -> None:
         """The lane's counters of things that may never happen, at 0 until they do: a
@@ -264,3 +267,48 @@ class LanedMetrics(Recorder):
     def gpu_gate(self, lane: str, released: bool, seconds: float) -> None:
         self._changed = True
         self.gate_seconds.labels(lane, "released" if released else "timeout").observe(seconds)
+
+
+BUDGET_SERIES = (
+    # (name, type, help, what of the budget)
+    (
+        "laned_request_memory_bytes",
+        "gauge",
+        "Memory held for requests in flight: their bodies and the copies made on the way to "
+        "the engine.",
+        "held",
+    ),
+    (
+        "laned_request_memory_limit_bytes",
+        "gauge",
+        "The budget of memory for requests in flight (daemon.limits.request_memory_mib).",
+        "capacity",
+    ),
+    (
+        "laned_request_memory_waiting",
+        "gauge",
+        "Requests waiting for room in the budget, their bodies unread.",
+        "waiting",
+    ),
+    (
+        "laned_request_memory_refusals_total",
+        "counter",
+        "Requests answered 503 for want of room in the budget.",
+        "refused",
+    ),
+)
+
+
+def _budget(budget: Budget) -> bytes:
+    """The request memory budget as it is now (laned.api.budget), read at each scrape."""
+    now = {
+        "held": budget.held,
+        "capacity": budget.capacity,
+        "waiting": budget.waiting(),
+        "refused": budget.refused,
+    }
+    lines = []
+    for name, kind, text, what in BUDGET_SERIES:
+        family = name.removesuffix("_total")
+        lines += [f"# HELP {family} {text}", f"# TYPE {family} {kind}", f"{name} {now[what]}"]
+    return ("\n".join(lines) + "\n").encode()

@@ -20,8 +20,6 @@ request, and the ones in flight finish (up to its `drain_timeout`).
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -30,16 +28,20 @@ from urllib.parse import unquote
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from laned.adapters.body_parser import BodyParser
 from laned.adapters.upstream import Answer, Pool
+from laned.api.budget import Claim
 from laned.api.front import Front
+from laned.api.limits import BUDGET_KEY
 from laned.api.loading import EVERY, Progress, error_event, progress_line
 from laned.config.model import Config
 from laned.config.rules import api_address
 from laned.core import policy
 from laned.core.lanes import Desired, LaneStatus
 from laned.core.recorder import Recorder
+from laned.core.request_body import Body, Peek, with_model
 from laned.core.schedule import Admission, Verdict
-from laned.errors import EngineBrokeOff
+from laned.errors import BodyParserLost, BodyTooDeep, EngineBrokeOff
 from laned.owner.traffic import Flight
 
 # Request headers that travel to the engine; hop-by-hop ones and Host do not. The answer's
@@ -125,10 +127,13 @@ class Proxy:
         # long answer streams for as long as it takes), no headers of the client's own (the
         # engine sees what the client sent, with its own Host and Content-Length).
         self.pool = Pool()
+        # A large body's model is read by a worker process, off the event loop.
+        self.bodies = BodyParser()
 
     async def close(self) -> None:
-        """Close the pooled connections."""
+        """Close the pooled connections and end the body parser's workers."""
         self.pool.close()
+        await self.bodies.close()
 
     def models(self) -> dict[str, Any]:
         """GET /v1/models: every configured model (aliases too), with its lane's state."""
@@ -166,13 +171,16 @@ class Proxy:
                 scope, receive, send
             )
             return
+        claim: Claim | None = scope.get("extensions", {}).get(BUDGET_KEY)
         body = await _body(receive)
+        if body is None:
+            return  # the client went away (or the listener refused it) before its body came
         began = time.perf_counter()
         headers = [pair for pair in scope["headers"] if pair[0] in FORWARDED_NAMES]
         target = scope.get("raw_path") or path.encode()  # as the client sent it
         if query := scope.get("query_string", b""):
             target += b"?" + query
-        prepared = self._prepare(path, target, body, headers, began)
+        prepared = self._prepare(path, target, body, headers, began, claim)
         del body  # held by _prepare alone from here (an alias rewrites it there)
         outcome = await prepared
         if isinstance(outcome, Response):
@@ -181,24 +189,34 @@ class Proxy:
             await _relay(*outcome, receive, send)
 
     async def _prepare(
-        self, path: str, target: bytes, body: bytes, headers: Headers, began: float
+        self,
+        path: str,
+        target: bytes,
+        body: Body,
+        headers: Headers,
+        began: float,
+        claim: Claim | None = None,
     ) -> Response | tuple[Answer, Flight]:
         """Route, admit (at once, or after a wait) and send the request to its engine: the
-        engine's answer with the request counted in flight, or laned's own answer."""
+        engine's answer with the request counted in flight, or laned's own answer. `claim`:
+        the body's share of the memory budget (laned.api.budget), given back once the body
+        has gone to the engine."""
         try:
-            parsed = json.loads(body) if body else None
-        except ValueError:
-            parsed = None
-        except RecursionError:  # nested past the parser's depth (sys.getrecursionlimit())
-            message = (
-                f"the body's JSON nests deeper than laned reads ({sys.getrecursionlimit()} levels)"
-            )
+            peeked = await self.bodies.peek(body)
+        except BodyTooDeep as exc:  # nested past the parser's depth (sys.getrecursionlimit())
             return self._answer(
-                "none", openai_error(400, "BadRequestError", message, limit="json depth")
+                "none", openai_error(400, "BadRequestError", exc.message, limit="json depth")
             )
-        model = parsed.get("model") if isinstance(parsed, dict) else None
+        except BodyParserLost as exc:
+            return self._answer(
+                "none",
+                openai_error(
+                    503, "ServiceUnavailableError", exc.message, retry_after=1, hint=exc.hint
+                ),
+            )
+        model = peeked.model
         config = self.front.config
-        if not isinstance(model, str) or not model:
+        if not model:
             return self._answer(
                 "none",
                 openai_error(
@@ -210,17 +228,22 @@ class Proxy:
             )
         lane = route(config, self.front.statuses, model)
         if lane is None:
-            message = f"The model `{model}` does not exist. laned serves: {', '.join(known_models(config))}."
+            shown = model if len(model) <= 200 else model[:200] + "..."
+            message = f"The model `{shown}` does not exist. laned serves: {', '.join(known_models(config))}."
             return self._answer("none", openai_error(404, "NotFoundError", message))
         spec = config.lanes[lane]
         served = self.front.engine_spec(lane).served_model_name  # as its engine started
-        if model != served and isinstance(parsed, dict):
+        if model != served:
             # An alias is laned's name: the engine knows the lane's served model name.
-            body = json.dumps({**parsed, "model": served}).encode()
-        streamed = isinstance(parsed, dict) and parsed.get("stream") is True
-        # The parsed body goes now, not when the engine has answered: a prompt at the body
-        # limit is held once as bytes, not twice (bench/input_limits.py).
-        del parsed
+            renamed = _renamed(body, peeked, served)
+            if renamed is None:
+                message = (
+                    f"`{model}` is an alias of {served}: laned renames it in UTF-8 bodies only"
+                )
+                hint = f"send the body in UTF-8 (RFC 8259), or name the model {served}"
+                return self._answer(lane, openai_error(400, "BadRequestError", message, hint=hint))
+            body = renamed
+        streamed = peeked.stream
         admission = self.front.admission(lane, self.traffic.clock())
         if (
             admission.verdict is Verdict.WAIT
@@ -228,24 +251,25 @@ class Proxy:
             and path == "/v1/chat/completions"
             and streamed
         ):
-            stream = self._loading(lane, model, target, body, headers)
+            stream = self._loading(lane, model, target, body, headers, claim)
             return StreamingResponse(stream, media_type="text/event-stream")
         outcome, waited = await self._admit(lane, admission)
         if isinstance(outcome, JSONResponse):
             return self._answer(lane, outcome)
         flight = outcome  # counted in flight: a drain that begins now waits for it
         self.recorder.proxy_overhead(lane, time.perf_counter() - began - waited)
-        answer = await self._post(lane, target, body, headers)
+        answer = await self._post(lane, target, body, headers, claim)
         if isinstance(answer, JSONResponse):
             flight.done()
             return self._answer(lane, answer)
         return answer, flight
 
     async def _post(
-        self, lane: str, target: bytes, body: bytes, headers: Headers
+        self, lane: str, target: bytes, body: Body, headers: Headers, claim: Claim | None
     ) -> Answer | JSONResponse:
         """Send the request to the lane's engine (`target`: the path and query as the client
-        sent them): its answer (counted), or a 502."""
+        sent them): its answer (counted), or a 502. The body's claim on the memory budget is
+        given back once the engine has answered (it has read the body) or could not."""
         port = self.front.engine_spec(lane).port  # a reload's new port waits for its restart
         try:
             answer = await self.pool.post(port, target, body, headers)
@@ -257,11 +281,20 @@ class Proxy:
                 lane=lane,
                 hint=f"laned status; laned logs {lane}",
             )
+        finally:
+            if claim is not None:
+                claim.release()
         self.recorder.proxy_answer(lane, answer.status)
         return answer
 
     async def _loading(
-        self, lane: str, model: str, target: bytes, body: bytes, headers: Headers
+        self,
+        lane: str,
+        model: str,
+        target: bytes,
+        body: Body,
+        headers: Headers,
+        claim: Claim | None,
     ) -> AsyncIterator[bytes]:
         """A streaming chat request that waits, with the wait told in-band (laned.api.loading):
         a line each time it changes, then the engine's stream; an error as the last event."""
@@ -285,7 +318,7 @@ class Proxy:
                 yield error_event(bytes(outcome.body))
                 return
             flight = outcome
-            answer = await self._post(lane, target, body, headers)
+            answer = await self._post(lane, target, body, headers, claim)
             if isinstance(answer, JSONResponse):
                 self.recorder.proxy_answer(lane, answer.status_code)
                 yield error_event(bytes(answer.body))
@@ -394,14 +427,25 @@ class Proxy:
         )
 
 
-async def _body(receive: Receive) -> bytes:
-    """The request's whole body, as the server hands it over."""
-    parts = []
+def _renamed(body: Body, peeked: Peek, served: str) -> bytes | None:
+    """The body with its model named `served`, the rest as sent; None where laned cannot
+    splice it (a body not in UTF-8)."""
+    return None if peeked.span is None else with_model(body, peeked.span, served)
+
+
+async def _body(receive: Receive) -> Body | None:
+    """The request's whole body, as the server hands it over, grown in place as it comes (a
+    list of parts joined at the end held it twice; a buffer of the declared length made up
+    front would hold it before the listener has let it in: laned.api.budget); None when the
+    client went away first."""
+    buffer = bytearray()
     while True:
         message = await receive()
-        parts.append(message.get("body", b""))
+        if message["type"] == "http.disconnect":
+            return None
+        buffer += message.get("body", b"")
         if not message.get("more_body"):
-            return b"".join(parts)
+            return buffer  # a bytearray: every reader of it takes bytes-like
 
 
 async def _relay(answer: Answer, flight: Flight, receive: Receive, send: Send) -> None:

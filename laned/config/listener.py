@@ -7,6 +7,11 @@ from pydantic import ConfigDict, Field
 
 from laned.config.base import Duration, StrictModel
 
+# Each byte of a request's body counts this many bytes against daemon.limits.request_memory_mib:
+# the body held until it has gone to the engine, and one copy on the way (asyncio's write
+# buffer to the engine, or the pipe to the body parser's worker; bench/request_budget.py).
+BODY_COPIES = 2
+
 
 class LimitsConfig(StrictModel):
     """Bounded input at every listener; the defaults fit a 512K-token prompt (as token ids,
@@ -19,4 +24,9 @@ class LimitsConfig(StrictModel):
     head_timeout: Duration = 10.0  # from the connection (or its last answer) to a whole head
     body_timeout: Duration = 120.0  # from the head to the whole body
     max_connections: int = Field(default=4096, ge=16)  # in all (kept below the fd limit)
-    max_connections_per_client: int = Field(default=1024, ge=1)  # from one address
+    max_connections_per_client: int = Field(default=1024, ge=1)  # from one client
+    # The memory of every request in flight together (their bodies and the copies made on
+    # the way to the engine): unset, a 32nd of the host's memory, 256 MiB to 2 GiB
+    # (laned.api.budget). A request that finds no room waits this long, then gets 503.
+    request_memory_mib: float | None = Field(default=None, gt=0)
+    request_memory_wait: Duration = 5.0

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from laned import engines
 from laned.config.engine_rules import CONTROL, check_argv, check_container, check_env
 from laned.config.groups import check_groups
+from laned.config.listener import BODY_COPIES
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
 from laned.config.sleep import check_sleep
@@ -86,6 +87,16 @@ def _check_daemon(config: Config) -> Iterator[Finding]:
             "daemon.podman",
             f"{daemon.podman!r} is a relative path",
             "give a bare name looked up on PATH or an absolute path",
+        )
+    limits = daemon.limits
+    budget = limits.request_memory_mib
+    if budget is not None and budget < BODY_COPIES * limits.max_body_mib:
+        yield Finding(
+            "daemon.limits.request_memory_mib",
+            f"{budget:g} MiB holds no body at max_body_mib ({limits.max_body_mib:g} MiB): each "
+            f"body counts {BODY_COPIES} times (it and its copy on the way to the engine)",
+            f"raise it to at least {BODY_COPIES * limits.max_body_mib:g}, or leave it unset "
+            "(a 32nd of the host's memory)",
         )
     if daemon.default_lane is not None and daemon.default_lane not in config.lanes:
         close = difflib.get_close_matches(daemon.default_lane, list(config.lanes), n=1)

@@ -60,6 +60,11 @@ def test_one_url_routes_by_model_streams_and_says_why_a_lane_does_not_serve(
                 )
                 assert reply.status_code == 200, reply.text
                 assert reply.json()["model"] == lane
+            # A large body is read by the body parser's worker, and its alias spliced in place.
+            large = {"model": "alpha", "prompt": "word " * 30_000, "max_tokens": 3}
+            reply = await client.post("/v1/completions", json=large)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["model"] == "a"
             # The lane's key travels as the client sends it, and the engine judges it.
             ask = {"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
             refused = await client.post("/v1/chat/completions", json=ask)

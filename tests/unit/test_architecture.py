@@ -45,8 +45,11 @@ READS_THE_CONFIG = "laned.config.load"
 PATH_IO = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "unlink", "mkdir",
            "exists", "is_file", "is_dir", "stat", "iterdir", "glob", "rglob", "touch"}  # fmt: skip
 # What the API's modules may take from adapters: the proxy's transport to the engines (the hot
-# path), and the API's own token file read as laned starts or reloads (its settings).
-API_ADAPTERS = {"laned.adapters.upstream", "laned.adapters.secret_files"}
+# path) and its reader of large bodies (a worker process, off the event loop), and the API's
+# own token file read as laned starts or reloads (its settings).
+API_ADAPTERS = {
+    "laned.adapters.upstream", "laned.adapters.body_parser", "laned.adapters.secret_files",
+}  # fmt: skip
 
 
 def modules() -> dict[str, Path]:

@@ -7,6 +7,7 @@ counts as a secret and how a secrets file reads is laned.config.secrecy."""
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 
 from laned.config import secrecy
@@ -52,15 +53,32 @@ def read_api_key(path: str | None, name: str) -> str | None:
 
 
 def key_file(path: str) -> KeyFile:
-    """The lane's secrets file as found (names only: its values stay in it)."""
+    """The lane's secrets file as found (names only: its values stay in it). A symbolic link
+    is not followed (systemd would read what it leads to as the engine's environment, and a
+    `chmod` of it would change that file): where it leads is all that is read of it."""
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        info = os.lstat(path)
     except OSError:
         return KeyFile(exists=False)
+    if stat.S_ISLNK(info.st_mode):
+        return KeyFile(exists=True, link=os.path.realpath(path))
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid != os.getuid():
+        return KeyFile(exists=True, mode=mode, foreign_owner=_user(info.st_uid))
+    if not stat.S_ISREG(info.st_mode):
+        return KeyFile(exists=True, mode=mode, unreadable="not a regular file")
     try:
-        with open(path, encoding="utf-8") as handle:
+        # O_NOFOLLOW: a link put in its place since the lstat is refused, not read.
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), encoding="utf-8") as handle:
             names = tuple(secrecy.names_in(handle.read()))
     except (OSError, UnicodeDecodeError, SecretsFileError) as exc:
         why = exc.message if isinstance(exc, SecretsFileError) else type(exc).__name__
         return KeyFile(exists=True, mode=mode, unreadable=why)
     return KeyFile(exists=True, mode=mode, names=names)
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"

@@ -89,7 +89,7 @@ def load_config(path: str, env: Mapping[str, str] | None = None) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError(path, [Finding("", f"not UTF-8 text ({exc.reason})")]) from exc
     config = parse_config(text, source=path, env=env)
-    problems = linked_away(config, env)
+    problems = linked_away(config, env) + linked_secrets(config)
     if problems:
         raise ConfigError(path, problems)
     return config
@@ -122,6 +122,30 @@ def linked_away(config: Config, env: Mapping[str, str]) -> list[Finding]:
                     f"point daemon.{key} at a directory of your own, or remove the link",
                 )
             )
+    return problems
+
+
+def linked_secrets(config: Config) -> list[Finding]:
+    """A lane's secrets file that is a symbolic link: systemd reads whatever file it leads
+    to (`EnvironmentFile=` follows it) into the engine's environment, /etc/shadow or another
+    user's file as well as the user's own, and a `chmod 600` of the link changes that file.
+    Refused here, so that `laned validate`, `laned serve` and a reload say so; preflight and
+    the start gate refuse a link put in its place later (laned.preflight.rules.not_held)."""
+    problems = []
+    for lane, spec in sorted(config.lanes.items()):
+        for key in ("secrets_file", "api_key_file"):
+            path = getattr(spec, key)
+            if path and os.path.islink(path):
+                real = os.path.realpath(path)
+                problems.append(
+                    Finding(
+                        f"lanes.{lane}.{key}",
+                        f"{path} is a symbolic link to {real}: systemd would read that file "
+                        "as the engine's environment",
+                        f'name the file itself ({key} = "{real}", if it is yours and mode '
+                        "0600), or put a copy of it in place of the link",
+                    )
+                )
     return problems
 
 

@@ -30,7 +30,7 @@ from laned.adapters.pagecache import (
     weights_gib,
 )
 from laned.adapters.probes import Probe
-from laned.adapters.secret_files import read_api_key
+from laned.adapters.secret_files import key_file, read_api_key
 from laned.adapters.systemd import Systemd, UnitCallback
 from laned.config.model import Config, LaneConfig
 from laned.config.names import (
@@ -50,7 +50,7 @@ from laned.gates.acceptance import GateResult, run_gates
 from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused
 from laned.preflight.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
-from laned.preflight.rules import evaluate, model_path
+from laned.preflight.rules import evaluate, model_path, not_held
 from laned.render.plan import Action
 
 log = logging.getLogger("laned.supervisor")
@@ -191,9 +191,15 @@ class HostSeam:
         sleepers: Collection[int] = (),
         beside: Beside = ALONE,
     ) -> Refused | None:
-        """Before a start: `prepare` after an image change, the GPU memory released, the port
-        free. Why the lane cannot start, or None. Before a wake from sleep only the GPU memory:
-        the engine keeps its image and holds its own port."""
+        """Before a start: the secrets file systemd will read is the user's own file, not a
+        link (whatever `force` said to preflight), `prepare` after an image change, the GPU
+        memory released, the port free. Why the lane cannot start, or None. Before a wake
+        from sleep only the GPU memory: the engine keeps its image and holds its own port."""
+        if spec.secrets_path and not waking:
+            key = await asyncio.to_thread(key_file, spec.secrets_path)
+            held = not_held(lane, spec, key)
+            if held is not None:
+                return Refused(held.message, held.hint)
         host = self.host
         if host is not None and spec.container is not None and spec.prepare and not waking:
             try:

@@ -63,12 +63,16 @@ class HostFacts:
 @dataclass(frozen=True)
 class KeyFile:
     """The lane's secrets file as found: does it exist, its mode, the names it defines (never
-    a value), and why it cannot be read as NAME=VALUE lines."""
+    a value), and why it cannot be read as NAME=VALUE lines; where it leads when it is a
+    symbolic link (then nothing else is read of it), and its owner when that is not the user
+    laned runs as."""
 
     exists: bool
     mode: int = 0
     names: tuple[str, ...] = ()
     unreadable: str | None = None
+    link: str | None = None  # the real path a symbolic link leads to
+    foreign_owner: str | None = None  # the owner's name (or uid), when not laned's user
 
 
 @dataclass(frozen=True)

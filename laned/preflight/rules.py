@@ -225,6 +225,8 @@ def _key(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
             f"create it: `umask 077; echo {first} > {path}` (one NAME=VALUE line per secret)",
             severity=Severity.ERROR,
         )
+    elif (held := not_held(lane, spec, key)) is not None:
+        yield held
     elif key.mode & 0o077:
         yield Finding(
             "api-key",
@@ -248,6 +250,31 @@ def _key(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
         )
     else:
         yield from _secrets_beside_env(lane, spec, key)
+
+
+def not_held(lane: str, spec: LaneConfig, key: KeyFile) -> Finding | None:
+    """A secrets file laned does not hand to systemd whatever `force` says (the start gate
+    asks this too): a symbolic link (systemd would read the file it leads to, /etc/shadow
+    as well as the user's own, into the engine's environment; `chmod 600` of the link would
+    change that file), or a file of another user."""
+    where, path = f"lanes.{lane}.{spec.secrets_key}", spec.secrets_path
+    if key.link is not None:
+        return Finding(
+            "api-key",
+            f"{where}: {path} is a symbolic link to {key.link}: laned does not have systemd "
+            "read a file through a link as the engine's environment",
+            f'name the file itself ({spec.secrets_key} = "{key.link}", if it is yours and '
+            f"mode 0600), or put a copy of it in place of the link",
+            severity=Severity.ERROR,
+        )
+    if key.foreign_owner is not None:
+        return Finding(
+            "api-key",
+            f"{where}: {path} belongs to {key.foreign_owner}, not to the user laned runs as",
+            "keep the lane's secrets in a file of your own, mode 0600",
+            severity=Severity.ERROR,
+        )
+    return None
 
 
 def _secrets_beside_env(lane: str, spec: LaneConfig, key: KeyFile) -> Iterator[Finding]:

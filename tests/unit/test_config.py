@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -384,6 +385,35 @@ def test_unreadable_and_malformed_files(tmp_path: object) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config("[lanes.a\nport=1", "bad.toml", ENV)
     assert "not valid TOML" in str(info.value) and "bad.toml" in str(info.value)
+
+
+def test_a_secrets_file_that_is_a_symlink_is_refused_naming_where_it_leads(
+    tmp_path: Path,
+) -> None:
+    """Issue 53: a link to /etc/shadow passed `laned validate`; systemd's EnvironmentFile=
+    follows it. Refused at load (validate, serve, reload), with the real path in the hint."""
+    own = tmp_path / "own.env"
+    own.write_text("VLLM_API_KEY=k\n")
+    (tmp_path / "shadow.env").symlink_to("/etc/shadow")
+    (tmp_path / "own-link.env").symlink_to(own)
+    lanes = "".join(
+        f'[lanes.{name}]\nport = {8001 + i}\nserved_model_name = "{name}"\n{key} = "{tmp_path}/{file}"\n'
+        f'exec = {{ command = ["/opt/vllm/bin/vllm", "serve", "/m"] }}\n'
+        for i, (name, key, file) in enumerate(
+            [("a", "secrets_file", "shadow.env"), ("b", "api_key_file", "own-link.env"),
+             ("c", "secrets_file", "own.env")]
+        )
+    )  # fmt: skip
+    path = tmp_path / "laned.toml"
+    path.write_text(lanes)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), {"HOME": str(tmp_path)})
+    found = {p.where: p for p in info.value.problems}
+    assert set(found) == {"lanes.a.secrets_file", "lanes.b.api_key_file"}
+    shadow = found["lanes.a.secrets_file"]
+    assert "symbolic link to /etc/shadow" in shadow.message
+    assert 'secrets_file = "/etc/shadow"' in shadow.hint and "chmod" not in shadow.hint
+    assert f'api_key_file = "{own}"' in found["lanes.b.api_key_file"].hint
 
 
 def test_numbers_in_args_and_env_become_their_text() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from laned.adapters import secret_files
 from laned.adapters.gpus import held
 from laned.adapters.podman import parse_container
 from laned.config.load import LaneConfig, parse_config
@@ -15,7 +18,7 @@ from laned.core.lanes import LaneState, LaneStatus, phase_durations
 from laned.errors import ConfigError, Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts, KeyFile, LaneFacts, blocking
 from laned.preflight.fit import fit
-from laned.preflight.rules import evaluate, model_path
+from laned.preflight.rules import evaluate, model_path, not_held
 from tests.helpers import parse_phase
 
 ENV = {"HOME": "/home/op"}
@@ -101,6 +104,40 @@ def test_each_error_blocks_and_names_the_place(facts: LaneFacts, check: str, wor
     assert [f.where for f in errors] == [check]
     assert words in errors[0].message + errors[0].hint
     assert "lanes.c" in errors[0].message or check in ("image",)
+
+
+def test_a_secrets_file_through_a_link_or_of_another_user_is_refused_never_chmodded(
+    tmp_path: Path,
+) -> None:
+    """Issue 53: a secrets file linked to /etc/shadow was read through the link (its mode,
+    its names) and the hint said `chmod 600 <the link>`, which changes /etc/shadow. The link
+    is read as a link; the hint names where it leads; the same finding stops a forced start
+    (laned.owner.steps asks not_held)."""
+    shadow_mode = os.stat("/etc/shadow").st_mode
+    link = tmp_path / "c.env"
+    link.symlink_to("/etc/shadow")
+    key = secret_files.key_file(str(link))
+    assert key == KeyFile(exists=True, link="/etc/shadow")
+    spec = lane().model_copy(update={"api_key_file": str(link)})
+    [error] = blocking(evaluate("c", spec, replace(GOOD, key_file=key)))
+    assert error.where == "api-key" and "symbolic link to /etc/shadow" in error.message
+    assert "chmod" not in error.hint and 'api_key_file = "/etc/shadow"' in error.hint
+    assert not_held("c", spec, key) == error
+    assert os.stat("/etc/shadow").st_mode == shadow_mode
+    # Another user's file: refused, whatever its mode.
+    theirs = KeyFile(True, 0o600, ("VLLM_API_KEY",), foreign_owner="nobody (uid 65534)")
+    [error] = blocking(evaluate("c", lane(), replace(GOOD, key_file=theirs)))
+    assert "belongs to nobody (uid 65534)" in error.message and "of your own" in error.hint
+    if os.getuid() == 0:  # a file chowned away, read as such by the adapter
+        other = tmp_path / "other.env"
+        other.write_text("VLLM_API_KEY=k\n")
+        os.chown(other, 65534, 65534)
+        assert secret_files.key_file(str(other)).foreign_owner is not None
+    # The user's own file, 0600: read as before.
+    own = tmp_path / "own.env"
+    own.write_text("VLLM_API_KEY=k\n")
+    own.chmod(0o600)
+    assert secret_files.key_file(str(own)) == KeyFile(True, 0o600, ("VLLM_API_KEY",))
 
 
 def test_a_port_held_by_a_group_peer_is_only_a_note() -> None:

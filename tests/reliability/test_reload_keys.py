@@ -16,8 +16,9 @@ import httpx
 from laned.config.applied import Applied, applied_of
 from laned.config.model import DaemonConfig, LaneConfig
 from tests.helpers import free_port
+from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST
-from tests.reliability.conftest import figures
+from tests.reliability.conftest import figures, unit_property
 
 
 def with_key(text: str, table: str, key: str, value: str) -> str:
@@ -39,7 +40,7 @@ def secret_file(path: Path, text: str) -> str:
 
 
 def test_every_key_changed_by_reload_is_applied_deferred_or_refused(
-    daemon: Any, tmp_path: Path
+    daemon: Any, tmp_path: Path, harness: Harness, units: Units
 ) -> None:
     api, pair_port = free_port(), free_port()
     peer = secret_file(tmp_path / "peer", "p33r-one\n")
@@ -61,6 +62,8 @@ def test_every_key_changed_by_reload_is_applied_deferred_or_refused(
     base = serve.path.read_text()
     client = httpx.Client(base_url=serve.url, timeout=30)
     a_port = client.get("/lanes/a").json()["port"]
+    a_pid = unit_property(harness, "MainPID", f"{units.name('a')}.service")
+    assert unit_property(harness, "TimeoutStopUSec", f"{units.name('a')}.service") == "20s"
 
     def reload(text: str) -> httpx.Response:
         """With the token that some steps set (laned asks for none while none is set)."""
@@ -233,6 +236,12 @@ def test_every_key_changed_by_reload_is_applied_deferred_or_refused(
                 assert complete("by an alias", "alias-of-a") == 200
             if key == "group":
                 assert client.get("/lanes/a").json()["group"] == "g2"
+            if key == "stop_timeout":
+                # systemd applies it to the running unit at the reload's daemon-reload (issue 53:
+                # it was reported "next start"); the engine is the one that ran before.
+                unit = f"{units.name('a')}.service"
+                assert unit_property(harness, "TimeoutStopUSec", unit) == "21s"
+                assert unit_property(harness, "MainPID", unit) == a_pid
             back()
         assert complete("after the walk") == 200
     finally:

@@ -356,6 +356,11 @@ def test_every_daemon_and_lane_setting_declares_how_a_reload_applies_it() -> Non
     assert applied_of(DaemonConfig, "podman_socket") is Applied.LIVE
     assert applied_of(DaemonConfig, "unit_dir") is Applied.RESTART
     assert applied_of(LaneConfig, "port") is Applied.NEXT_START
+    # Issue 53: systemd applies TimeoutStopSec= to a running unit at the reload's
+    # daemon-reload (tests/reliability/test_reload_keys.py reads it back): live, not deferred.
+    assert applied_of(LaneConfig, "stop_timeout") is Applied.LIVE
+    stopping = config('restart_sec = "1s"\nrestart_max_delay = "8s"\nstart_limit_burst = 3\nstop_timeout = "9s"\n')  # fmt: skip
+    assert policy.restart_needed(CONFIG, stopping, {"a": LaneState.READY}) == []
 
 
 def test_a_reload_sorts_each_changed_key_by_its_declaration() -> None:

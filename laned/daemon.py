@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import uvicorn
@@ -25,13 +26,16 @@ from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.api import ApiSettings, create_app
 from laned.api.budget import Budget
+from laned.api.daemon import Reload
 from laned.api.front import Front
 from laned.api.limits import Limits, bounded
 from laned.api.metrics import LanedMetrics
 from laned.api.settings import api_settings
+from laned.config.applied import reload_lines
 from laned.config.listener import LimitsConfig
 from laned.config.model import Config
 from laned.config.names import podman_socket
+from laned.errors import ConfigError, LanedError
 from laned.owner.coordinator import Coordinator
 from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
@@ -132,8 +136,40 @@ def api_server(
     return server
 
 
+async def reload_on_hangup(reload_config: Reload, source: str) -> None:
+    """SIGHUP (systemd's ExecReload=, so `systemctl --user reload laned`): what POST /reload
+    does, by the same call; the result in laned's log. A config that is bad or refused
+    changes nothing: the lanes run on, and the log says every error with its key."""
+    log.info("SIGHUP: reloading %s", source)
+    # systemd's protocol for a Type=notify service: the unit shows `reloading` until READY=1.
+    notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+    try:
+        result = await reload_config()
+    except ConfigError as exc:
+        log.error("SIGHUP: not reloaded, the running config stays in force: %s", exc)
+    except LanedError as exc:
+        log.error(
+            "SIGHUP: not reloaded, the running config stays in force: %s (%s)",
+            exc.message,
+            exc.hint,
+        )
+    except Exception:  # the reload's own fault: said, and laned serves on
+        log.exception("SIGHUP: the reload failed; the running config stays in force")
+    else:
+        said = reload_lines(result["keys"], result["restart_needed"])
+        log.info("SIGHUP: reloaded %s: %s", source, "; ".join(said))
+    finally:
+        notify("READY=1")
+
+
 async def serve(config: Config) -> int:
-    """Run laned until SIGTERM or SIGINT."""
+    """Run laned until SIGTERM or SIGINT; SIGHUP reloads the config (POST /reload)."""
+    loop = asyncio.get_running_loop()
+    # Until the API is up there is nothing to reload into: SIGHUP must not end laned (its
+    # default action) while it starts.
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: log.warning("SIGHUP while laned starts: ignored, send it again")
+    )
     settings = api_settings(config)
     metrics = LanedMetrics()
     front = await start_supervisor(config, recorder=metrics, peer_token=settings.peer_token)
@@ -141,9 +177,17 @@ async def serve(config: Config) -> int:
     app = create_app(front, settings, metrics)
     server = api_server(app, settings, config.daemon.limits)
     metrics.budget = server.budget
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def hangup() -> None:
+        assert app.reload_config is not None
+        task = loop.create_task(reload_on_hangup(app.reload_config, supervisor.config.source))
+        reloads.add(task)  # kept until done (the loop holds tasks weakly)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, hangup)
     log.info(
         "laned is supervising %d lane(s); API on http://%s", len(config.lanes), config.daemon.listen
     )

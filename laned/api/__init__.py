@@ -32,6 +32,7 @@ class LanedApp(FastAPI):
     door, which calls the application for what it does not answer itself."""
 
     door: Door | None = None
+    reload_config: daemon.Reload | None = None  # POST /reload's, for SIGHUP too
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.door is None:
@@ -75,7 +76,8 @@ def create_app(
     # the door resolves each request over the same list, the same way, before anything runs,
     # and every route declares its access (Routes refuses one that does not).
     lanes.routes(app.router, front)
-    daemon.routes(app.router, front, metrics, app.configure)
+    app.reload_config = daemon.Reload(front, metrics, app.configure)
+    daemon.routes(app.router, front, metrics, app.reload_config)
     openai.routes(app.router, proxy)
     app.door = Door(app.behind, Routes(app.routes), settings, front, proxy, metrics)
     return app

@@ -35,14 +35,43 @@ def _sse(event: Event) -> bytes:
     return b"data: " + json.dumps(event.to_json()).encode() + b"\n\n"
 
 
-def routes(
-    api: APIRouter,
-    front: Front,
-    metrics: LanedMetrics,
-    configure: Callable[[ApiSettings], None],
-) -> None:
+class Reload:
+    """The one way laned reloads its config: POST /reload and SIGHUP (`laned serve`, which
+    `systemctl --user reload laned` sends) both call it. One reload at a time: a second
+    waits for the first, then reads the file as it is then."""
+
+    def __init__(
+        self, front: Front, metrics: LanedMetrics, configure: Callable[[ApiSettings], None]
+    ) -> None:
+        self.front, self.metrics, self.configure = front, metrics, configure
+        self._one = asyncio.Lock()
+
+    async def __call__(self) -> dict[str, Any]:
+        """Re-read the config, check it as `laned serve` does, re-render, daemon-reload; each
+        changed key applied as its field declares. ConfigError (a bad config) or
+        ConfigRefused (one only a restart of laned applies): nothing changed."""
+        async with self._one:
+            try:
+                new = await self.front.load()
+                try:
+                    settings = api_settings(new)
+                except (UnsafeApi, SecretFileRefused) as exc:  # as `laned serve` refuses to start
+                    raise ConfigRefused(exc.message, exc.hint) from None
+                result = await self.front.reload(new, settings.peer_token)
+            except ConfigError:
+                self.metrics.reload("invalid")
+                raise
+            except ConfigRefused:
+                self.metrics.reload("refused")
+                raise
+            self.configure(settings)  # the guard's token, reads, peers, from the next request on
+            self.metrics.reload("applied")
+            return result
+
+
+def routes(api: APIRouter, front: Front, metrics: LanedMetrics, reload_config: Reload) -> None:
     """The daemon's endpoints over one front, added to `api` (the application's own router;
-    `configure`: the API's settings after a reload)."""
+    `reload_config`: what POST /reload does, SIGHUP's too)."""
 
     @api.get("/", include_in_schema=False)
     @access(Access.PUBLIC)
@@ -91,23 +120,8 @@ def routes(
         """Re-read the config, check it as `laned serve` does, re-render, daemon-reload; each
         changed key applied as its field declares (`keys`: live, next start, restart),
         `restart_needed` the running lanes that wait for their next start. A bad config (400)
-        or one only a restart of laned applies (409) changes nothing."""
-        try:
-            new = await front.load()
-            try:
-                settings = api_settings(new)
-            except (UnsafeApi, SecretFileRefused) as exc:  # as `laned serve` refuses to start
-                raise ConfigRefused(exc.message, exc.hint) from None
-            result = await front.reload(new, settings.peer_token)
-        except ConfigError:
-            metrics.reload("invalid")
-            raise
-        except ConfigRefused:
-            metrics.reload("refused")
-            raise
-        configure(settings)  # the guard's token, reads, peers, from the next request on
-        metrics.reload("applied")
-        return result
+        or one only a restart of laned applies (409) changes nothing. SIGHUP does the same."""
+        return await reload_config()
 
     @api.get("/metrics")
     @access(Access.READ)

@@ -64,7 +64,8 @@ def parser() -> argparse.ArgumentParser:
         "serve",
         help="run the daemon: supervise the lanes",
         description="Render the lanes, reload systemd, adopt what runs, start the desired lane "
-        "(or daemon.default_lane) and supervise until SIGTERM. The lanes keep running when laned stops.",
+        "(or daemon.default_lane) and supervise until SIGTERM; SIGHUP reloads the config "
+        "(as POST /reload). The lanes keep running when laned stops.",
     )
 
     sub.add_parser(
@@ -177,6 +178,15 @@ def _lane_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--fit",
         action="store_true",
         help="which configured lanes this host can run at all (their needs against its GPUs, memory, disk)",
+    )
+    _api_command(
+        sub,
+        "reload",
+        "re-read the config and apply it (POST /reload)",
+        "Ask laned to re-read its config, as POST /reload, SIGHUP and `systemctl --user reload "
+        "laned` do: print the keys applied now and those that wait for a lane's next start. "
+        "Exit 1 when laned refuses it (a change only a restart of laned applies), 2 for a bad "
+        "config; either way the running config stays in force.",
     )
     preflight = _api_command(
         sub,

@@ -271,6 +271,31 @@ def cmd_lane(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    """`laned reload`: POST /reload (what SIGHUP and `systemctl --user reload laned` do);
+    what was applied, deferred or refused. Exit 1 when laned refused it, 2 for a bad config."""
+    from laned.config.applied import reload_lines
+    from laned.config.load import load_config
+    from laned.errors import ApiRefused
+
+    if args.url is None or args.token_file is None:
+        # The file names laned's address and token: a broken one is said here, not sent.
+        try:
+            load_config(config_path(args))
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            print("laned: not reloaded; the running config stays in force", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        body = api_client(args).call("POST", "/reload")
+    except ApiRefused as exc:
+        print(f"laned: not reloaded: {exc}", file=sys.stderr)
+        return EXIT_USAGE if exc.code == "bad-config" else EXIT_FAILED
+    for line in reload_lines(body["keys"], body["restart_needed"]):
+        print(line)
+    return EXIT_OK
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     """`laned logs LANE [-n N] [-f]`."""
     import os
@@ -400,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "activate": cmd_lane,
         "deactivate": cmd_lane,
         "restart": cmd_lane,
+        "reload": cmd_reload,
         "logs": cmd_logs,
         "install": cmd_install,
         "events": cmd_events,

@@ -13,7 +13,7 @@ Pure: the reload itself (laned.owner.supervisor, laned.api.daemon) acts on `chan
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -54,3 +54,22 @@ def changed_keys(
     for key in model.model_fields:
         if old is None or new is None or getattr(old, key) != getattr(new, key):
             yield key
+
+
+def reload_lines(keys: Mapping[str, str], restart_needed: Sequence[str]) -> list[str]:
+    """What a reload applied, as `laned reload` prints it and laned logs a SIGHUP's: the
+    changed keys by how each was applied (POST /reload's `keys`), and the running lanes whose
+    changes wait for their next start (its `restart_needed`)."""
+    if not keys:
+        return ["nothing changed"]
+    lines = []
+    for applied, said in ((LIVE, "applied now"), (NEXT_START, "at the lane's next start")):
+        named = [key for key, value in keys.items() if value == applied.value]
+        if named:
+            lines.append(f"{said}: {', '.join(named)}")
+    if restart_needed:
+        lines.append(
+            f"waiting for a restart: {', '.join(restart_needed)} (runs as it started until "
+            "then; `laned restart LANE` applies it)"
+        )
+    return lines

@@ -212,7 +212,8 @@ def _home_relative(word: str, home: str) -> str:
 
 
 def daemon_unit(exec_start: Sequence[str], config_path: str, home: str) -> str:
-    """laned's own unit: Type=notify, watchdog, restarted always, started at login/boot."""
+    """laned's own unit: Type=notify, reloaded by SIGHUP, watchdog, restarted always, started
+    at login/boot."""
     config_word = _home_relative(config_path, home).replace("$$", "$")  # no $ expansion here
     if config_word.startswith('"'):  # quotes wrap the whole assignment
         environment = f'"LANED_CONFIG={config_word[1:]}'
@@ -223,6 +224,9 @@ def daemon_unit(exec_start: Sequence[str], config_path: str, home: str) -> str:
         ("NotifyAccess", "main"),
         ("Environment", environment),
         ("ExecStart", " ".join(_home_relative(word, home) for word in exec_start)),
+        # `systemctl --user reload laned`: SIGHUP, which laned takes as POST /reload (its
+        # log says what was applied); systemd.service(5)'s own form of a reload.
+        ("ExecReload", "kill -HUP $MAINPID"),
         ("WatchdogSec", "30"),
         ("Restart", "always"),
         ("RestartSec", "2"),

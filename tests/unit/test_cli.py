@@ -3,16 +3,23 @@ command, token counts as vLLM writes them."""
 
 from __future__ import annotations
 
+import asyncio
+import http.server
+import json
+import logging
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from laned.cli.main import main
 from laned.config.durations import parse_count
+from laned.errors import ConfigError, ConfigRefused, Finding
 from tests.helpers import ROOT
 
 DEMO = str(ROOT / "config" / "demo.toml")
@@ -164,3 +171,93 @@ def test_status_fit_shows_each_gpu_with_its_lanes_and_what_is_left() -> None:
         "14.0 GiB left" in out
     )
     assert "  big              small            together  both fit on GPU 0" in out
+
+
+class _Laned(http.server.BaseHTTPRequestHandler):
+    """A stand-in for laned's POST /reload: each request takes the next canned answer."""
+
+    answers: ClassVar[list[tuple[int, dict[str, object]]]] = []
+    asked = 0
+
+    def do_POST(self) -> None:
+        type(self).asked += 1
+        status, body = self.answers.pop(0)
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_laned_reload_says_what_was_applied_and_fails_on_a_refusal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    applied = {
+        "applied": True,
+        "changed": [],
+        "restart_needed": ["dsv41"],
+        "keys": {"lanes.dsv41.args": "next start", "lanes.dsv41.stop_timeout": "live"},
+    }
+    refused = {"error": {"code": "reload-refused", "message": "the new config cannot be applied while laned runs", "hint": "daemon.listen changed: only a restart of laned applies it"}}  # fmt: skip
+    bad = {"error": {"code": "bad-config", "message": "t.toml: 1 error in the config\n  lanes.a.port: not an integer", "hint": "fix the file"}}  # fmt: skip
+    _Laned.answers = [(200, applied), (200, {**applied, "keys": {}, "restart_needed": []}),
+                      (409, refused), (400, bad)]  # fmt: skip
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Laned)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    argv = ["--config", DEMO, "reload", "--url", f"http://127.0.0.1:{server.server_port}"]
+    try:
+        assert main(argv) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out == [
+            "applied now: lanes.dsv41.stop_timeout",
+            "at the lane's next start: lanes.dsv41.args",
+            "waiting for a restart: dsv41 (runs as it started until then; `laned restart LANE` applies it)",
+        ]
+        assert main(argv) == 0 and capsys.readouterr().out == "nothing changed\n"
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "not reloaded: the new config cannot" in err and "daemon.listen changed" in err
+        assert main(argv) == 2 and "lanes.a.port: not an integer" in capsys.readouterr().err
+        # A config file that does not load is said here, and laned is not asked.
+        broken = tmp_path / "laned.toml"
+        broken.write_text("[lanes.a]\nport = 'x'\n")
+        asked = _Laned.asked
+        assert main([*argv[:1], str(broken), *argv[2:]]) == 2
+        err = capsys.readouterr().err
+        assert "lanes.a.port" in err and "not reloaded" in err and _Laned.asked == asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_sighup_reloads_as_post_reload_does_and_logs_what_it_did(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`laned serve`'s SIGHUP handler calls POST /reload's own Reload and logs its result; a
+    bad or refused config is logged with its key, and nothing else happens."""
+    from laned.daemon import reload_on_hangup
+
+    results: list[object] = [
+        {"keys": {"lanes.a.aliases": "live"}, "restart_needed": []},
+        ConfigError("t.toml", [Finding("lanes.a.port", "not an integer", "e.g. 8001")]),
+        ConfigRefused("the new config cannot be applied while laned runs", "daemon.listen changed"),
+    ]
+
+    async def reload() -> dict[str, object]:
+        result = results.pop(0)
+        if isinstance(result, Exception):
+            raise result
+        return result  # type: ignore[return-value]
+
+    caplog.set_level(logging.INFO, logger="laned")
+    for _ in range(3):
+        asyncio.run(reload_on_hangup(reload, "t.toml"))  # type: ignore[arg-type]
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "laned"]
+    assert said[1] == ("INFO", "SIGHUP: reloaded t.toml: applied now: lanes.a.aliases")
+    assert said[3][0] == "ERROR" and "t.toml: lanes.a.port: not an integer" in said[3][1]
+    assert "running config stays in force" in said[3][1]
+    assert said[5] == ("ERROR", "SIGHUP: not reloaded, the running config stays in force: the new config cannot be applied while laned runs (daemon.listen changed)")  # fmt: skip

@@ -89,6 +89,10 @@ class Call:
 
     route: BaseRoute
     rank_only: bool
+    # Whether the caller may read laned's own state: no token_for_reads, or laned's token
+    # given. A public route that also tells laned's state (GET /v1/models: its lanes and
+    # their states) tells it only then.
+    reads: bool = True
 
     @staticmethod
     def of(scope: Scope) -> Call:
@@ -276,7 +280,11 @@ class Guard:
                     else "the bearer token is wrong",
                     "use the token in daemon.token_file",
                 )
-        scope[CALL] = Call(route, rank_only)
+        reads = not (settings.token is not None and settings.token_for_reads) or (
+            # Compared only where reads are guarded: without token_for_reads no request pays.
+            needs_token or same_secret(given, f"Bearer {settings.token}")
+        )
+        scope[CALL] = Call(route, rank_only, reads)
         return None
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from laned.api.guard import Access, access
+from laned.api.guard import Access, Call, access
 from laned.api.proxy import Proxy
 
 
@@ -33,10 +33,12 @@ def routes(api: APIRouter, proxy: Proxy) -> None:
     """The /v1 endpoints over one proxy, added to `api` (the application's own router)."""
 
     @api.get("/v1/models")
-    @access(Access.PUBLIC)  # the engine judges the lane's API key
-    async def models() -> dict[str, Any]:
-        """Every configured model with its lane's state (an extra `laned` field)."""
-        return proxy.models()
+    @access(Access.PUBLIC)  # OpenAI's clients list models with the engine's key, not laned's
+    async def models(request: Request) -> dict[str, Any]:
+        """Every configured model, with its lane's state (an extra `laned` field) for a
+        caller who may read laned's state: with daemon.token_for_reads, only with laned's
+        token; without it, the models' names alone."""
+        return proxy.models(Call.of(request.scope).reads)
 
     @api.post("/v1/{path:path}", response_model=None)
     @access(Access.PUBLIC)  # the engine judges the lane's API key

@@ -135,27 +135,24 @@ class Proxy:
         self.pool.close()
         await self.bodies.close()
 
-    def models(self) -> dict[str, Any]:
-        """GET /v1/models: every configured model (aliases too), with its lane's state."""
+    def models(self, states: bool = True) -> dict[str, Any]:
+        """GET /v1/models: every configured model (aliases too), with its lane's state unless
+        `states` is False (a caller who may not read laned's state: OpenAI's fields alone)."""
         config = self.front.config
         data = []
         for lane in self.front.lanes():
             status = self.front.status(lane)
             for name in model_names(config, lane):
-                data.append(
-                    {
-                        "id": name,
-                        "object": "model",
-                        "owned_by": "laned",
-                        "laned": {
-                            "lane": lane,
-                            "state": status.state.value,
-                            "phase": status.phase,
-                            "progress": status.progress,
-                            "on_demand": config.lanes[lane].on_demand,
-                        },
+                model: dict[str, Any] = {"id": name, "object": "model", "owned_by": "laned"}
+                if states:
+                    model["laned"] = {
+                        "lane": lane,
+                        "state": status.state.value,
+                        "phase": status.phase,
+                        "progress": status.progress,
+                        "on_demand": config.lanes[lane].on_demand,
                     }
-                )
+                data.append(model)
         return {"object": "list", "data": data}
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:

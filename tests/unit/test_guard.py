@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import unquote
 
 import pytest
@@ -245,3 +245,62 @@ def test_no_spelling_of_a_mutating_route_gets_past_without_the_token(
     status = asyncio.run(_through_the_app(method, path, qs, list(auth)))
     assert FRONT.calls == [], (method, path, qs, auth, FRONT.calls)
     assert status in (400, 401, 403, 404, 405), (method, path, qs, status)
+
+
+class Listing:
+    """A front with two lanes, as GET /v1/models reads it."""
+
+    traffic = None
+    statuses: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self) -> None:
+        from laned.config.load import parse_config
+
+        text = "".join(
+            f'[lanes.{n}]\nport = {p}\nserved_model_name = "{m}"\nexec = {{ command = ["/e"] }}\n'
+            for n, p, m in (("secret-lane", 8001, "m1"), ("b", 8002, "m2"))
+        )
+        self.config = parse_config(text, "t.toml", {"HOME": "/home/op"})
+
+    def lanes(self) -> list[str]:
+        return sorted(self.config.lanes)
+
+    def status(self, lane: str) -> Any:
+        from laned.core.lanes import LaneState, LaneStatus
+
+        return LaneStatus(lane, LaneState.READY if lane == "b" else LaneState.INACTIVE)
+
+
+def test_v1_models_tells_laned_state_only_to_who_may_read_it() -> None:
+    """Issue 53: with token_for_reads, GET /v1/models listed every lane and its state to
+    anyone. OpenAI's clients list models with the engine's key (Authorization: Bearer
+    sk-...), which is not laned's token: they get the names, in OpenAI's fields alone; laned's
+    token (or no token_for_reads) gets each lane's state too."""
+
+    async def listed(settings: ApiSettings, *headers: tuple[str, str]) -> dict[str, Any]:
+        app = create_app(Listing(), settings)  # type: ignore[arg-type]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        request = scope("GET", "/v1/models", HOST, *headers)
+        request.update(http_version="1.1", scheme="http", server=("127.0.0.1", 9000), client=("127.0.0.1", 5000))  # fmt: skip
+        await app(request, receive, send)
+        assert sent[0]["status"] == 200, sent
+        return json.loads(sent[1]["body"])  # type: ignore[no-any-return]
+
+    guarded = ApiSettings("127.0.0.1", 9000, token="t0k", token_for_reads=True)
+    names = [{"id": "m2", "object": "model", "owned_by": "laned"},
+             {"id": "m1", "object": "model", "owned_by": "laned"}]  # fmt: skip
+    for who in ((), (("Authorization", "Bearer sk-engine-key"),), (("Authorization", "t0k"),)):
+        body = asyncio.run(listed(guarded, *who))
+        assert sorted(body["data"], key=lambda m: m["id"], reverse=True) == names, who
+        assert "secret-lane" not in json.dumps(body) and "inactive" not in json.dumps(body)
+    for settings_, who in ((guarded, (TOKEN,)), (ApiSettings("127.0.0.1", 9000, token="t0k"), ())):  # fmt: skip
+        body = asyncio.run(listed(settings_, *who))
+        states = {m["id"]: m["laned"]["state"] for m in body["data"]}
+        assert states == {"m1": "inactive", "m2": "ready"}, body

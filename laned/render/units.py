@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from laned import engines
 from laned.config.durations import systemd_seconds
 from laned.config.model import Config, LaneConfig
 from laned.config.names import (
@@ -78,6 +79,13 @@ def restart_steps(base: float, cap: float) -> int:
     return max(steps, 1)
 
 
+def keeps_a_key_file(spec: LaneConfig) -> bool:
+    """Whether the lane's wrapper writes the engine's key into a file of its own (an engine
+    that reads no variable for it, with a secrets file): that file is removed when the
+    engine ends (the wrapper, and its unit's ExecStopPost=)."""
+    return engines.for_lane(spec).key_file is not None and spec.secrets_path is not None
+
+
 def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
     """The systemd user unit of one lane, for a user manager of `systemd_version`."""
     spec: LaneConfig = config.lanes[lane]
@@ -129,7 +137,9 @@ def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
         # A container left behind by a crash or a kill would make `podman run --name` fail.
         service.append(("ExecStartPre", exec_line([wrapper, "cleanup"])))
     service.append(("ExecStart", exec_line([wrapper])))
-    if spec.container is not None:
+    if spec.container is not None or keeps_a_key_file(spec):
+        # However the engine ended (a kill included) and whether laned runs or not: the
+        # container, and the copy of the key an engine read from a file, are removed.
         service.append(("ExecStopPost", exec_line([wrapper, "cleanup"], prefix="-")))
     service += [
         # SIGTERM goes to the wrapper alone, which forwards it once to the engine and

@@ -35,7 +35,7 @@ from laned.config.names import (
 from laned.config.sleep import LOOPBACK
 from laned.core.exits import WRAPPER_EXIT_0
 from laned.engines.profile import Line
-from laned.render.units import generated_header
+from laned.render.units import generated_header, keeps_a_key_file
 
 
 class Raw(str):
@@ -312,15 +312,25 @@ def _wrapper(config: Config, lane: str, weights: bool) -> str:
     out.append(f"# Run by {unit}.")
     out += ["set -euo pipefail", ""]
     modes = []
-    if spec.container is not None:
-        cleanup = [config.daemon.podman, "rm", "--force", "--ignore", cname]
+    keyed = not weights and keeps_a_key_file(spec)
+    if spec.container is not None or keyed:
         modes.append("cleanup")
-        out += [
-            "# `" + name + " cleanup` removes a container left behind by a crash or a kill.",
-            'if [[ "${1:-}" == cleanup ]]; then',
-            "  exec " + " ".join(shlex.quote(w) for w in cleanup),
-            "fi",
+        said = [
+            *(["a container left behind by a crash or a kill"] if spec.container else []),
+            *(["the copy of the API key the engine read (ExecStopPost=)"] if keyed else []),
         ]
+        out += [
+            "# `" + name + f" cleanup` removes {said[0]}" + ("," if said[1:] else "."),
+            *[f"# and {more}." for more in said[1:]],
+            'if [[ "${1:-}" == cleanup ]]; then',
+            *([f"  rm -f {shlex.quote(key_file_path(config, lane))}"] if keyed else []),
+        ]
+        if spec.container is not None:
+            cleanup = [config.daemon.podman, "rm", "--force", "--ignore", cname]
+            out.append("  exec " + " ".join(shlex.quote(w) for w in cleanup))
+        else:
+            out.append("  exit 0")
+        out.append("fi")
     if weights:
         modes.append("ready")
         out += _ready(spec)
@@ -388,6 +398,12 @@ def _wrapper(config: Config, lane: str, weights: bool) -> str:
             "  oom=1",
             "fi",
             f"{podman} rm --force --ignore {quoted} >/dev/null 2>&1 || true",
+        ]
+    if keyed:
+        ended += [
+            "# The engine read its key at its start: the copy goes with it (a restart writes it",
+            "# again; the unit's ExecStopPost= removes it too, should this wrapper be killed).",
+            'rm -f "$keyfile"',
         ]
     record = weights_exit_record_path(config, lane) if weights else exit_record_path(config, lane)
     out += _supervise(record, ended, what)

@@ -18,6 +18,7 @@ from laned.config.load import parse_config
 from laned.config.model import LaneConfig
 from laned.core.phases import Phase
 from laned.errors import ConfigError
+from laned.render.units import lane_unit
 from laned.render.wrapper import engine_argv, key_file_path, render_wrapper
 from tests.helpers import ROOT
 
@@ -203,6 +204,16 @@ def test_sglangs_key_reaches_it_in_a_0600_file_never_in_argv(tmp_path: Path) -> 
     assert argv[-2:] == ["--config", path] and "sk-SENTINEL" not in " ".join(argv)
     assert Path(f"{engine}.config").read_text() == 'api-key: "sk-SENTINEL"\n'
     assert Path(f"{engine}.mode").read_text().strip() == "600"
+    # Issue 53: the copy outlived the engine. It goes when the engine ends, and the unit's
+    # ExecStopPost= (`cleanup`) removes it however the wrapper ended, laned up or not.
+    assert not Path(path).exists()
+    Path(path).write_text("left by a killed wrapper\n")
+    assert subprocess.run([str(script), "cleanup"], env=env, timeout=30).returncode == 0
+    assert not Path(path).exists()
+    [stop_post] = [line for line in lane_unit(cfg, "a", 252).splitlines() if line.startswith("ExecStopPost=")]  # type: ignore[arg-type]  # fmt: skip
+    assert stop_post.startswith("ExecStopPost=-") and stop_post.endswith("-serve cleanup")
+    vllm = config(f'secrets_file = "{tmp_path}/s.env"\nexec = {{ command = ["vllm"] }}', tmp_path)
+    assert "ExecStopPost=" not in lane_unit(vllm, "a", 252)  # type: ignore[arg-type]  # no copy
     # A key the file cannot carry is refused, with where it is and what to do.
     bad = subprocess.run(
         [str(script)], env={**env, "SGLANG_API_KEY": 'a"b'}, capture_output=True, text=True

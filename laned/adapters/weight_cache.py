@@ -37,17 +37,17 @@ def _exactly(conn: socket.socket, size: int) -> bytes:
     return bytes(buffer)
 
 
-def held_bytes(directory: str, pattern: str) -> int | None:
-    """The GPU memory the daemon's ranks hold, summed over its sockets in `directory` that
-    match `pattern`; None where none answers (no daemon, or not ready yet)."""
-    total, answered = 0, False
+def held_said(directory: str, pattern: str) -> dict[str, object] | None:
+    """What each of the daemon's sockets in `directory` that match `pattern` says its rank
+    holds on its GPU (`memory_bytes`, as it came: whatever answers on a socket there may say
+    anything, and laned.core.footprints.held_of judges it), by the socket's name; None where
+    none answers (no daemon, or not ready yet)."""
+    said: dict[str, object] = {}
     for path in sorted(glob.glob(os.path.join(directory, pattern))):
         try:
             answer = _ask(path, {"cmd": "get_memory"})
         except (OSError, ValueError, EOFError, pickle.UnpicklingError):
             continue
         if isinstance(answer, dict) and answer.get("status") == "ok":
-            memory = answer.get("memory_bytes")
-            if isinstance(memory, int):
-                total, answered = total + memory, True
-    return total if answered else None
+            said[os.path.basename(path)] = answer.get("memory_bytes")
+    return said or None

@@ -76,3 +76,47 @@ def report(
         "pairs": pairs,
         "gpus": gpus,
     }
+
+
+# The bound of one rank's reading where the GPUs are not read (no NVML): more than any GPU
+# made holds (288 GB on the largest of 2026), so only an absurd number is refused there.
+NO_GPU_HOLDS = 2**40
+
+
+def held_of(
+    said: Mapping[str, object], totals: Totals | None, gpus: Sequence[int] | None
+) -> tuple[int | None, list[str]]:
+    """What a weight-cache daemon holds on the lane's GPUs (`gpus`, None: any of the host's),
+    from what each socket of its directory said (by name): a whole number of bytes, none
+    above the largest of those GPUs, all of them together not above their sum — each reading
+    that is not, dropped with the reason (a process of the user's may answer on a socket
+    there: vLLM checks the directory's owner, not what answers). (bytes, or None where no
+    reading stands; the reasons for those dropped)."""
+    sizes = [size for gpu, size in sorted((totals or {}).items()) if gpus is None or gpu in gpus]
+    largest = max(sizes) if sizes else NO_GPU_HOLDS
+    where = "the largest GPU of the lane" if sizes else "any GPU holds"
+    kept: dict[str, int] = {}
+    dropped = []
+    for name, value in sorted(said.items()):
+        if isinstance(value, bool) or not isinstance(value, int):
+            dropped.append(f"{name} said {_shown(value)}, not a number of bytes")
+        elif value < 0:
+            dropped.append(f"{name} said {value} bytes")
+        elif value > largest:
+            dropped.append(f"{name} said {value} bytes, more than {where} ({largest} bytes)")
+        else:
+            kept[name] = value
+    total = sum(kept.values())
+    if sizes and total > sum(sizes):
+        dropped.append(
+            f"{', '.join(kept)} said {total} bytes together, more than the lane's GPUs "
+            f"({sum(sizes)} bytes)"
+        )
+        kept = {}
+    return (total if kept else None), dropped
+
+
+def _shown(value: object) -> str:
+    """A value a socket sent, for a message: its type and a short repr (escaped, cut)."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'…' if len(text) > 40 else ''}"

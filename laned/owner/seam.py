@@ -135,10 +135,11 @@ class Seam(Protocol):
     def weights_digest(self, path: str) -> str | None:
         """The digest of what the running daemon loads, as its wrapper wrote it (blocking)."""
 
-    async def weights_held(self, path: str, pattern: str) -> int | None:
-        """The GPU memory the daemon's ranks hold, by their own word, asked over the sockets
-        (`pattern`, its engine's) in the directory its wrapper's record (`path`) names; None:
-        no answer."""
+    async def weights_held(self, path: str, pattern: str) -> Mapping[str, object] | None:
+        """What the daemon's ranks say they hold on the GPUs, by socket, asked over the
+        sockets (`pattern`, its engine's) in the directory its wrapper's record (`path`)
+        names, as said (the owner judges it: laned.core.footprints.held_of); None: no
+        answer."""
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         """The daemon's processes (its unit's cgroup, its container's): the engine's start

@@ -280,11 +280,11 @@ class HostSeam:
     def weights_digest(self, path: str) -> str | None:
         return _record_lines(path)[0]
 
-    async def weights_held(self, path: str, pattern: str) -> int | None:
+    async def weights_held(self, path: str, pattern: str) -> Mapping[str, object] | None:
         sockets = (await asyncio.to_thread(_record_lines, path))[1]
         if sockets is None:
             return None
-        return await asyncio.to_thread(weight_cache.held_bytes, sockets, pattern)
+        return await asyncio.to_thread(weight_cache.held_said, sockets, pattern)
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         if self.host is None:

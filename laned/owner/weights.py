@@ -16,8 +16,9 @@ import logging
 from typing import Protocol
 
 from laned import engines
-from laned.config.model import LaneConfig
+from laned.config.model import LaneConfig, gpu_indices
 from laned.config.names import weights_unit_name
+from laned.core.footprints import held_of
 from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, Desired, EventKind, LaneState
 from laned.core.machine import Ev
 from laned.core.policy import RestartKind
@@ -161,9 +162,15 @@ class Weights:
         if cache is None:
             return
         path = weights_digest_path(self.records.config, lane)
-        held = await self.seam.weights_held(path, cache.socket_glob)
+        said = await self.seam.weights_held(path, cache.socket_glob)
+        if said is None or spec is None:
+            return
+        held, dropped = held_of(said, self.records.gpu_totals, gpu_indices(spec))
+        ledger = self.records.ledger
+        for reason in dropped:  # never shown as held: said once, in the lane's events
+            ledger.note(lane, EventKind.WEIGHTS, f"weight-cache reading dropped: {reason}")
         if lane in self.records.statuses and self.records.statuses[lane].weights == "ready":
-            self.records.ledger.weights_seen(lane, "ready", held)
+            ledger.weights_seen(lane, "ready", held)
 
     def seen(self, lane: str, snap: UnitSnapshot) -> None:
         """The daemon's unit as read (at start, after a resync)."""

@@ -158,7 +158,7 @@ class FakeHost:
     def weights_digest(self, path: str) -> str | None:
         return self.digests.get(path)
 
-    async def weights_held(self, path: str, pattern: str) -> int | None:
+    async def weights_held(self, path: str, pattern: str) -> Mapping[str, object] | None:
         return None
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:

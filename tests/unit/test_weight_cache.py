@@ -6,15 +6,25 @@ from __future__ import annotations
 
 import http.server
 import os
+import socket
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
+from laned.adapters.weight_cache import held_said
 from laned.config.load import load_config, parse_config
-from laned.engines.vllm_preload import daemon_env, daemon_flags, preload_command
+from laned.core.footprints import held_of
+from laned.engines.vllm_preload import (
+    WC_LENGTH,
+    daemon_env,
+    daemon_flags,
+    preload_command,
+    wc_message,
+)
 from laned.errors import ConfigError, Severity
 from laned.preflight.facts import HostFacts, LaneFacts
 from laned.preflight.rules import evaluate
@@ -201,3 +211,64 @@ def test_ready_waits_for_200_and_gives_up_when_the_daemon_dies(tmp_path: Path) -
     finally:
         server.shutdown()
         server.server_close()
+
+
+def planted(directory: Path, name: str, memory: object) -> socket.socket:
+    """A socket put in the daemon's directory by another process of the user's: it answers
+    get_memory with `memory` (vLLM's wire: a length, then a pickle), to one asker at a time."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(directory / name))
+    server.listen(4)
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                (length,) = WC_LENGTH.unpack(conn.recv(WC_LENGTH.size))
+                conn.recv(length)
+                conn.sendall(wc_message({"status": "ok", "memory_bytes": memory}))
+
+    threading.Thread(target=answer, daemon=True).start()
+    return server
+
+
+def test_a_weight_cache_reading_past_the_gpus_size_is_dropped_with_the_reason() -> None:
+    """Issue 53: a socket planted in the daemon's directory said 10^15 bytes and laned showed
+    them. Each rank's reading is held to the largest of the lane's GPUs, all of them together
+    to their sum, and to a whole number of bytes at least 0; what is not is dropped, said."""
+    gib = 2**30
+    with tempfile.TemporaryDirectory(
+        prefix="wc", dir="/tmp"
+    ) as short:  # an AF_UNIX path: 108 bytes
+        servers = [
+            planted(Path(short), "vllm_weight_cache_rank0.sock", 40 * gib),
+            planted(Path(short), "vllm_weight_cache_planted.sock", 10**15),
+            planted(Path(short), "vllm_weight_cache_other.sock", "lots\n\x1b[2J"),
+        ]
+        try:
+            said = held_said(short, "vllm_weight_cache_*[!t].sock")
+        finally:
+            for server in servers:
+                server.close()
+    assert said == {"vllm_weight_cache_rank0.sock": 40 * gib,
+                    "vllm_weight_cache_planted.sock": 10**15,
+                    "vllm_weight_cache_other.sock": "lots\n\x1b[2J"}  # fmt: skip
+    totals = {0: 96 * gib, 1: 96 * gib, 2: 48 * gib}
+    held, dropped = held_of(said, totals, (0, 1))
+    assert held == 40 * gib and len(dropped) == 2, dropped
+    assert "planted.sock said 1000000000000000 bytes, more than the largest GPU of the lane" in dropped[1]  # fmt: skip
+    assert "other.sock said str 'lots\\n\\x1b[2J', not a number of bytes" in dropped[0]
+    # Negative, a bool, a float: dropped; on the lane's GPUs only (its third is not its).
+    assert held_of({"a": -1, "b": True, "c": 1.5}, totals, None) == (None, [
+        "a said -1 bytes", "b said bool True, not a number of bytes",
+        "c said float 1.5, not a number of bytes"])  # fmt: skip
+    assert held_of({"a": 50 * gib}, totals, (2,))[0] is None
+    # Each within a GPU, together past the lane's: none stands.
+    held, [why] = held_of({"a": 90 * gib, "b": 90 * gib}, totals, (0,))
+    assert held is None and "together, more than the lane's GPUs" in why
+    # No GPU read (no NVML): only what no GPU holds is refused.
+    assert held_of({"a": 500 * gib}, None, None) == (500 * gib, [])
+    assert held_of({"a": 10**15}, None, None)[0] is None

@@ -464,8 +464,10 @@ def test_reload_applies_good_configs_and_refuses_bad_ones(
                 .replace('"a"', '"b"')
                 .replace("/models/a", "/models/b")
             )
+            # A key the running lane's next start applies (stop_timeout, once used here, is
+            # applied live: systemd takes a running unit's new TimeoutStopSec= at once).
             changed = (
-                good.replace('stop_timeout = "20s"', 'stop_timeout = "25s"', 1) + "[lanes.b]" + b
+                good.replace('restart_sec = "200ms"', 'restart_sec = "300ms"', 1) + "[lanes.b]" + b
             )
             path.write_text(changed)
             applied = await client.post("/reload")

@@ -12,14 +12,14 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 from fastapi import FastAPI
 
 from laned.adapters import rendered
 from laned.adapters.host import Host
-from laned.adapters.kernel import usable_memory
+from laned.adapters.kernel import give_back_large_buffers, trim_memory, usable_memory
 from laned.adapters.notify import keep_watchdog, notify
 from laned.adapters.podman import Podman
 from laned.adapters.probes import Probe
@@ -114,6 +114,23 @@ class ApiServer(uvicorn.Server):
             should_exit = await self.on_tick(counter)
 
 
+TRIM_EVERY = 1.0  # seconds: the heap is trimmed at most this often
+
+
+def _trimmer() -> Callable[[], None]:
+    """What the request budget calls when it empties: the C library's free heap given back
+    (laned.adapters.kernel.trim_memory), at most once every TRIM_EVERY."""
+    last = [-TRIM_EVERY]
+
+    def trim() -> None:
+        now = time.monotonic()
+        if now - last[0] >= TRIM_EVERY:
+            last[0] = now
+            trim_memory()
+
+    return trim
+
+
 def api_server(
     app: FastAPI, settings: ApiSettings, limits: LimitsConfig | None = None
 ) -> ApiServer:
@@ -121,7 +138,7 @@ def api_server(
     bounded by `limits` (daemon.limits; laned.api.limits), the memory of its requests in
     flight by one budget sized from the memory laned may use (its `budget`)."""
     bounds = Limits.of(limits or LimitsConfig(), memory=usable_memory())
-    budget = Budget(bounds.request_memory)
+    budget = Budget(bounds.request_memory, _trimmer())
     server = ApiServer(
         uvicorn.Config(
             app,
@@ -164,6 +181,7 @@ async def reload_on_hangup(reload_config: Reload, source: str) -> None:
 
 async def serve(config: Config) -> int:
     """Run laned until SIGTERM or SIGINT; SIGHUP reloads the config (POST /reload)."""
+    give_back_large_buffers()  # request bodies' memory goes back once they are answered
     loop = asyncio.get_running_loop()
     # Until the API is up there is nothing to reload into: SIGHUP must not end laned (its
     # default action) while it starts.

@@ -62,8 +62,11 @@ class Claim:
 class Budget:
     """The bytes of requests in flight, against one ceiling (`capacity`)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, emptied: Callable[[], None] | None = None) -> None:
         self.capacity = capacity
+        # Called when the last claim is given back: laned gives the memory the burst left in
+        # the C library's heap back to the kernel (laned.daemon).
+        self.emptied = emptied
         self.held = 0
         self.peak = 0
         self.refused = 0  # requests answered 503 for want of room (counted by the listener)
@@ -100,11 +103,13 @@ class Budget:
         return False
 
     def release(self, claim: Claim) -> None:
-        self.held -= claim.size
+        held, self.held = self.held, self.held - claim.size
         claim.size = claim.pending = 0
         if claim in self._waiting:
             self._waiting.remove(claim)
         self._grant()
+        if held and not self.held and self.emptied is not None:
+            self.emptied()
 
     def _fits(self, size: int, claim: Claim | None = None) -> bool:
         # A claim larger than the whole budget is held alone (never refused for its size: the

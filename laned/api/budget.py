@@ -17,6 +17,7 @@ Sized by `daemon.limits.request_memory_mib`, by default from the host's memory
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable
 
@@ -46,6 +47,18 @@ class Claim:
         self.size = 0  # held in the budget
         self.pending = 0  # waited for
         self.ended = False
+        self._settled = asyncio.Event()  # held, or ended without being held
+
+    async def settled(self) -> bool:
+        """Until the claim is held (True) or has ended unheld (False: refused, its client gone)."""
+        if not self.pending:
+            return not self.ended
+        await self._settled.wait()
+        return not self.ended
+
+    def _grant(self) -> None:
+        self.granted()
+        self._settled.set()
 
     def grow(self, size: int) -> bool:
         """Claim `size` more (a chunked body longer than claimed so far): True when it is
@@ -57,6 +70,7 @@ class Claim:
         if not self.ended:
             self.ended = True
             self.budget.release(self)
+            self._settled.set()
 
 
 class Budget:
@@ -129,4 +143,4 @@ class Budget:
             claim = self._waiting.popleft()
             size, claim.pending = claim.pending, 0
             self._hold(claim, size)
-            claim.granted()
+            claim._grant()

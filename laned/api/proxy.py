@@ -169,7 +169,7 @@ class Proxy:
             )
             return
         claim: Claim | None = scope.get("extensions", {}).get(BUDGET_KEY)
-        body = await _body(receive)
+        body = await _body(receive, scope, claim)
         if body is None:
             return  # the client went away (or the listener refused it) before its body came
         began = time.perf_counter()
@@ -430,18 +430,26 @@ def _renamed(body: Body, peeked: Peek, served: str) -> bytes | None:
     return None if peeked.span is None else with_model(body, peeked.span, served)
 
 
-async def _body(receive: Receive) -> Body | None:
-    """The request's whole body, as the server hands it over, grown in place as it comes (a
-    list of parts joined at the end held it twice; a buffer of the declared length made up
-    front would hold it before the listener has let it in: laned.api.budget); None when the
-    client went away first."""
-    buffer = bytearray()
+async def _body(receive: Receive, scope: Scope, claim: Claim | None) -> Body | None:
+    """The request's whole body, as the server hands it over, held once and no more than it
+    is: once its claim on the memory budget is held (the listener reads no more of it before),
+    into a buffer of its declared length (a list of parts joined at the end held it twice, a
+    buffer grown as it comes up to an eighth more); None when the client went away or the
+    listener refused it for want of room first."""
+    if claim is not None and not await claim.settled():
+        return None
+    declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+    buffer = bytearray(int(declared)) if declared.isdigit() else bytearray()
+    filled = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        buffer += message.get("body", b"")
+        part = message.get("body", b"")
+        buffer[filled : filled + len(part)] = part  # grows past the end (a chunked body)
+        filled += len(part)
         if not message.get("more_body"):
+            del buffer[filled:]  # the server ends a body at its declared length
             return buffer  # a bytearray: every reader of it takes bytes-like
 
 

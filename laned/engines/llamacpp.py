@@ -8,6 +8,10 @@ its real output (scripts/install-llamacpp builds it; tests/llamacpp runs it).
   --repeat-penalty, --n-predict: the defaults a request that sends none gets).
 - Its API key: LLAMA_API_KEY, which --api-key reads from the environment (common/arg.cpp
   `set_env("LLAMA_API_KEY")`); /health and /v1/health take no key (tools/server/server.cpp).
+- Its flags whose value is a secret (SECRET_FLAGS): --api-key and -hft/--hf-token. Its parser
+  (common/arg.cpp `common_params_parse_ex`) reads `_` as `-` in a word that starts with `--`,
+  then takes the option string exactly (no abbreviation, no `--flag=VALUE`) and its value
+  from the next word, whatever it is.
 - Readiness: its HTTP server listens before the model loads and /health answers 503
   "Loading model" until it has (server.cpp, server-http.cpp), then 200.
 - Its log lines (`srv  load_model: loading model '...'`, `initializing, n_slots = ...`,
@@ -44,6 +48,7 @@ from laned.engines.profile import (
     FlagProbe,
     Line,
     MetricNames,
+    SecretFlag,
     Share,
     Tokenizer,
     flag_value,
@@ -171,11 +176,21 @@ def gpu_share(spec: LaneConfig) -> Share:
     )
 
 
+API_KEY_ENV = "LLAMA_API_KEY"
+SECRET_FLAGS = (
+    # common/arg.cpp: {"--api-key"}, "KEY" ... set_env("LLAMA_API_KEY") (comma-separated keys,
+    # one word). --api-key-file names a file of keys: a path, no secret.
+    SecretFlag(("--api-key",), API_KEY_ENV),
+    # common/arg.cpp: {"-hft", "--hf-token"}, "TOKEN" ... set_env("HF_TOKEN").
+    SecretFlag(("--hf-token", "-hft"), "HF_TOKEN"),
+)
+
+
 LLAMACPP = EngineProfile(
     name="llamacpp",
     title="llama.cpp (llama-server)",
     recognises=recognises,
-    api_key_env="LLAMA_API_KEY",
+    api_key_env=API_KEY_ENV,
     metrics=MetricNames(SUMMED, {}),
     read_line=functools.partial(read_with, PHASES, None),
     serve_lines=serve_lines,
@@ -195,4 +210,5 @@ LLAMACPP = EngineProfile(
     window=window,
     gpu_share=gpu_share,
     caches=CACHES,
+    secret_flags=SECRET_FLAGS,
 )

@@ -132,6 +132,82 @@ class Tokenizer:
     templated: Callable[[Any], str] = str
 
 
+@dataclass(frozen=True)
+class SecretFlag:
+    """An engine flag whose value is a secret, as the engine's own parser reads it.
+
+    `names`: its option strings, long first. `env`: the name its value goes by in the lane's
+    secrets file instead: the variable the engine reads (llama.cpp's HF_TOKEN for -hft), or
+    laned's own where laned hands it over another way (SGLang's SGLANG_API_KEY, in a key file);
+    None where laned has no way to hand it over, and `instead` says what to do. `shortest`:
+    the shortest abbreviation its parser takes for it (argparse's allow_abbrev: a prefix no
+    other flag shares), None where it takes none. `nargs`: the words it takes: "1"; "+" each
+    word up to the next flag (vLLM's --api-key takes several keys); "?" one or none (vLLM's
+    --hf-token alone reads the token `hf auth login` stored: no secret in argv). Each engine's
+    module cites its parser's source beside each."""
+
+    names: tuple[str, ...]
+    env: str | None
+    shortest: str | None = None
+    nargs: str = "1"
+    instead: str = ""
+
+    @property
+    def flag(self) -> str:
+        """Its name in messages: its long option string."""
+        return self.names[0]
+
+
+def secret_flag(flags: Sequence[SecretFlag], word: str) -> SecretFlag | None:
+    """The flag of `flags` that the argv word `word` gives, in any spelling its engine's parser
+    takes: its option strings, an abbreviation where the parser takes one (`--api-k`), `_` for
+    `-` (`--api_key`: vLLM's FlexibleArgumentParser, llama.cpp's parser), `--flag=VALUE`. The
+    last two are taken for every engine: a spelling the engine refuses still puts the value in
+    argv until it exits. None when it gives none."""
+    name = word
+    if word.startswith("--"):
+        name = "--" + word[2:].split("=", 1)[0].replace("_", "-")
+    for flag in flags:
+        if name in flag.names:
+            return flag
+        if flag.shortest and name.startswith(flag.shortest) and flag.flag.startswith(name):
+            return flag
+    return None
+
+
+def secret_words(
+    flags: Sequence[SecretFlag], words: Sequence[str]
+) -> list[tuple[int, SecretFlag, list[int]]]:
+    """Each secret flag in an engine's argv `words`: (its index, the flag, the indices of the
+    words that hold its value: its own for `--flag=VALUE`, else the next word (one that starts
+    with `--` is a flag, not a value), or for nargs "+" each next word up to one that starts
+    with `-`). A flag that takes no value there (vLLM's --hf-token alone) is left out."""
+    out: list[tuple[int, SecretFlag, list[int]]] = []
+    i = 0
+    while i < len(words):
+        flag = secret_flag(flags, words[i])
+        if flag is None:
+            i += 1
+            continue
+        if words[i].startswith("--") and "=" in words[i]:
+            out.append((i, flag, [i]))
+            i += 1
+            continue
+        end = i + 1
+        if flag.nargs == "1":
+            if end < len(words) and not words[end].startswith("--"):
+                end += 1
+        else:
+            while end < len(words) and not words[end].startswith("-"):
+                end += 1
+                if flag.nargs == "?":
+                    break
+        if end > i + 1:
+            out.append((i, flag, list(range(i + 1, end))))
+        i = end
+    return out
+
+
 def flag_value(words: Sequence[str], *flags: str) -> str | None:
     """The value of the first of `flags` in `words` (`--flag VALUE` or `--flag=VALUE`)."""
     for i, word in enumerate(words):
@@ -248,7 +324,9 @@ class EngineProfile:
       is free (vLLM's rule);
     - `share_flag`: the flag that sets that part, named in hints;
     - `caches`: where a container lane's engine keeps what it compiles at a cold start, in
-      the lane's persistent cache directory (None: nothing).
+      the lane's persistent cache directory (None: nothing);
+    - `secret_flags`: its flags whose value is a secret (SecretFlag), each with the name it
+      goes by in the lane's secrets file instead.
     """
 
     name: str
@@ -280,3 +358,4 @@ class EngineProfile:
     gpu_share: Callable[[LaneConfig], Share] = no_share
     share_flag: str = ""
     caches: Caches | None = None
+    secret_flags: tuple[SecretFlag, ...] = ()

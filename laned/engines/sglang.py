@@ -11,6 +11,10 @@ here (docs/simulator.md says why), so the simulator's SGLang face plays it from 
   a YAML file named by --config (srt/server_args.py, srt/utils/server_args_config_parser.py),
   so laned's wrapper writes `api-key: "..."` into a 0600 file of its own and passes
   --config. The secrets file defines it as SGLANG_API_KEY (laned's name, not SGLang's).
+- Its other flags whose value is a secret (SECRET_FLAGS): --admin-api-key and
+  --ssl-keyfile-password (srt/arg_groups/fields/serving.py), for which it reads no variable
+  either; laned's key file carries the API key alone, so laned refuses them. Its parser is
+  argparse's (srt/server_args.py `prepare_server_args`: allow_abbrev on, `_` not read as `-`).
 - Readiness: /health answers 503 while the server starts (ServerStatus.Starting), 200 once
   up (srt/entrypoints/http_server.py `health_generate`); /v1/models lists the served name.
 - Its log lines: "Load weight begin", the shard bar "Loading safetensors checkpoint shards"
@@ -53,6 +57,7 @@ from laned.engines.profile import (
     FlagProbe,
     Line,
     MetricNames,
+    SecretFlag,
     Share,
     SleepApi,
     Tokenizer,
@@ -209,11 +214,38 @@ def gpu_share(spec: LaneConfig) -> Share:
     )
 
 
+API_KEY_ENV = "SGLANG_API_KEY"  # laned's name: SGLang reads no variable for its key
+SECRET_FLAGS = (
+    # srt/arg_groups/fields/serving.py: `api_key`, `admin_api_key`, `ssl_keyfile_password`,
+    # each Optional[str] (one word); laned hands the API key over in its key file (KEY_FLAG).
+    # No other flag of 0.5.23 starts with --ap, none but the admin key with --ad, and
+    # --ssl-keyfile is a flag of its own: the shortest prefixes argparse takes.
+    SecretFlag(("--api-key",), API_KEY_ENV, shortest="--ap"),
+    SecretFlag(
+        ("--admin-api-key",),
+        None,
+        shortest="--ad",
+        instead="SGLang reads the admin key from argv or its --config file only, and laned's "
+        "key file carries the API key alone: leave it out (its admin-optional routes then take "
+        "the API key, SGLANG_API_KEY in the lane's secrets file; those that need an admin key "
+        "answer 403: srt/utils/auth.py)",
+    ),
+    SecretFlag(
+        ("--ssl-keyfile-password",),
+        None,
+        shortest="--ssl-keyfile-",
+        instead="SGLang reads it from argv or its --config file only: use an SSL key file "
+        "without a passphrase (openssl pkey -in KEY -out PLAIN; mode 0600), or leave TLS to a "
+        "proxy in front of laned",
+    ),
+)
+
+
 SGLANG = EngineProfile(
     name="sglang",
     title="SGLang",
     recognises=recognises,
-    api_key_env="SGLANG_API_KEY",
+    api_key_env=API_KEY_ENV,
     metrics=MetricNames(SUMMED, USAGE),
     read_line=functools.partial(read_with, PHASES, SETTINGS),
     serve_lines=serve_lines,
@@ -230,4 +262,5 @@ SGLANG = EngineProfile(
     key_file=(KEY_FLAG, KEY_NAME),
     gpu_share=gpu_share,
     caches=CACHES,
+    secret_flags=SECRET_FLAGS,
 )

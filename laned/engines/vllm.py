@@ -13,6 +13,8 @@
 - Its /metrics names (vllm/v1/metrics/loggers.py).
 - Its API key's variable, VLLM_API_KEY (vllm/envs.py; vllm/entrypoints/serve/middleware/
   register.py takes it where --api-key is not given): laned never puts the key in argv.
+- Its flags whose value is a secret (SECRET_FLAGS), read from its parser as vLLM 0.32 builds
+  it (`make_arg_parser(FlexibleArgumentParser())`: allow_abbrev on, `_` read as `-`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from laned.engines.profile import (
     FlagProbe,
     Line,
     MetricNames,
+    SecretFlag,
     Share,
     SleepApi,
     Tokenizer,
@@ -407,11 +410,34 @@ def gpu_share(spec: LaneConfig) -> Share:
     return share, f"--gpu-memory-utilization {share:g}"
 
 
+API_KEY_ENV = "VLLM_API_KEY"
+SECRET_FLAGS = (
+    # vllm/entrypoints/launchers/cli_args.py: `api_key: list[str] | None`, nargs "+" (several
+    # keys); the server takes VLLM_API_KEY where it is not given. `--api-k` is the shortest
+    # prefix no other flag shares (--api-server-count).
+    SecretFlag(
+        ("--api-key",),
+        API_KEY_ENV,
+        shortest="--api-k",
+        nargs="+",
+    ),
+    # vllm/engine/arg_utils.py `--hf-token` from vllm/config/model.py `hf_token: bool | str`:
+    # nargs "?", alone it reads the token `hf auth login` stored; without it huggingface_hub
+    # reads HF_TOKEN. `--hf-t` is the shortest prefix (--hf-config-path, --hf-overrides).
+    SecretFlag(
+        ("--hf-token",),
+        "HF_TOKEN",
+        shortest="--hf-t",
+        nargs="?",
+    ),
+)
+
+
 VLLM = EngineProfile(
     name="vllm",
     title="vLLM",
     recognises=recognises,
-    api_key_env="VLLM_API_KEY",
+    api_key_env=API_KEY_ENV,
     metrics=MetricNames(SUMMED, KV_USAGE),
     read_line=read_line,
     serve_lines=serve_lines,
@@ -434,4 +460,5 @@ VLLM = EngineProfile(
         "--pipeline-parallel-size",
         "--data-parallel-size",
     ),
+    secret_flags=SECRET_FLAGS,
 )

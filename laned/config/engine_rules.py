@@ -5,20 +5,14 @@ and its container (image, mounts, devices, podman flags). Pure: LaneConfig in, P
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from laned import engines
 from laned.config.model import LaneConfig
 from laned.config.names import container_name
+from laned.config.podman_options import read_options
 from laned.config.ranks import PLACEHOLDER
-from laned.config.secrecy import (
-    SECRET_FLAGS,
-    engine_flag,
-    looks_secret,
-    secret_flag,
-    secrets_file_line,
-    short_option,
-)
+from laned.config.secrecy import engine_flag
 from laned.errors import Finding, Severity
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -28,6 +22,8 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def check_env(base: str, lane: LaneConfig) -> Iterator[Finding]:
+    """Each variable's name and value as a unit and an argv can carry them (whether one is
+    a secret: laned.config.secret_rules)."""
     tables = [(f"{base}.env", lane.env)]
     tables += [(f"{base}.rank.{rank}.env", r.env) for rank, r in lane.rank.items()]
     for table, env in tables:
@@ -39,35 +35,6 @@ def check_env(base: str, lane: LaneConfig) -> Iterator[Finding]:
                 )
             if "\x00" in var.value:
                 yield Finding(where, "the value contains a NUL byte", "remove it")
-            if looks_secret(key) and var.secret is not False:
-                yield secret_in_config(base, lane, where, key)
-
-
-def secret_in_config(
-    base: str, lane: LaneConfig, where: str, name: str, flag: str | None = None
-) -> Finding:
-    """A secret written into the config: an error, since from there it reaches the wrapper
-    and an argv (/proc/PID/cmdline, readable by every local user) at every start. `flag`:
-    the engine flag that carried it (the engine reads `name` from its environment instead,
-    or from the file laned's wrapper writes: laned.engines)."""
-    file = lane.secrets_path or f"~/.config/laned/{base.removeprefix('lanes.')}.env"
-    key = f"{base}.{lane.secrets_key}"
-    where_file = f"{file} ({key})" if lane.secrets_path else f"{file}, set as {key}"
-    if flag is not None:
-        return Finding(
-            where,
-            f"{flag} puts a secret in the engine's argv",
-            f"remove it here and write the line {secrets_file_line(name)} in the lane's "
-            f"secrets file (mode 0600) {where_file}: laned hands it to "
-            f"{engines.for_lane(lane).title} by name only",
-        )
-    return Finding(
-        where,
-        f"{name} looks like a secret: its value would be in the wrapper and in podman's argv",
-        f"move the line {secrets_file_line(name)} into the lane's secrets file (mode 0600) "
-        f"{where_file} and remove it here; laned passes it by name only. If it is no secret: "
-        f'{name} = {{ value = "...", secret = false }}',
-    )
 
 
 def _argv_sources(base: str, lane: LaneConfig) -> Iterator[tuple[str, str]]:
@@ -95,12 +62,6 @@ def _argv_sources(base: str, lane: LaneConfig) -> Iterator[tuple[str, str]]:
 
 def _flag_of(text: str) -> str:
     return engine_flag(text)  # `--served_model_name=x` is vLLM's --served-model-name
-
-
-def _secret_name(lane: LaneConfig, secret: str) -> str:
-    """The name a secret flag's value belongs under in the secrets file: the engine's own
-    key variable for --api-key, else SECRET_FLAGS's."""
-    return engines.for_lane(lane).api_key_env if secret == "--api-key" else SECRET_FLAGS[secret]
 
 
 def check_placeholders(base: str, lane: LaneConfig) -> Iterator[Finding]:
@@ -158,8 +119,6 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
                 f"{flag} is set by laned from {base}.{key}",
                 f"remove it here; {base}.{key} is the single source of truth",
             )
-        if (secret := secret_flag(text)) is not None:
-            yield secret_in_config(base, lane, where, _secret_name(lane, secret), flag)
         if flag in sampling_flags:
             yield Finding(
                 where,
@@ -189,28 +148,6 @@ def _exl3_engram_disk(lane: LaneConfig) -> list[str]:
     VLLM_MOET_ENGRAM_DISK=1 runs with CUDA graphs and pins its KV offload region."""
     var = lane.env.get("DSV41_ENGRAM_DISK")
     return ["DSV41_ENGRAM_DISK"] if var is not None and var.value == "1" else []
-
-
-def _podman_flags(args: Iterable[str]) -> list[tuple[str, str | None]]:
-    """Pair podman options with their values (`--cap-add X` and `--cap-add=X` alike)."""
-    out: list[tuple[str, str | None]] = []
-    items = list(args)
-    i = 0
-    while i < len(items):
-        item = items[i]
-        attached = short_option(item)
-        if item.startswith("--") and "=" in item:
-            flag, value = item.split("=", 1)
-            out.append((flag, value))
-        elif attached is not None:  # `-eNAME=VALUE`, as podman reads it
-            out.append(attached)
-        elif item.startswith("-") and i + 1 < len(items) and not items[i + 1].startswith("-"):
-            out.append((item, items[i + 1]))
-            i += 1
-        else:
-            out.append((item, None))
-        i += 1
-    return out
 
 
 def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]:
@@ -244,7 +181,7 @@ def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]
                 "named volumes belong in podman_args; a bind mount starts with /, ~ or $XDG_*",
             )
     yield from _check_cache_env(where, spec.cache_env)
-    yield from _check_podman_args(base, where, lane)
+    yield from _check_podman_args(where, lane)
     yield from _check_gpu_devices(base, where, lane)
 
 
@@ -254,7 +191,7 @@ def _check_gpu_devices(base: str, where: str, lane: LaneConfig) -> Iterator[Find
     a word. A lane that needs no GPU says `gpus = []`."""
     spec = lane.container
     assert spec is not None
-    names = {flag for flag, _ in _podman_flags(spec.podman_args)}
+    names = {option.name for option in read_options(spec.podman_args)[0]}
     if lane.gpus == () or spec.devices or names & {"--device", "--gpus"}:
         return
     narrowed = f"; laned narrows it to {base}.gpus with CUDA_VISIBLE_DEVICES" if lane.gpus else ""
@@ -284,12 +221,12 @@ def _check_cache_env(where: str, cache_env: Mapping[str, str]) -> Iterator[Findi
             )
 
 
-def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Finding]:
+def _check_podman_args(where: str, lane: LaneConfig) -> Iterator[Finding]:
     """Extra podman flags: the known-bad combinations, and flags laned owns."""
     spec = lane.container
     assert spec is not None
-    flags = _podman_flags(spec.podman_args)
-    names = {flag for flag, _ in flags}
+    flags = [(option.name, option.value) for option in read_options(spec.podman_args)[0]]
+    names = {name for name, _ in flags}
     pargs = f"{where}.podman_args"
     if "--shm-size" in names and spec.ipc == "host":
         yield Finding(
@@ -322,18 +259,7 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Find
             'rootless podman uses CDI: devices = ["nvidia.com/gpu=all"]',
             Severity.WARNING,
         )
-    for flag, value in flags:
-        name, has_value, _ = (value or "").partition("=")
-        if flag in ("-e", "--env") and has_value and looks_secret(name):
-            yield secret_in_config(base, lane, pargs, name)
-        if flag == "--env-file":
-            yield Finding(
-                pargs,
-                "--env-file hands podman a file laned does not check (mode, names)",
-                f"put its lines in the lane's secrets file ({base}.secrets_file, mode 0600): "
-                "laned passes each name to the container by name only",
-                Severity.WARNING,
-            )
+    for flag, _ in flags:
         if flag in ("--name", "--rm"):
             yield Finding(
                 pargs,
@@ -342,7 +268,7 @@ def _check_podman_args(base: str, where: str, lane: LaneConfig) -> Iterator[Find
                 if flag == "--name"
                 else "remove it: laned removes the container itself, after reading how it ended",
             )
-    if spec.network == "host" and ("-p" in names or "--publish" in names):
+    if spec.network == "host" and "--publish" in names:
         yield Finding(
             pargs,
             'publishing ports with network = "host" has no effect',

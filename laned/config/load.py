@@ -7,6 +7,7 @@ what is expected, then apply the semantic rules that span keys (`laned.config.ru
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import sys
@@ -36,6 +37,7 @@ from laned.config.model import (
 )
 from laned.config.ranks import check_nodes, for_host
 from laned.config.rules import check_config
+from laned.config.secrecy import redacted
 from laned.errors import ConfigError, Finding, Severity
 
 if sys.version_info >= (3, 11):
@@ -164,7 +166,8 @@ def parse_config(
         # The environment and the host name are read here, and handed to the model.
         config = Config.model_validate(data, context={"env": env, "hostname": os.uname().nodename})
     except ValidationError as exc:
-        raise ConfigError(source, [_problem_from(err, data) for err in exc.errors()]) from None
+        problems = [_problem_from(err, data) for err in exc.errors()]
+        raise ConfigError(source, _redacted(problems)) from None
     except ValueError as exc:  # e.g. $XDG_RUNTIME_DIR used but unset
         raise ConfigError(source, [Finding("", str(exc))]) from None
     # A lane over several hosts is checked for every rank, then run as this host's rank.
@@ -180,9 +183,21 @@ def parse_config(
         )
         for name in config.elsewhere
     ]
+    problems = _redacted(problems)
     if any(p.severity is Severity.ERROR for p in problems):
         raise ConfigError(source, problems)
     return config.model_copy(update={"source": source, "warnings": tuple(problems)})
+
+
+def _redacted(problems: list[Finding]) -> list[Finding]:
+    """No token in what laned says of a config, whatever a rule quotes (a value that is no
+    `SRC:DST`, pydantic's "got ..."): each is named by its kind (laned.config.secrecy)."""
+    return [
+        dataclasses.replace(
+            p, where=redacted(p.where), message=redacted(p.message), hint=redacted(p.hint)
+        )
+        for p in problems
+    ]
 
 
 # --- translating pydantic's errors into laned's Problems -------------------------------

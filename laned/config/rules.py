@@ -17,6 +17,7 @@ from laned.config.groups import check_groups
 from laned.config.listener import BODY_COPIES
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
+from laned.config.secret_rules import check_secrets
 from laned.config.sleep import check_sleep
 from laned.core.footprints import footprints
 from laned.core.placement import never
@@ -154,6 +155,7 @@ def _check_lane(name: str, lane: LaneConfig) -> Iterator[Finding]:
     yield from _check_gpus(base, lane)
     yield from _check_timing(base, lane)
     yield from check_env(base, lane)
+    yield from check_secrets(base, lane)
     yield from check_argv(base, lane)
     if lane.container is not None:
         yield from check_container(base, name, lane)

@@ -4,12 +4,15 @@ A lane's secrets live in one file of `NAME=VALUE` lines, mode 0600 (`secrets_fil
 `api_key_file`, its older name). systemd reads it into the serve wrapper's environment
 (EnvironmentFile=); the engine gets every name in it by name only (inherited by an exec
 lane, `-e NAME` for a container), so no value is ever in an argv, a unit, a wrapper or a
-config that laned writes. `laned validate` refuses a secret-looking `env` value in the
-config, and `laned import` turns one into a line to write in the file.
+config that laned writes. What looks secret: a name (looks_secret), a NAME=VALUE by its name
+or its value (holds_secret), and a value by the shape of a well-known token (token_kind),
+wherever it stands. `laned validate` refuses each in a lane (laned.config.secret_rules), and
+`laned import` turns each into a line to write in the file.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 from laned.errors import SecretsFileError
@@ -27,6 +30,9 @@ SECRET_NAMES = frozenset(
         "AWS_SECRET_ACCESS_KEY",
         "AWS_SESSION_TOKEN",
         "GITHUB_TOKEN",
+        # Not a secret by itself, but half of one, and named so by AWS's own tools: a lane
+        # has no use for it outside its secrets file.
+        "AWS_ACCESS_KEY_ID",
     }
 )
 # Words that make a name look secret, alone (`API_KEY`, `TOKEN`) or as its last words
@@ -35,13 +41,60 @@ SECRET_NAMES = frozenset(
 SECRET_WORDS = ("TOKEN", "API_KEY", "APIKEY", "SECRET", "SECRET_KEY", "ACCESS_KEY")
 SECRET_ENDINGS = tuple("_" + word for word in SECRET_WORDS)
 SECRET_PARTS = ("PASSWORD", "PASSWD", "SECRET", "CREDENTIAL")
-# Engine flags whose value is a secret, and the variable the engine reads instead.
-SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
-# The shortest abbreviation of each that vLLM's parser takes (argparse's allow_abbrev: a
-# prefix no other `vllm serve` flag shares; --api-server-count, --hf-overrides, --hf-config-path).
-SHORTEST = {"--api-key": "--api-k", "--hf-token": "--hf-t"}
-# podman/docker run's short options that take a value, which may be attached (`-eNAME=V`).
-VALUED_SHORT = frozenset("epvwumchl")
+# A name of these endings holds a key only where its value looks like one (_RANDOM):
+# `CUDA_CACHE_KEY = "v2"` is no secret, `PROVIDER_KEY = "q8Zr..."` is.
+KEY_ENDINGS = ("_KEY", "_KEY_ID")
+
+# Tokens by their well-known shapes, found wherever they stand in a text: the second net, for a
+# value given under a name (or a flag) that says nothing. Each is as strict as its issuer's
+# format allows, so that ordinary values (model names, paths, dtypes) never match: a left edge
+# that is no letter or digit (`task-...`, `disk-...` start none), the issuer's own prefix,
+# and a body of the issuer's alphabet and length. Every pattern runs in time linear in the
+# text (no nested repetition): a value may be a megabyte.
+TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # Hugging Face user access tokens: `hf_` and 34 letters and digits (30 or more here, for
+    # older and shortened ones); `hf_overrides`, `hf_config_path` break the run at `_`.
+    ("a Hugging Face token", re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}")),
+    # OpenAI-style keys: `sk-`, an optional kind (`proj-`, `svcacct-`, `admin-`, Anthropic's
+    # `ant-api03-`), then 20 or more of [A-Za-z0-9_-]; _random_run must hold for the body.
+    (
+        "an OpenAI-style API key",
+        re.compile(
+            r"(?<![A-Za-z0-9])sk-(?:(?:proj|svcacct|admin|ant)-(?:[a-z]+[0-9]+-)?)?"
+            r"[A-Za-z0-9_-]{20,}"
+        ),
+    ),
+    # AWS access key ids: AKIA (long-term) or ASIA (temporary) and exactly 16 of [A-Z0-9];
+    # the other id prefixes (AIDA, AROA, ...) name users and roles, not keys.
+    (
+        "an AWS access key id",
+        re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    ),
+    # GitHub tokens: ghp_ (classic), gho_ (OAuth), ghu_ (user-to-server), ghs_ (server-to-
+    # server), ghr_ (refresh), each with 36 letters and digits; fine-grained `github_pat_`
+    # with 82 of letters, digits and `_`.
+    ("a GitHub token", re.compile(r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{36,}")),
+    ("a GitHub token", re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{60,}")),
+)
+# The name a token of each shape is usually read by, for hints.
+TOKEN_NAMES = {
+    "a Hugging Face token": "HF_TOKEN",
+    "an OpenAI-style API key": "OPENAI_API_KEY",
+    "an AWS access key id": "AWS_ACCESS_KEY_ID",
+    "a GitHub token": "GITHUB_TOKEN",
+}
+# An `sk-` body must hold a run of 16 or more letters and digits with a digit in it: what a
+# random key has (48 of base62, or base64url's long runs) and what a model or file called
+# `sk-...` lacks (`sk-llama-3-8b-instruct-v2`: no run of 16).
+_RUN = re.compile(r"[A-Za-z0-9]{16,}")
+
+# A value that looks like a random key, for a name of KEY_ENDINGS: 16 or more of base64's or
+# hex's alphabet, no space, with a digit and a letter in it (`v2`, `/path/to/key`, `fp8` and
+# a word are not).
+_RANDOM = re.compile(r"^(?=.*[0-9])(?=.*[A-Za-z])[A-Za-z0-9+/=_.-]{16,}$")
+# NAME=VALUE inside any word (`HF_TOKEN=x`, `-ei=HF_TOKEN=x`, a shell's `sh -c "..."`): the
+# name starts after anything that is no part of a name.
+_ASSIGNED = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)=(?=\S)")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -57,6 +110,57 @@ def looks_secret(name: str) -> bool:
     )
 
 
+def token_kind(text: str) -> str | None:
+    """What well-known token `text` holds somewhere (TOKEN_SHAPES: "a Hugging Face token"),
+    None when it holds none. Never the token itself."""
+    if len(text) < 20:
+        return None  # shorter than any shape: most values, at no cost
+    for kind, shape in TOKEN_SHAPES:
+        for match in shape.finditer(text):
+            if not match.group().startswith("sk-") or _random_run(match.group()):
+                return kind
+    return None
+
+
+def redacted(text: str) -> str:
+    """`text` with each well-known token in it replaced by its kind (`<a Hugging Face
+    token>`): for anything laned says of a config, whichever rule says it."""
+    if len(text) < 20:
+        return text
+    for kind, shape in TOKEN_SHAPES:
+        text = shape.sub(functools.partial(_named, f"<{kind}>"), text)
+    return text
+
+
+def _named(name: str, match: re.Match[str]) -> str:
+    token = match.group()
+    return name if not token.startswith("sk-") or _random_run(token) else token
+
+
+def _random_run(body: str) -> bool:
+    return any(any(c.isdigit() for c in run) for run in _RUN.findall(body))
+
+
+def holds_secret(name: str, value: str) -> bool:
+    """Whether `name=value` holds a secret: by its name (looks_secret), by a token in its
+    value (token_kind), or for a name of KEY_ENDINGS (`HF_KEY`) by a value that looks random."""
+    if looks_secret(name) or token_kind(value) is not None:
+        return True
+    return name.upper().endswith(KEY_ENDINGS) and _RANDOM.match(value) is not None
+
+
+def assigned_secret(text: str) -> str | None:
+    """The secret-looking name that `text` sets as NAME=VALUE anywhere in it (`-ei=HF_TOKEN=x`
+    as podman reads it sets `i` to `HF_TOKEN=x`, which is still the token in argv), None when
+    it sets none. A name with an empty value sets nothing."""
+    if "=" not in text:
+        return None
+    for match in _ASSIGNED.finditer(text):
+        if looks_secret(match.group(1)):
+            return match.group(1)
+    return None
+
+
 def engine_flag(text: str) -> str:
     """An engine argument's flag as vLLM's parser reads it: `--api_key=X` is `--api-key`
     (FlexibleArgumentParser turns underscores into dashes from `--` to the first `.`,
@@ -66,25 +170,6 @@ def engine_flag(text: str) -> str:
     name = text.split("=", 1)[0]
     head, dot, rest = name[2:].partition(".")
     return "--" + head.replace("_", "-") + dot + rest
-
-
-def secret_flag(text: str) -> str | None:
-    """The secret engine flag (SECRET_FLAGS) that `text` sets as vLLM reads it: any spelling
-    of its name (engine_flag), with or without `=VALUE`, or an abbreviation argparse takes
-    for it; None when it sets none."""
-    name = engine_flag(text)
-    for flag, shortest in SHORTEST.items():
-        if flag.startswith(name) and name.startswith(shortest):
-            return flag
-    return None
-
-
-def short_option(text: str) -> tuple[str, str] | None:
-    """A podman/docker short option with its value attached (`-eHF_TOKEN=x`, `-p8000:8000`)
-    as (option, value), the way podman reads it; None for anything else."""
-    if len(text) > 2 and text[0] == "-" and text[1] in VALUED_SHORT:
-        return text[:2], text[2:]
-    return None
 
 
 def secrets_file_line(name: str) -> str:

@@ -12,7 +12,6 @@ refused, since only a shell could know their value.
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 
 from laned.errors import CommandLineError
@@ -58,19 +57,32 @@ class _Scan:
     lines: list[_Line] = field(default_factory=list)
 
 
+# A run of characters that mean nothing to _mark, copied as they are.
+_PLAIN = re.compile(r"[^'\"\\`$#]+")
+
+
 def _mark(code: str, number: int, scan: _Scan) -> tuple[str, str]:
     """One physical line: placeholders marked outside single quotes; the comment split off.
-    Returns (code, comment)."""
+    Returns (code, comment). Linear in the line: plain runs and single-quoted text are copied
+    whole."""
     out: list[str] = []
     i = 0
     while i < len(code):
-        char = code[i]
         if scan.quote == "'":
-            if char == "'":
-                scan.quote = ""
-            out.append(char)
-            i += 1
+            end = code.find("'", i)
+            if end < 0:
+                out.append(code[i:])
+                break
+            out.append(code[i : end + 1])
+            scan.quote = ""
+            i = end + 1
             continue
+        plain = _PLAIN.match(code, i)
+        if plain:
+            out.append(plain.group())
+            i = plain.end()
+            continue
+        char = code[i]
         if char == "\\" and i + 1 < len(code):
             out.append(code[i : i + 2])
             i += 2
@@ -124,17 +136,59 @@ def _words(lines: list[_Line]) -> list[Word]:
     words: list[Word] = []
     for index, line in enumerate(lines):
         try:
-            parts = shlex.split(line.code, comments=False, posix=True)
+            parts = split(line.code)
         except ValueError:
             # A quote spans the backslash-joined lines: split them as one.
             joined = " ".join(item.code for item in lines[index:])
             comment = next((item.comment for item in lines[index:] if item.comment), "")
             try:
-                parts = shlex.split(joined, posix=True)
+                parts = split(joined)
             except ValueError as exc:
                 raise CommandLineError(
                     f"line {line.number}: {exc}", "check the quoting of the command line"
                 ) from None
             return words + [Word(p, line.number, comment) for p in parts]
         words += [Word(p, line.number, line.comment) for p in parts]
+    return words
+
+
+# A shell word's pieces, as shlex.split (POSIX mode, no comments) reads them: a run of plain
+# characters, a single-quoted string, a double-quoted one (where a backslash escapes only `"`
+# and itself), a backslash and the character it escapes, blanks between words (shlex's: space,
+# tab, CR, LF).
+_PIECE = re.compile(r"""[^ \t\r\n'"\\]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.|[ \t\r\n]+""", re.DOTALL)
+_ESCAPED = re.compile(r'\\([\\"])')
+
+
+def split(code: str) -> list[str]:
+    """The words of a line as `shlex.split(code)` gives them, in time linear in its length
+    (shlex grows each word a character at a time, which is quadratic in a word's length:
+    a 900 KB value took 20 s). Raises ValueError as shlex does: an unclosed quote, a
+    backslash at the end."""
+    words: list[str] = []
+    word: list[str] | None = None  # None between words; a quoted '' still makes a word
+    i = 0
+    while i < len(code):
+        piece = _PIECE.match(code, i)
+        if piece is None:  # an unclosed quote, or a backslash with nothing after it
+            raise ValueError("No escaped character" if code[i] == "\\" else "No closing quotation")
+        text = piece.group()
+        i = piece.end()
+        if text[0] in " \t\r\n":
+            if word is not None:
+                words.append("".join(word))
+                word = None
+            continue
+        if word is None:
+            word = []
+        if text[0] == "'":
+            word.append(text[1:-1])
+        elif text[0] == '"':
+            word.append(_ESCAPED.sub(r"\1", text[1:-1]))
+        elif text[0] == "\\":
+            word.append(text[1])
+        else:
+            word.append(text)
+    if word is not None:
+        words.append("".join(word))
     return words

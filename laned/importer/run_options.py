@@ -1,7 +1,8 @@
 """podman run's options, as a recipe gives them to `docker run`, become a lane's container
 table (laned.importer.translate reads the rest): what podman does as Docker does is carried over,
 what rootless podman under systemd cannot take is translated or dropped with a note, and
-an option given twice is kept once. Pure."""
+an option given twice is kept once. The options are read as podman reads them
+(laned.config.podman_options, the reader the config's rules use too). Pure."""
 
 from __future__ import annotations
 
@@ -10,31 +11,27 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from laned.config.secrecy import looks_secret, short_option
+from laned.config.podman_options import PAIR_OPTIONS, read_options
+from laned.config.secrecy import holds_secret, looks_secret, token_kind
 from laned.errors import BadImport
 from laned.importer.cmdline import PLACEHOLDER, Word, shown
 
-BOOL_OPTIONS = {
-    "--rm", "--privileged", "-d", "--detach", "-i", "--interactive", "-t", "--tty", "--init",
-    "--read-only", "-P", "--publish-all", "--no-healthcheck", "--oom-kill-disable",
-    "--replace", "--no-hosts", "--read-only-tmpfs", "-q", "--quiet",
-}  # fmt: skip
-ALIASES = {
-    "--env": "-e", "--volume": "-v", "--publish": "-p", "-w": "--workdir", "-u": "--user",
-    "--net": "--network", "-l": "--label", "-h": "--hostname", "-m": "--memory",
-    "--detach": "-d", "--interactive": "-i", "--tty": "-t",
+# The spelling laned writes for the options it names short (podman's reader gives long names).
+SPELLING = {
+    "--env": "-e", "--volume": "-v", "--publish": "-p", "--detach": "-d", "--interactive": "-i",
+    "--tty": "-t",
 }  # fmt: skip
 MULTI = {
     "-e", "-v", "-p", "--device", "--cap-add", "--cap-drop", "--ulimit", "--security-opt",
     "--label", "--tmpfs", "--mount", "--add-host", "--group-add", "--env-file", "--dns",
-    "--sysctl", "--annotation",
+    "--sysctl", "--annotation", "--env-merge", "--log-opt",
 }  # fmt: skip
 # Kept in podman_args as written, with a meaning podman gives them as Docker does.
 VERBATIM = {
     "--ulimit", "--cap-add", "--cap-drop", "--shm-size", "--privileged", "--workdir", "--user",
     "--group-add", "--userns", "--tmpfs", "--mount", "--hostname", "--add-host", "--label",
     "--memory", "--cpus", "--cpuset-cpus", "--pids-limit", "--init", "--read-only", "--sysctl",
-    "--dns", "--annotation", "--stop-timeout", "--stop-signal",
+    "--dns", "--annotation", "--stop-timeout", "--stop-signal", "--env-merge",
 }  # fmt: skip
 DROPPED = {
     "--rm": "laned removes the container itself, after reading how it ended (OOM or not)",
@@ -86,38 +83,33 @@ class Option:
     comment: str = ""
 
 
-def comment_of(words: list[Word], index: int) -> str:
-    """A line's `# comment` explains the last option or flag that starts on that line."""
-    word = words[index]
-    later = any(w.line == word.line and w.text.startswith("-") for w in words[index + 1 :])
-    return "" if later else word.comment
+def comments(words: list[Word]) -> list[str]:
+    """Each word's comment: a line's `# comment` explains the last option or flag that starts
+    on that line, so a word gets its line's comment when no later word of the line starts
+    with `-` (one pass from the end: linear in the words)."""
+    out = [""] * len(words)
+    flagged: set[int] = set()  # lines with a flag after the word at hand
+    for index in range(len(words) - 1, -1, -1):
+        word = words[index]
+        if word.line not in flagged:
+            out[index] = word.comment
+        if word.text.startswith("-"):
+            flagged.add(word.line)
+    return out
 
 
 def split_run(words: list[Word]) -> tuple[list[Option], Word, list[Word]]:
-    """(the run's options, the image, the words after it)."""
+    """(the run's options, the image, the words after it), read as podman reads them."""
+    read, end = read_options([w.text for w in words], interspersed=False)
+    if end >= len(words):
+        raise BadImport("the command line names no image", "docker run [OPTIONS] IMAGE [ARGS]")
+    why = comments(words)
     options: list[Option] = []
-    i = 0
-    while i < len(words):
-        word = words[i]
-        text = word.text
-        if not text.startswith("-") or text == "-":
-            return options, word, words[i + 1 :]
-        why = comment_of(words, i)
-        attached = short_option(text)
-        if text.startswith("--") and "=" in text:
-            flag, value = text.split("=", 1)
-            options.append(Option(ALIASES.get(flag, flag), value, word, why))
-        elif attached is not None:  # `-eHF_TOKEN=...`, `-p8000:8000`: the value attached
-            options.append(Option(ALIASES.get(attached[0], attached[0]), attached[1], word, why))
-        elif text in BOOL_OPTIONS:
-            options.append(Option(ALIASES.get(text, text), None, word, why))
-        elif re.fullmatch(r"-[dit]{2,3}", text):  # -it, -dit
-            options += [Option(f"-{c}", None, word) for c in text[1:]]
-        elif i + 1 < len(words):
-            options.append(Option(ALIASES.get(text, text), words[i + 1].text, word, why))
-            i += 1
-        i += 1
-    raise BadImport("the command line names no image", "docker run [OPTIONS] IMAGE [ARGS]")
+    for n, option in enumerate(read):
+        last = n + 1 == len(read) or read[n + 1].at != option.at  # a cluster's last option
+        flag = SPELLING.get(option.name, option.name)
+        options.append(Option(flag, option.value, words[option.at], why[option.at] if last else ""))
+    return options, words[end], words[end + 1 :]
 
 
 def secret(out: Imported, name: str, source: str) -> None:
@@ -130,8 +122,11 @@ def secret(out: Imported, name: str, source: str) -> None:
 
 
 def secret_option(out: Imported, option: Option) -> bool:
-    """`-e NAME[=VALUE]` for a secret-looking NAME, or `--env-file F`: recorded for the secrets
-    file (its value, a placeholder or not, never resolved nor kept). True when it was one."""
+    """`-e`, `--env-merge` NAME[=VALUE] that holds a secret (by its name, or by a value shaped
+    like a token: laned.config.secrecy.holds_secret), or `--env-file F`: recorded for the
+    secrets file (its value, a placeholder or not, never resolved nor kept). True when it was
+    one. A label, annotation or log option that holds one is refused: it hands the engine
+    nothing, and laned import copies no secret."""
     if option.flag == "--env-file" and option.value is not None:
         out.secret_files.append(shown(option.value))
         out.changes.append(
@@ -139,11 +134,28 @@ def secret_option(out: Imported, option: Option) -> bool:
         )
         return True
     name, has_value, value = (option.value or "").partition("=")
-    if option.flag == "-e" and looks_secret(name):
-        # A placeholder is shown as written; a value never is.
-        given = shown(value) if PLACEHOLDER.fullmatch(value) else "(a value, not copied)"
-        secret(out, name, f"-e {name}={given}" if has_value else f"-e {name}")
+    if option.flag in ("-e", "--env-merge") and (
+        looks_secret(name) or (has_value and holds_secret(name, value))
+    ):
+        # A placeholder is shown as written; a value never is (its shape, where that is why
+        # it is a secret).
+        kind = None if looks_secret(name) else token_kind(value)
+        given = (
+            shown(value)
+            if PLACEHOLDER.fullmatch(value)
+            else f"(a value shaped like {kind}, not copied)"
+            if kind
+            else "(a value, not copied)"
+        )
+        secret(out, name, f"{option.flag} {name}={given}" if has_value else f"{option.flag} {name}")
         return True
+    if option.flag in PAIR_OPTIONS and (looks_secret(name) or token_kind(value)):
+        raise BadImport(
+            f"{option.flag} {name}=... (line {option.word.line}) holds a secret",
+            f"remove it from the command line: a {option.flag.lstrip('-')} hands the engine "
+            "nothing. A secret the engine reads goes in -e NAME, which laned import moves to the "
+            "lane's secrets file",
+        )
     return False
 
 
@@ -154,27 +166,36 @@ def translate_options(
     values: Mapping[str, str],
 ) -> None:
     """podman run's options, translated where they must be; each duplicate kept once."""
-    kept: list[Option] = []
-    for option in options:
-        same = next((o for o in kept if (o.flag, o.value) == (option.flag, option.value)), None)
-        earlier = next((o for o in kept if o.flag == option.flag), None)
-        if same is not None:
-            given = f"{option.flag} {option.value or ''}".strip()
+    # Linear in the options: the ones kept, in order, by their (flag, value) and, for an
+    # option given once, by their flag.
+    kept: dict[int, Option] = {}
+    by_pair: dict[tuple[str, str | None], int] = {}
+    by_flag: dict[str, int] = {}
+    for n, option in enumerate(options):
+        pair = (option.flag, option.value)
+        if pair in by_pair:
+            same = kept[by_pair[pair]]
             out.changes.append(
-                f"{given} is given twice (lines {same.word.line} and {option.word.line}): kept once"
+                f"{_given(option)} is given twice (lines {same.word.line} and "
+                f"{option.word.line}): kept once"
             )
             continue
-        if earlier is not None and option.flag not in MULTI:
+        if option.flag not in MULTI and option.flag in by_flag:
+            earlier = kept.pop(by_flag[option.flag])
+            del by_pair[(earlier.flag, earlier.value)]
+            was, now = (_given(o).removeprefix(f"{o.flag} ") for o in (earlier, option))
             out.warnings.append(
-                f"{option.flag} is given twice with different values ({earlier.value} on line "
-                f"{earlier.word.line}, {option.value} on line {option.word.line}): kept the "
-                "last, as docker does"
+                f"{option.flag} is given twice with different values ({was} on line "
+                f"{earlier.word.line}, {now} on line {option.word.line}): kept the last, as "
+                "docker does"
             )
-            kept.remove(earlier)
-        kept.append(option)
-    network = next((o.value for o in kept if o.flag == "--network"), None)
-    ipc = next((o.value for o in kept if o.flag == "--ipc"), None)
-    for option in kept:
+        kept[n] = option
+        by_pair[pair] = n
+        if option.flag not in MULTI:
+            by_flag[option.flag] = n
+    network = next((o.value for o in kept.values() if o.flag == "--network"), None)
+    ipc = next((o.value for o in kept.values() if o.flag == "--ipc"), None)
+    for option in kept.values():
         if secret_option(out, option):
             continue
         value = None
@@ -183,6 +204,19 @@ def translate_options(
         if option.flag == "-e" and value is not None and "=" not in value and value in values:
             value = f"{value}={values[value]}"
         _option(out, option, value, network, ipc)
+
+
+def _given(option: Option) -> str:
+    """An option as a note shows it: the value of one that holds a secret never."""
+    name, has_value, value = (option.value or "").partition("=")
+    named = option.flag in ("-e", "--env-merge", *PAIR_OPTIONS) and (
+        looks_secret(name) or (has_value and holds_secret(name, value))
+    )
+    if option.value is not None and (named or token_kind(option.value)):
+        return (
+            f"{option.flag} {name}=(a value, not copied)" if named else f"{option.flag} (a value)"
+        )
+    return f"{option.flag} {option.value or ''}".strip()
 
 
 def _option(

@@ -29,12 +29,14 @@ import re
 from collections.abc import Mapping, Sequence
 
 from laned import engines
-from laned.config.secrecy import SECRET_FLAGS, looks_secret, secret_flag, secrets_file_line
+from laned.config.command import env_assignments, program_start
+from laned.config.secrecy import holds_secret, looks_secret, secrets_file_line, token_kind
+from laned.engines.profile import secret_words
 from laned.errors import BadImport
 from laned.importer.cmdline import CLOSE, OPEN, PLACEHOLDER, Word, command_at
 from laned.importer.run_options import (
     Imported,
-    comment_of,
+    comments,
     secret,
     split_run,
     translate_options,
@@ -66,22 +68,26 @@ def import_run(
     options, image, rest = split_run(words)
     resolve = _Resolver({k: v for k, v in values.items() if not nodes or k not in PER_NODE})
     out = Imported(name="")
-    engine = [
-        w.text  # a secret flag's value leaves the argv: its placeholder needs no value
-        if i and secret_flag(rest[i - 1].text) is not None
-        else resolve(
-            w,
-            f"{rest[i - 1].shown()} {w.shown()}"
-            if i and rest[i - 1].text.startswith("-")
-            else w.shown(),
-        )
-        for i, w in enumerate(rest)
-    ]
-    profile = engines.inferred([image.text, *engine[:3]]) or engines.VLLM
+    texts = [w.text for w in rest]
+    profile = engines.inferred([image.text, *texts[program_start(texts) :][:3]]) or engines.VLLM
     if profile is not engines.VLLM:
         out.lane["engine"] = profile.name
         out.notes["engine"] = f"{profile.title}, read from the recipe's image and command"
-    _engine(out, engine, rest, profile)
+    # The engine's secrets leave its words before anything is resolved: a placeholder for a
+    # secret needs no value.
+    hidden = _engine_secrets(out, texts, profile)
+    why = comments(rest)
+    kept = [(w, why[i]) for i, w in enumerate(rest) if i not in hidden]
+    engine = [
+        resolve(
+            w,
+            f"{kept[i - 1][0].shown()} {w.shown()}"
+            if i and kept[i - 1][0].text.startswith("-")
+            else w.shown(),
+        )
+        for i, (w, _) in enumerate(kept)
+    ]
+    _engine(out, engine, [c for _, c in kept], profile)
     out.name = name or _lane_name(str(out.lane["served_model_name"]))
     translate_options(out, options, resolve, resolve.values)
     if out.secrets or out.secret_files:
@@ -92,6 +98,7 @@ def import_run(
     _caches(out)
     if nodes:
         _nodes(out, nodes, values)
+    _no_tokens(out)
     short = str(out.container["image"]).rsplit("/", 1)[-1].split("@")[0]
     out.lane = {
         "description": f"{out.lane['served_model_name']} ({short}), imported",
@@ -190,11 +197,42 @@ class _Resolver:
         out.per_node = self.per_node
 
 
+def _engine_secrets(out: Imported, texts: list[str], profile: engines.EngineProfile) -> set[int]:
+    """The words after the image that carry a secret, as the engine's parser reads them (its
+    secret flags with their values: EngineProfile.secret_flags) and as `env` reads a command's
+    head (NAME=VALUE that holds one): each recorded for the secrets file, or dropped with a
+    warning where laned cannot hand it to the engine. Returns their indices."""
+    hidden: set[int] = set()
+    for i, name, value in env_assignments(texts):
+        if not holds_secret(name, value):
+            continue
+        if texts[i] != f"{name}={value}":  # inside `env -S STRING`
+            raise BadImport(
+                f"`env -S` sets {name} before the engine: laned import cannot take it out of "
+                "the string",
+                f"write it as -e {name} in the docker run line (laned import moves it to the "
+                "lane's secrets file)",
+            )
+        secret(out, name, f"`env {name}=...` before the engine")
+        hidden.add(i)
+    for i, flag, values in secret_words(profile.secret_flags, texts):
+        given = texts[i].split("=", 1)[0]
+        if flag.env is not None:
+            secret(out, flag.env, f"engine flag {given}")
+        else:
+            out.warnings.append(
+                f"engine flag {given} dropped (its value not copied): {flag.instead}"
+            )
+        hidden.update([i, *values])
+    return hidden
+
+
 def _engine(
-    out: Imported, engine: list[str], words: list[Word], profile: engines.EngineProfile
+    out: Imported, engine: list[str], notes: list[str], profile: engines.EngineProfile
 ) -> None:
-    """The words after the image: command (`serve MODEL`, `python3 -m MODULE`), then
-    `--flag [value]` pairs, read as the engine's own (laned.engines)."""
+    """The words after the image (its secrets gone): command (`serve MODEL`, `python3 -m
+    MODULE`), then `--flag [value]` pairs, read as the engine's own (laned.engines); `notes`:
+    each word's comment."""
     command: list[str] = []
     i = 0
     while i < len(engine) and (
@@ -210,7 +248,7 @@ def _engine(
     pairs: list[tuple[str, str | None, str]] = []
     served = profile.flags_for("served_model_name")
     while i < len(engine):
-        flag, comment, value = engine[i], comment_of(words, i), None
+        flag, comment, value = engine[i], notes[i], None
         if flag.startswith("--") and "=" in flag:
             flag, value = flag.split("=", 1)
         elif i + 1 < len(engine) and _is_value(engine[i + 1]):
@@ -244,9 +282,6 @@ def _engine(
             names.append(value)
         elif flag in profile.flags_for("port") and value is not None:
             port = value
-        elif (secret_name := secret_flag(flag)) is not None:  # --api_key, --api-k too
-            name = profile.api_key_env if secret_name == "--api-key" else SECRET_FLAGS[secret_name]
-            secret(out, name, f"engine flag {flag}")
         else:
             kept.append((flag, value, why))
     out.args = kept
@@ -316,6 +351,40 @@ def _caches(out: Imported) -> None:
                 f'/laned/cache: set container.cache_env {{ {name} = "/laned/cache/..." }} and '
                 "drop it from env"
             )
+
+
+def _no_tokens(out: Imported) -> None:
+    """The last net: a value shaped like a well-known token that stands where laned import
+    knows no name for it (an engine flag of its own, a command word, a volume) is refused;
+    laned import copies no secret into the TOML."""
+    places: list[tuple[str, object]] = [(f"the lane's {k}", v) for k, v in out.lane.items()]
+    places += [(f"the engine flag {f}", v) for f, v, _ in out.args]
+    places += [(f"-e {k}", v) for k, (v, _) in out.env.items()]
+    places += [(f"the container's {k}", v) for k, v in out.container.items()]
+    places += [(f"the podman option {w[0]}", w) for w, _ in out.podman_args]
+    places += [(f"rank {r}'s {f}", v) for r, a in out.rank_args.items() for f, v, _ in a]
+    places += [(f"--set {k}", v) for k, v in out.values.items()]
+    for where, value in places:
+        kind = next(filter(None, map(token_kind, [where, *_texts(value)])), None)
+        if kind is not None:
+            shown = "a word of the command line" if token_kind(where) else where
+            raise BadImport(
+                f"{shown} holds {kind}: laned import copies no secret",
+                "remove it from the command line. A secret the engine reads from its "
+                "environment goes in -e NAME=..., which laned import moves to the lane's "
+                "secrets file (by name only); one it reads from a flag, in the flag laned "
+                "knows for it (laned.engines)",
+            )
+
+
+def _texts(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _texts(item)]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _texts(item)]
+    return []
 
 
 def _lane_name(model: str) -> str:

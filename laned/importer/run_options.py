@@ -150,8 +150,9 @@ def secret_option(out: Imported, option: Option) -> bool:
         secret(out, name, f"{option.flag} {name}={given}" if has_value else f"{option.flag} {name}")
         return True
     if option.flag in PAIR_OPTIONS and (looks_secret(name) or token_kind(value)):
+        key = "KEY" if token_kind(name) else name  # a key may be a token itself
         raise BadImport(
-            f"{option.flag} {name}=... (line {option.word.line}) holds a secret",
+            f"{option.flag} {key}=... (line {option.word.line}) holds a secret",
             f"remove it from the command line: a {option.flag.lstrip('-')} hands the engine "
             "nothing. A secret the engine reads goes in -e NAME, which laned import moves to the "
             "lane's secrets file",

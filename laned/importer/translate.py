@@ -30,9 +30,15 @@ from collections.abc import Mapping, Sequence
 
 from laned import engines
 from laned.config.command import env_assignments, program_start
-from laned.config.secrecy import holds_secret, looks_secret, secrets_file_line, token_kind
+from laned.config.secrecy import (
+    holds_secret,
+    looks_secret,
+    redacted,
+    secrets_file_line,
+    token_kind,
+)
 from laned.engines.profile import secret_words
-from laned.errors import BadImport
+from laned.errors import BadImport, CommandLineError
 from laned.importer.cmdline import CLOSE, OPEN, PLACEHOLDER, Word, command_at
 from laned.importer.run_options import (
     Imported,
@@ -57,6 +63,21 @@ def import_run(
     """The lane that the one `docker run` / `podman run` in `text` describes; with `nodes`
     (host, laned URL) in rank order, a lane over those hosts, its per-node placeholders
     kept for laned to fill on each rank."""
+    try:
+        out = _import_run(text, name, values, nodes)
+    except CommandLineError as exc:
+        # Whatever a refusal quotes of the line (a bad --port, --gpus), no token in it.
+        raise type(exc)(redacted(exc.message), redacted(exc.hint)) from None
+    # Nor in a note of what was dropped (the TOML's values hold none: _no_tokens).
+    out.changes = [redacted(c) for c in out.changes]
+    out.warnings = [redacted(w) for w in out.warnings]
+    out.notes = {k: redacted(v) for k, v in out.notes.items()}
+    return out
+
+
+def _import_run(
+    text: str, name: str | None, values: Mapping[str, str], nodes: Sequence[tuple[str, str]]
+) -> Imported:
     given = [k for k in values if looks_secret(k)]
     if given:
         raise BadImport(

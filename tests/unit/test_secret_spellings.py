@@ -394,6 +394,18 @@ def test_import_refuses_a_token_where_it_knows_no_name_for_it(token: str, form: 
     assert "--foo" in caught.value.message and token not in str(caught.value)
 
 
+@settings(max_examples=30, deadline=None)
+@given(TOKENS, st.sampled_from(["--gpus {v} img serve /m", "img serve /m --port {v}",
+                                "--ipc host --shm-size {v} img serve /m"]))  # fmt: skip
+def test_import_quotes_no_token_in_a_refusal_or_a_note(token: str, form: str) -> None:
+    try:
+        lane = import_run("docker run " + form.format(v=token))
+    except BadImport as caught:
+        assert token not in str(caught) and "<a" in caught.message
+    else:  # --shm-size beside --ipc host is dropped, with a note
+        assert token not in " ".join(lane.changes + lane.warnings) and lane.changes
+
+
 # --- the importer's word splitting is shlex's, in linear time --------------------------------
 
 

@@ -11,6 +11,11 @@ asserts nothing):
 - stall: the engine keeps answering /health and stops producing tokens while requests wait
   (vLLM #39863); timed from the stall to laned's `restarting` event, against the configured
   window (probe.stall_after).
+- engine dead: vLLM's own death as the simulator plays it (vllm/entrypoints/serve/
+  instrumentator/health.py, launchers/launcher.py): its core dies, /health answers 503 at once
+  and the API server exits 0 at its watchdog's next look (every 5 s); on a lane of its own with
+  laned's default probing (every 5 s, 3 failures), timed from the fault's answer to the lane
+  leaving `ready` (the dark time before its restart begins), `--dead` times.
 """
 
 from __future__ import annotations
@@ -67,6 +72,54 @@ def restarted_since(sup: Supervisor, since: float) -> bool:
     return any(
         e.lane == "a" and e.to_state is LaneState.RESTARTING and e.at >= since for e in sup.events
     )
+
+
+def left_ready_since(sup: Supervisor, since: float) -> bool:
+    return any(
+        e.lane == "a" and e.from_state is LaneState.READY and e.to_state is not LaneState.READY
+        and e.at >= since
+        for e in sup.events
+    )  # fmt: skip
+
+
+async def engine_dead(injections: int) -> dict[str, Any]:
+    """vLLM's death (503, then exit 0 within 5 s) on a lane probed as laned probes by default:
+    from the fault to the lane leaving `ready`."""
+    env = harness_env()
+    tag = f"benchdead{uuid.uuid4().hex[:6]}"
+    unit_dir = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user"
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        text = (
+            f'[daemon]\nunit_dir = "{unit_dir}"\nbin_dir = "{tmp}/bin"\nstate_dir = "{tmp}/state"\n'
+            'listen = "127.0.0.1:1"\n'
+            + sim_lane(
+                "a", f"{tag}-a.service", port,
+                'restart_sec = "100ms"\nstart_limit_burst = 100000\n'
+                'probe = { start_interval_min = "50ms", start_interval_max = "200ms" }\n',
+            )
+        )  # fmt: skip
+        sup = supervisor_on(text, tmp, env)
+        await sup.start()
+        dark: list[float] = []
+        try:
+            await sup.activate("a")
+            for _ in range(injections):
+                async with httpx.AsyncClient(timeout=30) as client:
+                    await client.post(
+                        f"http://127.0.0.1:{port}/sim/fault", json={"kind": "engine-dead"}
+                    )
+                t0 = time.time()
+                seen = await until(lambda t0=t0: left_ready_since(sup, t0 - 0.5))
+                dark.append(seen - t0)
+                await until(lambda: sup.statuses["a"].state is LaneState.READY)
+        finally:
+            subprocess.run(["systemctl", "--user", "stop", f"{tag}-a.service"], check=False)
+            await sup.close()
+            await sup.seam.close()
+            (unit_dir / f"{tag}-a.service").unlink(missing_ok=True)
+            subprocess.run(["systemctl", "--user", "daemon-reload"], check=False)
+    return {"injections": injections, "to_left_ready_ms": summary(dark)}
 
 
 async def bench(injections: int) -> dict[str, Any]:
@@ -158,9 +211,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--injections", type=int, default=50, help="of each kind of exit")
+    parser.add_argument("--dead", type=int, default=20, help="engine deaths (vLLM's 503, exit 0)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     result = asyncio.run(bench(args.injections))
+    result["engine dead"] = asyncio.run(engine_dead(args.dead))
     print(f"detection, {args.injections} injections of each exit, {result['cores']} cores")
     for name in FAULTS:
         e, m = result[name]["to_event_ms"], result[name]["to_metric_ms"]
@@ -169,6 +224,11 @@ def main() -> None:
     s = result["stall"]
     print(
         f"  stall: restarted {s['to_restart_s']:.2f} s after the wedge (window {s['window_s']:g} s)"
+    )
+    d = result["engine dead"]["to_left_ready_ms"]
+    print(
+        f"  engine dead (503, exit 0 within 5 s; default probing): left ready p50 "
+        f"{d['p50']:.0f} ms  p99 {d['p99']:.0f} ms  max {d['max']:.0f} ms"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -139,10 +139,14 @@ class EngineClient:
 
     async def healthy(self, timeout: float = 5.0, path: str = "/health") -> bool:
         """Whether the health path answers 200 within `timeout`."""
+        return await self.health(timeout, path) == 200
+
+    async def health(self, timeout: float = 5.0, path: str = "/health") -> int | None:
+        """The status the health path answers with within `timeout`; None without an answer."""
         try:
-            return (await self._request("GET", path, timeout=timeout)).status_code == 200
+            return (await self._request("GET", path, timeout=timeout)).status_code
         except httpx.HTTPError:
-            return False
+            return None
 
     async def listed(self) -> list[str] | None:
         """The model ids /v1/models lists (None when it does not answer with a list)."""

@@ -39,6 +39,8 @@ class Phase(str, Enum):
 ALMOST_READY = frozenset({Phase.API_SERVER.value, Phase.SERVING.value})
 
 CACHE_HIT = "compile cache hit"
+# A note, not a phase: the engine logged that it is dying (its profile's HealthRule.dying).
+DYING = "the engine says it is dying"
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from laned.engines.profile import (
     Call,
     EngineProfile,
     FlagProbe,
+    HealthRule,
     Line,
     MetricNames,
     SecretFlag,
@@ -186,6 +187,13 @@ SECRET_FLAGS = (
 )
 
 
+# llama-server's GET /health (tools/server/server-http.cpp middleware_server_state, and
+# server-context.cpp get_health): 503 "Loading model" until it is ready, then 200 for good,
+# asleep too ("this endpoint can be accessed during sleeping"). No answer of it says the
+# server died: its death is its exit (HealthRule's empty `dead`).
+HEALTH = HealthRule(why="llama-server answers 503 only while it loads its model")
+
+
 LLAMACPP = EngineProfile(
     name="llamacpp",
     title="llama.cpp (llama-server)",
@@ -211,4 +219,5 @@ LLAMACPP = EngineProfile(
     gpu_share=gpu_share,
     caches=CACHES,
     secret_flags=SECRET_FLAGS,
+    health=HEALTH,
 )

@@ -9,12 +9,13 @@ counts a prompt, and the findings a lane of this engine gets. Nothing here does 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from laned.config.model import LaneConfig
-from laned.core.phases import Seen
+from laned.core.phases import DYING, Seen
 from laned.errors import Finding
 from laned.preflight.facts import LaneFacts
 
@@ -279,6 +280,25 @@ def no_share(spec: LaneConfig) -> Share:
 
 
 @dataclass(frozen=True)
+class HealthRule:
+    """What the engine's health answer says of it once it serves. laned judges liveness only
+    then — never while the engine starts, wakes or sleeps, when engines answer 503 while they
+    load — so a status in `dead` means the engine will serve no more, whatever follows: laned
+    restarts it at once instead of counting probe failures. `why`: what the engine means by
+    it (for the reason); `dying`: its log lines that say so, on which laned probes at once
+    rather than at the next probe.interval. An engine whose health never says it is dead
+    (llama-server's answers 503 only while it loads) has `dead` empty: its death is its exit."""
+
+    dead: frozenset[int] = frozenset()
+    why: str = ""
+    dying: re.Pattern[str] | None = None
+
+    def says_dead(self, status: int | None) -> bool:
+        """Whether the health answer `status` (None: no answer) means the engine is dead."""
+        return status is not None and status in self.dead
+
+
+@dataclass(frozen=True)
 class Caches:
     """What the engine compiles (or fetches) at a cold start and keeps across `--rm`
     containers once pointed into the lane's cache directory: each variable with its path
@@ -326,7 +346,9 @@ class EngineProfile:
     - `caches`: where a container lane's engine keeps what it compiles at a cold start, in
       the lane's persistent cache directory (None: nothing);
     - `secret_flags`: its flags whose value is a secret (SecretFlag), each with the name it
-      goes by in the lane's secrets file instead.
+      goes by in the lane's secrets file instead;
+    - `health`: which of its health answers mean it is dead once it serves, and its log lines
+      that announce it (HealthRule).
     """
 
     name: str
@@ -347,6 +369,14 @@ class EngineProfile:
     preflight: Callable[[str, LaneConfig, LaneFacts], list[Finding]] = no_preflight
     window: Callable[[Mapping[str, Any]], int | None] = max_model_len
 
+    def read_log(self, line: str) -> Seen | None:
+        """What one line of the engine's log says: that it is dying (`health.dying`), or a
+        start's phase or note (`read_line`)."""
+        dying = self.health.dying
+        if dying is not None and dying.search(line):
+            return Seen(None, note=DYING)
+        return self.read_line(line)
+
     def flags_for(self, key: str) -> tuple[str, ...]:
         """The engine's flags that laned sets from config key `key` (port, served_model_name)."""
         return tuple(flag for flag, owner in self.owned.items() if owner == key)
@@ -359,3 +389,4 @@ class EngineProfile:
     share_flag: str = ""
     caches: Caches | None = None
     secret_flags: tuple[SecretFlag, ...] = ()
+    health: HealthRule = HealthRule()

@@ -55,6 +55,7 @@ from laned.engines.profile import (
     Call,
     EngineProfile,
     FlagProbe,
+    HealthRule,
     Line,
     MetricNames,
     SecretFlag,
@@ -241,6 +242,25 @@ SECRET_FLAGS = (
 )
 
 
+# SGLang 0.5.23's GET /health (srt/entrypoints/http_server.py health_generate): 503 while it
+# starts (ServerStatus.Starting) or shuts down (gracefully_exit); once up, it generates one
+# token (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default) and answers 503 when the
+# scheduler gave nothing back for SGLANG_HEALTH_CHECK_TIMEOUT (20 s): ServerStatus.UnHealthy,
+# and the server stays up so. laned probes only a serving engine that it is not stopping, so a
+# 503 then is that verdict. A child that fails sends the server SIGQUIT and it kills its own
+# tree (srt/managers/tokenizer_manager.py running_phase_sigquit_handler, srt/entrypoints/
+# engine.py launch_phase_sigquit_handler): its exit follows those lines at once.
+HEALTH = HealthRule(
+    dead=frozenset({503}),
+    why="SGLang's own health check got no token from its scheduler (ServerStatus.UnHealthy); "
+    "it stays up so",
+    dying=re.compile(
+        r"SIGQUIT received\. .*one child failed|Received sigquit from a child process"
+        r"|Health check failed\. Server couldn't get a response"
+    ),
+)
+
+
 SGLANG = EngineProfile(
     name="sglang",
     title="SGLang",
@@ -263,4 +283,5 @@ SGLANG = EngineProfile(
     gpu_share=gpu_share,
     caches=CACHES,
     secret_flags=SECRET_FLAGS,
+    health=HEALTH,
 )

@@ -33,6 +33,7 @@ from laned.engines.profile import (
     Call,
     EngineProfile,
     FlagProbe,
+    HealthRule,
     Line,
     MetricNames,
     SecretFlag,
@@ -433,6 +434,26 @@ SECRET_FLAGS = (
 )
 
 
+# vLLM 0.32's GET /health (vllm/entrypoints/serve/instrumentator/health.py): 200, or 503 when
+# check_health raises EngineDeadError — its engine core is dead (the core's process monitor,
+# vllm/v1/engine/core_client.py monitor_engine_cores, marks it so the moment the core exits).
+# The API server lingers until its watchdog's next look, every 5 s
+# (vllm/entrypoints/launchers/launcher.py watchdog_loop → terminate_if_errored), then exits 0;
+# with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH it stays up answering 503 for good. It listens only once
+# its engine is up and answers /health 200 asleep: a 503 is never a start or a sleep. The lines
+# it logs as its core dies: core_client.py's monitor, core.py's fatal error, async_llm.py's
+# output handler and the EngineDeadError it raises (vllm/v1/engine/exceptions.py).
+HEALTH = HealthRule(
+    dead=frozenset({503}),
+    why="vLLM's engine core is dead (EngineDeadError); its API server would exit 0 at its "
+    "watchdog's next look, within 5 s",
+    dying=re.compile(
+        r"engine core exited unexpectedly|EngineCore encountered a fatal error"
+        r"|AsyncLLM output_handler failed|EngineDeadError|Engine core proc \S+ died unexpectedly"
+    ),
+)
+
+
 VLLM = EngineProfile(
     name="vllm",
     title="vLLM",
@@ -461,4 +482,5 @@ VLLM = EngineProfile(
         "--data-parallel-size",
     ),
     secret_flags=SECRET_FLAGS,
+    health=HEALTH,
 )

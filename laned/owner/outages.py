@@ -89,9 +89,10 @@ class Outages:
                 r.fire(lane, Ev.FOUND_STOPPED, f"found stopped after {why}")
 
     def _reader(self, unit: str) -> Callable[[str], Seen | None]:
-        """How the engine of `unit`'s lane writes its start in its log (laned.engines)."""
+        """How the engine of `unit`'s lane writes its start, and its dying, in its log
+        (laned.engines)."""
         r = self.records
-        return engines.for_lane(r.config.lanes[r.all_units()[unit]]).read_line
+        return engines.for_lane(r.config.lanes[r.all_units()[unit]]).read_log
 
     # --- journald ------------------------------------------------------------------------------
 

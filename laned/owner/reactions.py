@@ -24,7 +24,7 @@ from laned.config.names import exit_record_path
 from laned.core import canary, exits, policy
 from laned.core.lanes import START_COLD, Desired, EventKind, LastExit, Mode, Verdict
 from laned.core.machine import Ev
-from laned.core.phases import Seen
+from laned.core.phases import DYING, Seen
 from laned.core.policy import ExitAction, OpKind, RestartKind
 from laned.core.unit_state import UnitSnapshot, systemd_restarts
 from laned.errors import LanedError
@@ -210,7 +210,9 @@ class Reactions:
             # difference after a cold start is said, and the lane serves on).
             await self.canary(lane, "start", image)
         if report(watchers.Ready(image)):
-            await watchers.watch_liveness(self.seam, spec, report)
+            alarm = r.alarm(lane)
+            alarm.clear()  # what an earlier run's engine said is not this one's
+            await watchers.watch_liveness(self.seam, spec, report, alarm)
 
     def _observe(self, lane: str, run: int, seen: watchers.Observation) -> bool:
         """A watcher's report on one run of the lane; True: go on watching."""
@@ -230,6 +232,11 @@ class Reactions:
                 return True
             reason = f"health: {seen.failures} consecutive probe failures"
             self._degrade(lane, reason, RestartKind.HEALTH)
+        elif isinstance(seen, watchers.SaidDead):
+            # Not a probe failure to count: the engine says it will serve no more (its
+            # profile's HealthRule). Its exit, if one follows, is this same failure's end.
+            r.recorder.probe_failure(lane)
+            self._degrade(lane, f"health {seen.status}: {seen.why}", RestartKind.HEALTH)
         elif isinstance(seen, watchers.Stalled):
             r.recorder.stall(lane)
             s = seen.sample
@@ -310,6 +317,11 @@ class Reactions:
         lane = r.all_units().get(unit)
         if lane is None or lane not in r.statuses:
             return  # not a lane's
+        if seen.note == DYING:
+            # Its liveness watcher asks its health now rather than at the next interval.
+            if r.serving(lane):
+                r.alarm(lane).set()
+            return
         cache = engines.for_lane(r.config.lanes[lane]).weight_cache
         if cache is not None and seen.note == cache.missed and r.statuses[lane].start_kind:
             r.ledger.start_kind(lane, START_COLD)  # the engine reads the weights from disk

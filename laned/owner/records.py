@@ -60,6 +60,7 @@ class Records:
         self.follows: dict[str, asyncio.Task[None]] = {}
         self.restarts: dict[str, asyncio.TimerHandle] = {}
         self.pokes: dict[str, asyncio.Event] = {}
+        self.alarms: dict[str, asyncio.Event] = {}
         self._watch: Callable[[str, int], Coroutine[object, object, None]] | None = None
         self._restart: Callable[[str], None] | None = None
 
@@ -133,6 +134,10 @@ class Records:
     def poke(self, lane: str) -> asyncio.Event:
         """The lane's "look again now" for its readiness watcher."""
         return self.pokes.setdefault(lane, asyncio.Event())
+
+    def alarm(self, lane: str) -> asyncio.Event:
+        """The lane's "its engine says it is dying" for its liveness watcher."""
+        return self.alarms.setdefault(lane, asyncio.Event())
 
     # --- the machine's hands (laned.owner.ledger.Hands) ---------------------------------------
 

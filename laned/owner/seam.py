@@ -192,8 +192,8 @@ class Seam(Protocol):
     def api_key(self, spec: LaneConfig) -> str | None:
         """The lane's API key, from its secrets file (blocking, small); None without one."""
 
-    async def health(self, port: int, path: str = "/health") -> bool:
-        """The engine's health endpoint answers 200."""
+    async def health(self, port: int, path: str = "/health") -> int | None:
+        """The status the engine's health endpoint answers with; None without an answer."""
 
     async def models(self, port: int, api_key: str | None) -> list[str] | None:
         """The model names its /v1/models lists; None when it does not answer."""

@@ -315,8 +315,8 @@ class HostSeam:
         profile = engines.for_lane(spec)
         return self.probe.engine(spec.port, spec.served_model_name, key, timeout, profile)
 
-    async def health(self, port: int, path: str = "/health") -> bool:
-        return await self.probe.engine(port).healthy(path=path)
+    async def health(self, port: int, path: str = "/health") -> int | None:
+        return await self.probe.engine(port).health(path=path)
 
     async def models(self, port: int, api_key: str | None) -> list[str] | None:
         return await self.probe.engine(port, api_key=api_key).listed()

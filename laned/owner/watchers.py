@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from laned import engines
 from laned.config.model import LaneConfig
 from laned.core.liveness import UNANSWERED, EngineSample, MemoryFloor, StallDetector
 from laned.core.phases import Seen
@@ -48,6 +49,15 @@ class ProbeFailed:
 
 
 @dataclass(frozen=True)
+class SaidDead:
+    """The engine's health answer says it is dead (its profile's HealthRule): `status`,
+    and what the engine means by it."""
+
+    status: int
+    why: str
+
+
+@dataclass(frozen=True)
 class Sampled:
     """One scrape of the engine's /metrics."""
 
@@ -72,7 +82,7 @@ class MemoryLow:
     available_gib: float
 
 
-Observation = Tick | Ready | StartTimedOut | ProbeFailed | Sampled | Stalled | MemoryLow
+Observation = Tick | Ready | StartTimedOut | ProbeFailed | SaidDead | Sampled | Stalled | MemoryLow
 Report = Callable[[Observation], bool]
 
 
@@ -86,6 +96,13 @@ CLOSE_HTTP = 0.1
 CLOSE_FOR = 60.0
 CLOSE_LEAD = 0.8
 CLOSE_LEAD_MAX = 30.0
+
+
+# Once the engine logs that it is dying, its health is asked every DYING_EVERY for DYING_LOOK
+# seconds: its answer may still be 200 for a moment (vLLM's API server learns of its core's
+# death from a monitor thread), and vLLM's own exit comes within 5 s (its watchdog).
+DYING_EVERY = 0.2
+DYING_LOOK = 6.0
 
 
 def close_watch_from(expected: float | None) -> float | None:
@@ -119,7 +136,7 @@ async def await_ready(
     planned = close_watch_from(expected)
     close_until, opened = 0.0, False
     while True:
-        if await seam.health(spec.port, spec.health_path):
+        if await seam.health(spec.port, spec.health_path) == 200:
             models = await seam.models(spec.port, key)
             if models is not None and spec.served_model_name in models:
                 return True
@@ -153,21 +170,42 @@ async def _until_accepting(seam: Seam, port: int, at_most: float) -> bool:
     return True
 
 
-async def watch_liveness(seam: Seam, spec: LaneConfig, report: Report) -> None:
-    """Every probe.interval: health, then /metrics (stall), then the host's memory floor.
-    Returns when the owner says stop, or after reporting a failure that ends the run."""
+async def watch_liveness(
+    seam: Seam, spec: LaneConfig, report: Report, alarm: asyncio.Event | None = None
+) -> None:
+    """Every probe.interval, and at once when `alarm` is set (the engine logged that it is
+    dying; then every DYING_EVERY for DYING_LOOK): health, then /metrics (stall), then the host's memory floor. A health answer
+    that the engine's profile says means it is dead is reported at once (SaidDead); any other
+    failed answer counts towards probe.failures. Returns when the owner says stop, or after
+    reporting a failure that ends the run."""
     if spec.headless():
         return
     settings = spec.probe
+    rule = engines.for_lane(spec).health
     stall = StallDetector(settings.stall_after)
     floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)
     failures = 0
     last: EngineSample | None = None  # the last sample /metrics gave
+    look_until = 0.0  # probing every DYING_EVERY until then: the engine said it is dying
     while True:
-        await asyncio.sleep(settings.interval)
+        now = time.monotonic()
+        wait = DYING_EVERY if now < look_until else settings.interval
+        if alarm is None:
+            await asyncio.sleep(wait)
+        else:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(alarm.wait(), wait)
+            if alarm.is_set():
+                alarm.clear()
+                look_until = time.monotonic() + DYING_LOOK
         if not report(Tick()):
             return
-        if not await seam.health(spec.port, spec.health_path):
+        status = await seam.health(spec.port, spec.health_path)
+        if rule.says_dead(status):
+            assert status is not None
+            report(SaidDead(status, rule.why))
+            return
+        if status != 200:
             failures += 1
             if not report(ProbeFailed(failures, settings.failures)):
                 return

@@ -36,6 +36,10 @@ class Settings:
         False  # "Starting vLLM API server 0 on" (before 0.11) instead of "server on"
     )
     keep_alive_on_engine_death: bool = False  # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: no exit after death
+    # SGLang's /health generates a token (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by
+    # default) and gives up after SGLANG_HEALTH_CHECK_TIMEOUT seconds (20) with a 503.
+    health_generation: bool = True
+    health_timeout: float = 20.0
     legacy_metrics: bool = False  # also export vllm:gpu_cache_usage_perc (vLLM 0.9, 0.10)
     generation_config: str = "auto"  # --generation-config: auto, vllm or a directory
     override_generation_config: dict[str, Any] = field(default_factory=dict)

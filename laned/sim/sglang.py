@@ -36,6 +36,7 @@ listed in docs/simulator.md:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -60,6 +61,7 @@ class Engine(Protocol):
     metrics: Metrics
     sleep: Sleep
     dead: bool
+    stalled: bool
     warmed: bool
 
     def authorize(self, request: Request) -> Response | None:
@@ -136,6 +138,12 @@ def parse(args: Sequence[str], env: Mapping[str, str], settings: Settings) -> Se
         except ValueError:
             raise EngineError(f"{flag}: {value!r} is not a valid value", USAGE) from None
     settings.enable_metrics = settings.enable_metrics is True
+    # srt/environ.py: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION = EnvBool(True);
+    # srt/entrypoints/http_server.py: HEALTH_CHECK_TIMEOUT = int(os.getenv(..., 20)).
+    generation = env.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower()
+    settings.health_generation = generation in ("1", "true", "yes", "on", "y")
+    with contextlib.suppress(ValueError):
+        settings.health_timeout = int(env.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
     return settings
 
 
@@ -196,8 +204,7 @@ async def route(engine: Engine, request: Request) -> Response | None:
     """What SGLang answers differently from the vLLM face; None: the common handling."""
     s, path = engine.settings, request.path
     if path.startswith("/health"):
-        starting = not engine.warmed
-        return Response(503 if engine.dead or starting else 200, b"", "application/json")
+        return await _health(engine, path)
     if path == "/metrics":
         if not s.enable_metrics:
             return Response.json({"detail": "Not Found"}, 404)
@@ -209,6 +216,31 @@ async def route(engine: Engine, request: Request) -> Response | None:
     if path in MEMORY_ROUTES:
         return await _memory(engine, path)
     return None
+
+
+async def _health(engine: Engine, path: str) -> Response:
+    """GET /health, /health_generate (srt/entrypoints/http_server.py health_generate): 503
+    while it starts; then, generating one token, 200 as soon as the scheduler answers, or 503
+    after HEALTH_CHECK_TIMEOUT without an answer (a wedged scheduler: ServerStatus.UnHealthy,
+    and it stays up so). /health without generation answers 200 whatever runs."""
+    if engine.dead:
+        # A child failed: the server kills its own tree from its SIGQUIT handler at once, no
+        # request answered in between (die: the simulator's half second is for the fault's
+        # own answer to go out). No answer, then, until the kill ends the connection.
+        await asyncio.Event().wait()
+    if not engine.warmed:
+        return Response(503, b"", "application/json")
+    generates = path == "/health_generate" or engine.settings.health_generation
+    if not generates or not engine.stalled:
+        return Response(200, b"", "application/json")
+    tic = time.strftime("%H:%M:%S")
+    await asyncio.sleep(engine.settings.health_timeout)
+    say(
+        "Health check failed. Server couldn't get a response from detokenizer for last "
+        f"{engine.settings.health_timeout:g} seconds. tic start time: {tic}. "
+        f"last_heartbeat time: {tic}"
+    )
+    return Response(503, b"", "application/json")
 
 
 async def _memory(engine: Engine, path: str) -> Response:

@@ -40,11 +40,12 @@ def test_the_cost_bench_runs_every_part(harness: Harness, tmp_path: Path) -> Non
 
 def test_the_detection_bench_runs(harness: Harness, tmp_path: Path) -> None:
     out = tmp_path / "detection.json"
-    run_bench(harness, "bench/detection.py", "--injections", "1", "--json", str(out))
+    run_bench(harness, "bench/detection.py", "--injections", "1", "--dead", "1", "--json", str(out))  # fmt: skip
     figures = json.loads(out.read_text())
     for kind in ("exit 0", "exit 1", "SIGKILL"):
         assert figures[kind]["to_event_ms"]["p50"] > 0
     assert figures["stall"]["to_restart_s"] > 0  # that it ran: no timing is asserted
+    assert figures["engine dead"]["to_left_ready_ms"]["p50"] > 0
 
 
 def test_the_swap_bench_splits_swaps_and_measures_the_floor(

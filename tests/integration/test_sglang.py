@@ -40,10 +40,11 @@ def sglang_lane(tmp: Path) -> str:
         '"--reasoning-parser", "glm45", "--tool-call-parser", "glm45"]\n'
         '[lanes.s.env]\nLANED_SIM_STARTUP = "1"\nLANED_SIM_WEIGHTS_GIB = "0.5"\n'
         'LANED_SIM_DECODE_TPS = "400"\nLANED_SIM_PREFILL_TPS = "200000"\n'
+        'SGLANG_HEALTH_CHECK_TIMEOUT = "1"\n'  # its /health's own wait for a token (20 s)
     )
 
 
-def test_an_sglang_lane_starts_sleeps_stalls_and_dies_as_sglang_does(
+def test_an_sglang_lane_starts_sleeps_wedges_and_dies_as_sglang_does(
     harness: Harness, units: Units, tmp_path: Path
 ) -> None:
     ports = {"s": free_port(), "v": free_port()}
@@ -83,7 +84,9 @@ def test_an_sglang_lane_starts_sleeps_stalls_and_dies_as_sglang_does(
             assert any("waking (level 1)" in r for r in reasons), reasons
             assert not any("canary" in r and "differ" in r for r in reasons), reasons
 
-            # A stall: requests held, nothing moves in its /metrics.
+            # A stall: requests held, nothing moves. SGLang's /health generates a token, gets
+            # none within SGLANG_HEALTH_CHECK_TIMEOUT and answers 503 (ServerStatus.UnHealthy):
+            # its own verdict, which laned takes at once, before its /metrics could show it.
             httpx.post(f"{engine}/sim/fault", json={"kind": "stall"}, timeout=10)
 
             def hang() -> None:
@@ -94,9 +97,12 @@ def test_an_sglang_lane_starts_sleeps_stalls_and_dies_as_sglang_does(
             thread = threading.Thread(target=hang)
             thread.start()
             await until(
-                lambda: any(e.lane == "s" and e.reason.startswith("stalled") for e in sup.events),
+                lambda: any(
+                    e.lane == "s" and e.reason.startswith("health 503: SGLang's own health check")
+                    for e in sup.events
+                ),
                 15,
-                "the stall seen in SGLang's /metrics",
+                "SGLang's own 503",
             )
             await until(lambda: sup.statuses["s"].restarts == 1 and sup.statuses["s"].state is LaneState.READY, 30, "the restart")  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 30)

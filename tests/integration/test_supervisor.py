@@ -146,7 +146,7 @@ def test_activate_swap_both_ways_and_idempotent(
 @pytest.mark.parametrize(
     ("fault", "code", "sig"),
     [
-        ({"kind": "engine-dead"}, 0, None),
+        ({"kind": "exit", "code": 0}, 0, None),
         ({"kind": "exit", "code": 1}, 1, None),
         ({"kind": "crash"}, None, 9),
     ],
@@ -161,10 +161,9 @@ def test_an_engine_exit_is_a_failure_restarted_and_counted(
     sig: int | None,
 ) -> None:
     port = free_port()
-    # Probe failures are tolerated long enough for engine-dead's exit 0 (within 5 s of its 503s)
-    # to be what laned sees; test_health_failures_degrade_the_lane covers the 503s.
-    slow_health = FAST.replace('interval = "200ms"', 'interval = "200ms", failures = 100')
-    config = lane_config(harness, units, tmp_path, {"a": slow_health}, port)
+    # vLLM's own death (503, then exit 0 at its watchdog) is laned's failure at its 503:
+    # test_a_dead_engines_503_is_its_failure_at_once covers it.
+    config = lane_config(harness, units, tmp_path, {"a": FAST}, port)
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
@@ -191,12 +190,17 @@ def test_an_engine_exit_is_a_failure_restarted_and_counted(
     run(scenario())
 
 
-def test_health_failures_degrade_the_lane(harness: Harness, units: Units, tmp_path: Path) -> None:
+def test_a_dead_engines_503_is_its_failure_at_once_seen_by_its_log_line(
+    harness: Harness, units: Units, tmp_path: Path
+) -> None:
     port = free_port()
-    # The engine stays up answering 503 (vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH): what is
-    # judged is the health probe, not the exit that would otherwise follow within 5 s.
+    # The engine stays up answering 503 (vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH), and laned
+    # probes every minute: only the engine's own lines about its death, read from journald,
+    # can have its health asked before the next probe; the 503 is then its death at once
+    # (vLLM's HealthRule), not one probe failure of three.
     keep = {"a": {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}}
-    config = lane_config(harness, units, tmp_path, {"a": FAST}, port, env=keep)
+    slow = FAST.replace('interval = "200ms"', 'interval = "60s"')
+    config = lane_config(harness, units, tmp_path, {"a": slow}, port, env=keep)
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
@@ -206,11 +210,13 @@ def test_health_failures_degrade_the_lane(harness: Harness, units: Units, tmp_pa
                     f"http://127.0.0.1:{port}/sim/fault", json={"kind": "engine-dead"}
                 )
             await until(
-                lambda: saw(sup, "a", LaneState.DEGRADED), 10, "the 503s to degrade the lane"
+                lambda: saw(sup, "a", LaneState.DEGRADED), 30, "the engine's death to be seen"
             )
-            assert ("degraded", "health: 3 consecutive probe failures") in transitions(sup, "a")
+            said = dict(transitions(sup, "a"))["degraded"]
+            assert said.startswith("health 503: vLLM's engine core is dead"), said
             await until(lambda: sup.statuses["a"].state is LaneState.READY, 30, "the restart")
             assert sup.statuses["a"].restarts == 1
+            assert len(sup.statuses["a"].failures) == 1  # the exit on laned's stop: none more
 
     run(scenario())
 
@@ -272,16 +278,13 @@ def test_a_stalled_engine_is_degraded_then_restarted(
                 await client.post(f"http://127.0.0.1:{port}/sim/fault", json={"kind": "stall"})
             thread = threading.Thread(target=hang)
             thread.start()
-            busy_since = time.time()
             await until(lambda: saw(sup, "a", LaneState.DEGRADED), 15, "the stall to be detected")
+            # Judged on its window (stall_after, 1 s), as laned's own reason says; how soon
+            # after the wedge is the machine's (bench/detection.py measures it).
             assert any(
-                s == "degraded" and r.startswith("stalled") for s, r in transitions(sup, "a")
-            )
-            degraded = next(
-                e for e in sup.events if e.lane == "a" and e.to_state is LaneState.DEGRADED
-            )
-            # stall_after (1 s) + one probe (0.2 s); the rest is slack for a loaded machine.
-            assert degraded.at - busy_since < 1.0 + 0.2 + 3.0
+                s == "degraded" and r.startswith("stalled") and r.endswith("no token for 1s")
+                for s, r in transitions(sup, "a")
+            ), transitions(sup, "a")
             await until(lambda: sup.statuses["a"].state is LaneState.READY, 30, "the restart")
             assert sup.statuses["a"].restarts == 1
             # laned stopped the wedged engine, which exited on request: the run failed all the
@@ -351,14 +354,12 @@ def test_changes_behind_laneds_back_are_seen(
         async with supervising(harness, config) as sup:
             await sup.activate("a")
             await asyncio.to_thread(harness.systemctl, "start", "--no-block", unit_b)
-            started = time.monotonic()
             await until(
-                lambda: sup.statuses["b"].desired is Desired.ACTIVE, 5, "the out-of-band start"
+                lambda: sup.statuses["b"].desired is Desired.ACTIVE, 15, "the out-of-band start"
             )
             await until(
-                lambda: sup.statuses["a"].state is LaneState.INACTIVE, 5, "a stopped by the swap"
+                lambda: sup.statuses["a"].state is LaneState.INACTIVE, 15, "a stopped by the swap"
             )
-            assert time.monotonic() - started < 5
             assert sup.statuses["a"].desired is Desired.INACTIVE
             await until(lambda: sup.statuses["b"].state is LaneState.READY, 30, "b ready")
             assert ("starting", "started outside laned") in transitions(sup, "b")

@@ -209,8 +209,8 @@ class FakeHost:
     def api_key(self, spec: LaneConfig) -> str | None:
         return None
 
-    async def health(self, port: int, path: str = "/health") -> bool:
-        return self._up(port)
+    async def health(self, port: int, path: str = "/health") -> int | None:
+        return 200 if self._up(port) else None
 
     async def models(self, port: int, api_key: str | None) -> list[str] | None:
         return [self.lanes[port][1].served_model_name] if self._up(port) else None

@@ -37,9 +37,9 @@ class Engine:
     async def accepts(self, port: int) -> bool:
         return time.monotonic() >= self.opens
 
-    async def health(self, port: int, path: str = "/health") -> bool:
+    async def health(self, port: int, path: str = "/health") -> int | None:
         self.http += 1
-        return time.monotonic() >= self.serves
+        return 200 if time.monotonic() >= self.serves else None
 
     async def models(self, port: int, api_key: str | None) -> list[str] | None:
         return ["a"] if time.monotonic() >= self.serves else None
@@ -71,13 +71,15 @@ def test_a_port_opening_near_the_last_cold_start_is_seen_at_once() -> None:
     # Probing every 5 s (deep in a long cold start); the last start took 1 s; the port opens
     # at 0.9 s. Without the close watch the next probe would come at 5 s.
     lag = ready_after(Engine(time.monotonic() + 0.9), lane("5s"), expected=1.0)
-    assert lag < 0.5
+    assert (
+        lag < 2.5
+    )  # about 10 ms; without the close watch, about 4 s (half: a busy machine's slack)
 
 
 def test_the_engine_log_line_starts_a_close_watch_without_a_known_cold_start() -> None:
     # The poke (the engine logged its API server's start) comes before the port opens.
     lag = ready_after(Engine(time.monotonic() + 0.6), lane("5s"), expected=None, poke_at=0.3)
-    assert lag < 0.5
+    assert lag < 2.5  # as above
 
 
 def test_a_port_taken_before_the_engine_serves_is_probed_10_times_a_second() -> None:

@@ -116,7 +116,11 @@ def test_a_slow_lane_fails_speed_and_is_degraded_but_left_running(
                 and "below 1000" in status.reason
             )
             speed = status.checks["gates"]["speed"]  # type: ignore[index]
-            assert not speed["passed"] and 180 < speed["measured"]["decode_tok_s"] < 220
+            # Refused by its threshold on what it measured: the simulator decodes 200 a second
+            # on an idle machine, fewer on a busy one; either way below 1000.
+            measured = speed["measured"]["decode_tok_s"]
+            assert not speed["passed"] and 0 < measured < 1000, speed
+            assert f"{measured:.0f}" in status.reason or f"{measured:g}" in status.reason, status
             assert status.checks["gates"]["chat"]["passed"]  # type: ignore[index]
             assert status.restarts == 0, "a failed check is no reason to restart"
             # Liveness keeps probing the degraded lane (each probe adds a metrics sample) ...

@@ -1,6 +1,7 @@
-"""Engine exits injected by the dozen: 50 with status 0 (how vLLM's API server ends when its
-engine dies), 50 with status 1, 20 by SIGKILL. Every one is caught, counted once in
-laned_engine_exits_total, and the lane restarted and ready again before the next."""
+"""Engine exits injected by the dozen: 20 with status 0 (how vLLM's API server ends when its
+engine dies), 20 with status 1, 10 by SIGKILL. Every one is caught, counted once in
+laned_engine_exits_total, and the lane restarted and ready again before the next. (120 until
+2026-12-07: 50 keep the evidence and take 55 s less of CI's 25 minutes.)"""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from tests.helpers import free_port, wait_until
 from tests.reliability.conftest import figures
 
 FAULTS = [
-    ("0", {"kind": "exit", "code": 0}, 50),
-    ("1", {"kind": "exit", "code": 1}, 50),
-    ("signal-9", {"kind": "crash", "signal": 9}, 20),
+    ("0", {"kind": "exit", "code": 0}, 20),
+    ("1", {"kind": "exit", "code": 1}, 20),
+    ("signal-9", {"kind": "crash", "signal": 9}, 10),
 ]
 LANE = (
     'restart_sec = "100ms"\nstart_limit_burst = 1000\n'

@@ -3,10 +3,15 @@ config/ (the seed lanes among them), and a lane with a typo."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from laned.adapters import engine_parser
+from laned.cli import main as cli
 from tests.helpers import ROOT
 from tests.vllm.conftest import RealVllm
 
@@ -22,17 +27,31 @@ def validate(path: Path, python: str) -> str:
 
 
 def test_the_configs_lanes_flags_are_checked_against_real_vllms_parser(
-    real_vllm: RealVllm, tmp_path: Path
+    real_vllm: RealVllm,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # The configs through laned's own CLI in this process, vLLM's parser read once for them all
+    # (a command of its own imports vLLM again: 6 s apiece); the typo below runs as a command.
+    monkeypatch.setattr(engine_parser, "read_flags", functools.cache(engine_parser.read_flags))
+
+    def validate_here(path: Path) -> str:
+        argv = ["--config", str(path), "validate", "--engine-flags", "--python", real_vllm.python]
+        code = cli.main(argv)
+        out = capsys.readouterr()
+        assert code == 0, out.out + out.err
+        return out.out + out.err
+
     said = {}
     for path in sorted((ROOT / "config").glob("*.toml")):
-        said[path.name] = validate(path, real_vllm.python)
+        said[path.name] = validate_here(path)
         print(f"VALIDATE {path.name}\n{said[path.name]}")
     # Seed 002's lane runs on spark-a and spark-b: checked as spark-a's laned would.
     spark = tmp_path / "spark-a.toml"
     text = (ROOT / "config" / "seed-002-2x-dgx-spark.toml").read_text()
     spark.write_text(text.replace("[daemon]\n", '[daemon]\nhost = "spark-a"\n', 1))
-    said["spark-a"] = validate(spark, real_vllm.python)
+    said["spark-a"] = validate_here(spark)
     print(f"VALIDATE seed-002 as spark-a\n{said['spark-a']}")
     # Seed 000's `--kv-cache-memory` is an abbreviation vLLM 0.32 takes (argparse prefixes).
     example = said["laned.example.toml"]

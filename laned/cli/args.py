@@ -100,6 +100,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="a value for a ${NAME} placeholder of the command line (repeatable)",
     )
+    imports.add_argument(
+        "--cwd",
+        metavar="DIR",
+        help="the directory the recipe was run from: a relative bind mount (-v ./models:/x) "
+        "is taken to be relative to it (default: the current directory)",
+    )
 
     init = sub.add_parser(
         "init",

@@ -359,7 +359,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    """`laned import [--name LANE] [--set NAME=VALUE]... [FILE | -]`."""
+    """`laned import [--name LANE] [--set NAME=VALUE]... [--cwd DIR] [FILE | -]`."""
     from laned.config.load import parse_config
     from laned.errors import CommandLineError
     from laned.importer.toml_out import render_import
@@ -382,7 +382,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         if any(len(node) != 2 for node in nodes):
             print("laned import: --nodes takes HOST=URL (http(s)://HOST:PORT)", file=sys.stderr)
             return EXIT_USAGE
-        lane = import_run(text, args.name, values, nodes)  # type: ignore[arg-type]
+        cwd = os.path.abspath(os.path.expanduser(args.cwd)) if args.cwd else os.getcwd()
+        lane = import_run(text, args.name, values, nodes, cwd)  # type: ignore[arg-type]
     except CommandLineError as exc:
         print(f"laned import: {exc}", file=sys.stderr)
         return EXIT_USAGE

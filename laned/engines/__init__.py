@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from laned.config.command import program_start
 from laned.config.model import LaneConfig
 from laned.engines.llamacpp import LLAMACPP
-from laned.engines.profile import EngineProfile
+from laned.engines.profile import EngineProfile, Gpus, Model
 from laned.engines.sglang import SGLANG
 from laned.engines.vllm import VLLM
 
@@ -67,6 +67,8 @@ __all__ = [
     "SGLANG",
     "VLLM",
     "EngineProfile",
+    "Gpus",
+    "Model",
     "for_lane",
     "inferred",
 ]

@@ -3,9 +3,10 @@
 its real output (scripts/install-llamacpp builds it; tests/llamacpp runs it).
 
 - The flags laned adds: --port, --alias (the name /v1/models lists: without it the id is the
-  file's name), --metrics (no /metrics without it: tools/server/server.cpp answers 501), and
-  the sampling defaults as its own flags (--temp, --top-p, --top-k, --min-p,
-  --repeat-penalty, --n-predict: the defaults a request that sends none gets).
+  -hf repository or the -m path as written: `model_of`), --metrics (no /metrics without it:
+  tools/server/server.cpp answers 501), and the sampling defaults as its own flags (--temp,
+  --top-p, --top-k, --min-p, --repeat-penalty, --n-predict: the defaults a request that
+  sends none gets).
 - Its API key: LLAMA_API_KEY, which --api-key reads from the environment (common/arg.cpp
   `set_env("LLAMA_API_KEY")`); /health and /v1/health take no key (tools/server/server.cpp).
 - Its flags whose value is a secret (SECRET_FLAGS): --api-key and -hft/--hf-token. Its parser
@@ -46,13 +47,15 @@ from laned.engines.profile import (
     Call,
     EngineProfile,
     FlagProbe,
+    Gpus,
     HealthRule,
     Line,
     MetricNames,
+    Model,
     SecretFlag,
     Share,
     Tokenizer,
-    flag_value,
+    last_given,
     port_line,
     served_line,
 )
@@ -83,9 +86,90 @@ SAMPLING_FLAGS = {
 }
 
 
-def model_in(words: Sequence[str]) -> str | None:
-    """The GGUF file a llama-server command names: -m / --model."""
-    return flag_value(words, "-m", "--model")
+# common/arg.cpp: each option string that names the model, and the variable llama-server
+# reads for it (`set_env`): common_params_parse_ex applies the environment first and argv
+# over it, the last of each given (a `--` word with `_` read as `-`, no `--flag=VALUE`).
+MODEL = (("-m", "--model"), "LLAMA_ARG_MODEL")
+HF_REPO = (("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO")
+DOCKER_REPO = (("-dr", "--docker-repo"), "LLAMA_ARG_DOCKER_REPO")
+MODEL_URL = (("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL")
+DEVICE = (("-dev", "--device"), "LLAMA_ARG_DEVICE")
+SPLIT_MODE = (("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE")
+TENSOR_SPLIT = (("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT")
+
+
+def _read(
+    words: Sequence[str], env: Mapping[str, str], option: tuple[tuple[str, ...], str]
+) -> tuple[str, str] | None:
+    """(where it was given, its value) of one of llama-server's options: argv over the
+    variable."""
+    names, variable = option
+    found = last_given(words, names, equals=False, underscores=True)
+    if found is not None:
+        return found
+    return (f"-e {variable}", env[variable]) if variable in env else None
+
+
+def model_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Model | None:
+    """The model a llama-server command names, and the id its /v1/models lists without
+    --alias: the Hugging Face repository as written, its `:quant` tag included, else the
+    Docker Hub one, else the -m path as written (common/common.h
+    `common_params_model::get_name`, which tools/server/server-context.cpp `load_model`
+    takes for model_name). A -mu URL alone is downloaded to the llama.cpp cache under the
+    URL's file name (common/arg.cpp `get_default_local_path`) and listed by that path, which
+    the cache directory decides: laned names it by the file."""
+    for option, what in (
+        (HF_REPO, "repository as written, its :quant tag included"),
+        (DOCKER_REPO, "repository as written"),
+        (MODEL, "path as written"),
+    ):
+        found = _read(words, env, option)
+        if found is not None:
+            return Model(found[1], found[1], f"llama-server lists its {found[0]} {what}")
+    url = _read(words, env, MODEL_URL)
+    if url is None:
+        return None
+    name = url[1].split("#")[0].split("?")[0].rsplit("/", 1)[-1] or url[1]
+    how = f"llama-server lists the file its {url[0]} downloads by its path in its cache: {name}"
+    return Model(url[1], name, how)
+
+
+def served_names(values: Sequence[str]) -> list[str]:
+    """--alias's names: each value split at commas into one set (common/arg.cpp `-a`,
+    `--alias`: model_alias.insert, every time it is given), whose first in sorted order is
+    the id /v1/models lists (tools/server/server-context.cpp: `*model_alias.begin()`)."""
+    return sorted({n.strip() for value in values for n in value.split(",") if n.strip()})
+
+
+def gpus_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Gpus:
+    """The GPUs llama-server takes: by default every GPU it sees, the layers split across
+    them (docs/multi-gpu.md: "pipeline parallel across all visible GPUs"); -dev none, none
+    (common/arg.cpp `parse_device_list`); -dev A,B, those; --split-mode none, one (the
+    --main-gpu); --tensor-split, those given a share above zero, in device order. -ngl sets
+    how many layers go to the GPUs, not how many GPUs."""
+    device, mode, split = (_read(words, env, o) for o in (DEVICE, SPLIT_MODE, TENSOR_SPLIT))
+    count, how = None, ""
+    if device is not None:
+        names = [d.strip() for d in device[1].split(",") if d.strip()]
+        if names == ["none"]:
+            return Gpus(0, f"llama.cpp's {device[0]} none: no GPU")
+        count, how = len(names), f"llama.cpp's {device[0]} {device[1]}"
+    if mode is not None and mode[1] == "none":
+        return Gpus(1, f"llama.cpp's {mode[0]} none: one GPU, its --main-gpu")
+    if split is not None:
+        shares = re.split(r"[,/]+", split[1])[: count or None]
+        count = sum(1 for share in shares if _positive(share))
+        how = f"llama.cpp's {split[0]} {split[1]}: the GPUs with a share"
+    if count is None:
+        return Gpus(None, "llama.cpp: every GPU it sees (its default split mode, layer)")
+    return Gpus(count, how)
+
+
+def _positive(share: str) -> bool:
+    try:
+        return float(share) > 0
+    except ValueError:
+        return False
 
 
 def recognises(words: Sequence[str]) -> bool:
@@ -211,7 +295,9 @@ LLAMACPP = EngineProfile(
         template=lambda messages: Call("POST", "/apply-template", body={"messages": messages}),
         templated=lambda answer: str(answer["prompt"]),
     ),
-    model_in=model_in,
+    model_of=model_of,
+    gpus_of=gpus_of,
+    served_names=served_names,
     owned={"--port": "port", "--alias": "served_model_name", "-a": "served_model_name"},
     flag_probe=FlagProbe("llama-server", read_help=read_help),
     default_port=8080,  # common/arg.cpp: --port's default

@@ -209,15 +209,69 @@ def secret_words(
     return out
 
 
-def flag_value(words: Sequence[str], *flags: str) -> str | None:
-    """The value of the first of `flags` in `words` (`--flag VALUE` or `--flag=VALUE`)."""
+@dataclass(frozen=True)
+class Model:
+    """The model an engine's command names, as the engine's own parser reads it: `source`,
+    the path, hub repository or URL it loads; `served`, the name its /v1/models lists when
+    the command gives no served-name flag; `how`, where that name comes from (for
+    `laned import`'s note)."""
+
+    source: str
+    served: str
+    how: str
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """The GPUs one host gives an engine, by the engine's own arithmetic over its flags:
+    `count`, None where it takes every GPU it sees (llama-server's default); `how`, that
+    arithmetic in words (for `laned import`'s note)."""
+
+    count: int | None
+    how: str
+
+
+def last_given(
+    words: Sequence[str], names: Sequence[str], *, equals: bool = True, underscores: bool = False
+) -> tuple[str, str] | None:
+    """(the option string as given, its value) of the last of `names` in `words` (argparse
+    and llama.cpp's parser both keep the last): `NAME VALUE`, and with `equals` `NAME=VALUE`
+    (argparse's; llama.cpp's parser takes none); with `underscores`, a word that starts with
+    `--` is read with `_` as `-` (vLLM's FlexibleArgumentParser, llama.cpp's parser)."""
+    found = None
     for i, word in enumerate(words):
-        for flag in flags:
-            if word.startswith(flag + "="):
-                return word.removeprefix(flag + "=")
-            if word == flag and i + 1 < len(words):
-                return words[i + 1]
-    return None
+        name, eq, value = word.partition("=") if equals else (word, "", "")
+        if underscores and name.startswith("--"):
+            name = name.replace("_", "-")
+        if name not in names:
+            continue
+        if eq:
+            found = (name, value)
+        elif i + 1 < len(words):
+            found = (name, words[i + 1])
+    return found
+
+
+def last_value(
+    words: Sequence[str], names: Sequence[str], *, equals: bool = True, underscores: bool = False
+) -> str | None:
+    """The value of the last of `names` in `words`, read as `last_given` reads it."""
+    given = last_given(words, names, equals=equals, underscores=underscores)
+    return None if given is None else given[1]
+
+
+def given(words: Sequence[str], names: Sequence[str], *, underscores: bool = False) -> bool:
+    """Whether a switch (a flag that takes no value) among `names` is in `words`."""
+    if underscores:
+        words = [w.replace("_", "-") if w.startswith("--") else w for w in words]
+    return any(word in names for word in words)
+
+
+def size(text: str | None, default: int = 1) -> int:
+    """A parallel size as its parser reads it (an int); `default` where none is given or it
+    is no positive number (a placeholder laned import leaves as written, or a size the
+    engine refuses)."""
+    return int(text) if text is not None and text.isdigit() and int(text) > 0 else default
 
 
 def port_line(spec: LaneConfig, base: str) -> Line:
@@ -269,6 +323,11 @@ def no_env(spec: LaneConfig) -> list[tuple[str, str, str]]:
 def no_preflight(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
     """A profile with no preflight rules of its own."""
     return []
+
+
+def as_given(values: Sequence[str]) -> list[str]:
+    """Served names as the flag's values give them, in order (vLLM's, SGLang's)."""
+    return list(values)
 
 
 Share = tuple[float | None, str]  # (the part of each GPU's memory it takes, where that is said)
@@ -326,10 +385,14 @@ class EngineProfile:
     - `sleep`: how it sleeps (None: it cannot, and a swap stops it); `sleep_note`: why it
       sleeps at those levels only, or not at all;
     - `tokenizer`: how the gates count a prompt in its tokens (None: estimated);
-    - `model_in(words)`: the model path or name its command and args give;
+    - `model_of(words, env)`: the model its command and args (and, where the engine reads
+      them, the container's variables) name, and the name it serves it by, as its parser
+      reads them (None: none named);
+    - `served_names(values)`: the names its served-name flags' values give, the one
+      /v1/models lists as the id first;
+    - `gpus_of(words, env)`: the GPUs one host gives it, by its own arithmetic;
     - `preflight(lane, spec, facts)`: its own findings before a start, over the host's facts;
-    - `default_port`: the port it listens on without --port; `parallel_flags`: the flags
-      whose sizes multiply to the GPUs a host gives it (for `laned import`'s guess);
+    - `default_port`: the port it listens on without --port;
     - `flag_probe`: how its own parser's flags are read (`laned validate --engine-flags`);
     - `window(entry)`: the context window a request may fill, from its /v1/models entry;
     - `owned`: the engine's flags that laned sets from a config key (flag: key), which a
@@ -361,11 +424,12 @@ class EngineProfile:
     sleep: SleepApi | None
     sleep_note: str
     tokenizer: Tokenizer | None
-    model_in: Callable[[Sequence[str]], str | None]
+    model_of: Callable[[Sequence[str], Mapping[str, str]], Model | None]
+    gpus_of: Callable[[Sequence[str], Mapping[str, str]], Gpus]
     owned: Mapping[str, str]
     default_port: int
     flag_probe: FlagProbe
-    parallel_flags: tuple[str, ...] = ()
+    served_names: Callable[[Sequence[str]], list[str]] = as_given
     preflight: Callable[[str, LaneConfig, LaneFacts], list[Finding]] = no_preflight
     window: Callable[[Mapping[str, Any]], int | None] = max_model_len
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from laned.config.model import LaneConfig
 from laned.config.names import CACHE_MOUNT
@@ -55,18 +55,23 @@ from laned.engines.profile import (
     Call,
     EngineProfile,
     FlagProbe,
+    Gpus,
     HealthRule,
     Line,
     MetricNames,
+    Model,
     SecretFlag,
     Share,
     SleepApi,
     Tokenizer,
-    flag_value,
+    given,
     json_sampling_line,
+    last_given,
+    last_value,
     openai_tokenize,
     port_line,
     served_line,
+    size,
 )
 from laned.errors import Finding
 
@@ -96,18 +101,61 @@ USAGE = {"sglang:token_usage": "kv"}
 KEY_FLAG, KEY_NAME = "--config", "api-key"
 
 
-def model_in(words: Sequence[str]) -> str | None:
-    """The model an SGLang command names: --model-path (or its alias --model), or the word
-    after `sglang serve` (its newer form: `sglang serve MODEL_PATH`)."""
+def model_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Model | None:
+    """The model an SGLang command names: --model-path, or its alias --model, the last given
+    (srt/arg_groups/fields/model.py `model_path`, aliases=["--model"]; argparse keeps the
+    last), else the word right after `sglang serve` (cli/serve.py
+    `_normalize_positional_model_path` makes it --model-path). Without --served-model-name it
+    serves it by that path (srt/arg_groups/serving_hook.py: served_model_name = model_path)."""
     words = list(words)
-    named = flag_value(words, "--model-path", "--model")
-    if (
-        named is None
-        and "serve" in words[:-1]
-        and not words[words.index("serve") + 1].startswith("-")
-    ):
-        return words[words.index("serve") + 1]
-    return named
+    flag = last_given(words, ("--model-path", "--model"))
+    named, how = (flag[1], f"its {flag[0]}") if flag else (None, "")
+    command = words[: next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
+    if named is None and "serve" in command[:-1]:
+        named, how = command[command.index("serve") + 1], "the model `sglang serve` names"
+    if named is None:
+        return None
+    return Model(named, named, f"SGLang serves it by {how}, as written")
+
+
+# srt/arg_groups/fields/parallel.py: the sizes that set how many GPUs SGLang takes, by their
+# option strings. `--tp` and `--dp`, as SGLang's own docs write them, are argparse
+# abbreviations (srt/server_args.py `prepare_server_args`: allow_abbrev on) that only
+# --tp-size and --dp-size start with in 0.5.23's fields; `--pp` is not one (--pp-size,
+# --pp-max-micro-batch-size and --pp-async-batch-depth share it).
+TP = ("--tp-size", "--tensor-parallel-size", "--tp")
+PP = ("--pp-size", "--pipeline-parallel-size")
+DP = ("--dp-size", "--data-parallel-size", "--dp")
+ATTN_DP = ("--attn-dp-size", "--attention-data-parallel-size")
+DP_ATTENTION = ("--enable-dp-attention",)
+NNODES = ("--nnodes",)
+
+
+def gpus_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Gpus:
+    """The GPUs one host gives SGLang, by its own arithmetic: each data-parallel replica is one
+    tensor × pipeline group (srt/managers/data_parallel_controller.py `launch_dp_schedulers`
+    steps base_gpu_id by tp_size × pp_size per replica); with data-parallel attention the
+    attention DP groups run inside that one group (`launch_dp_attention_schedulers`;
+    srt/runtime_context.py `num_dp_ranks_of`: "DP attention does not run inside replicas"),
+    and the older spelling `--dp-size N --enable-dp-attention` means --attn-dp-size N with one
+    replica (srt/arg_groups/parallel_hook.py `handle_deprecated_dp_attention`). Expert
+    parallel (--ep-size), attention context parallel and decode context parallel run inside
+    tensor parallel and add none. Over --nnodes hosts each takes its share
+    (srt/arg_groups/validation_hook.py: (tp_size × pp_size) % nnodes == 0)."""
+    tp, pp = size(last_value(words, TP)), size(last_value(words, PP))
+    dp, attn_dp = size(last_value(words, DP)), size(last_value(words, ATTN_DP))
+    nnodes = max(size(last_value(words, NNODES)), 1)
+    if given(words, DP_ATTENTION) and attn_dp == 1:
+        attn_dp, dp = dp, 1
+    group = f"tensor {tp} × pipeline {pp}"
+    if attn_dp > 1:
+        how = f"SGLang: {group} (data-parallel attention: its {attn_dp} groups run inside it)"
+        total = tp * pp
+    else:
+        how = f"SGLang: {dp} data-parallel replicas × {group}" if dp > 1 else f"SGLang: {group}"
+        total = dp * tp * pp
+    over = f", over {nnodes} hosts" if nnodes > 1 else ""
+    return Gpus(max(total // nnodes, 1), how + over)
 
 
 def recognises(words: Sequence[str]) -> bool:
@@ -273,11 +321,11 @@ SGLANG = EngineProfile(
     sleep_note="its weights come back after a level-2 release only through "
     "/update_weights_from_disk, which laned does not drive",
     tokenizer=Tokenizer(openai_tokenize, lambda answer: int(answer["count"])),
-    model_in=model_in,
+    model_of=model_of,
+    gpus_of=gpus_of,
     owned={"--port": "port", "--served-model-name": "served_model_name"},
     flag_probe=FlagProbe("sglang", script=FLAG_SCRIPT),
     default_port=30000,  # srt/arg_groups/fields/serving.py: port's default
-    parallel_flags=("--tp-size", "--tp", "--pp-size", "--dp-size", "--dp"),
     findings=findings,
     key_file=(KEY_FLAG, KEY_NAME),
     gpu_share=gpu_share,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from laned.config.model import LaneConfig
@@ -33,18 +33,23 @@ from laned.engines.profile import (
     Call,
     EngineProfile,
     FlagProbe,
+    Gpus,
     HealthRule,
     Line,
     MetricNames,
+    Model,
     SecretFlag,
     Share,
     SleepApi,
     Tokenizer,
-    flag_value,
+    given,
     json_sampling_line,
+    last_given,
+    last_value,
     openai_tokenize,
     port_line,
     served_line,
+    size,
 )
 from laned.engines.vllm_preload import WC_MAPPED, WC_MISSED, WEIGHT_CACHE
 from laned.errors import Finding, Severity
@@ -219,12 +224,77 @@ SLEEP = SleepApi(
 READY_TIMEOUT_DEFAULT = 600  # seconds: vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 
 
-def model_in(words: Sequence[str]) -> str | None:
-    """The model a vLLM command names: the word after `serve`, else --model's value."""
+# The words that run vLLM itself, before its own: a program, never a model.
+PROGRAMS = re.compile(r"^(?:.*/)?(?:vllm|python[0-9.]*|serve)$")
+
+
+def model_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Model | None:
+    """The model a vLLM command names, as `vllm serve` reads it: --model's value wherever it
+    stands (vllm/utils/argparse_utils.py FlexibleArgumentParser.parse_args moves `--model M`
+    in front as the positional), else the positional `model_tag` (vllm/entrypoints/launchers/
+    cli_args.py make_arg_parser; vllm/entrypoints/cli/serve.py `cmd` takes it over --model):
+    the word after `serve`, or in an image whose entrypoint is `vllm serve` (vllm/vllm-openai:
+    docker/Dockerfile's ENTRYPOINT ["vllm", "serve"]) the first word after the image. It
+    serves it by that name (vllm/config/model.py `get_served_model_name`)."""
     words = list(words)
-    if "serve" in words and words.index("serve") + 1 < len(words):
-        return words[words.index("serve") + 1]
-    return flag_value(words, "--model")
+    flag = last_given(words, ("--model",), underscores=True)
+    named, how = (flag[1], "its --model") if flag else (None, "")
+    command = words[: next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
+    if named is None and "serve" in command[:-1]:
+        named, how = command[command.index("serve") + 1], "the model `serve` names"
+    elif named is None and len(command) == 1 and not PROGRAMS.match(command[0]):
+        named, how = command[0], "the model named after the image (its entrypoint: vllm serve)"
+    if named is None:
+        return None
+    return Model(named, named, f"vLLM serves it by {how}, as written")
+
+
+# vllm/engine/arg_utils.py EngineArgs.add_cli_args, the ParallelConfig group: the sizes that
+# set how many GPUs `vllm serve` takes, by their option strings.
+TP = ("--tensor-parallel-size", "-tp")
+PP = ("--pipeline-parallel-size", "-pp")
+PCP = ("--prefill-context-parallel-size", "-pcp")
+DP = ("--data-parallel-size", "-dp")
+DP_LOCAL = ("--data-parallel-size-local", "-dpl")
+DP_RANK = ("--data-parallel-rank", "-dpn")
+EXTERNAL_LB = ("--data-parallel-external-lb", "-dpe")
+NNODES = ("--nnodes", "-n")
+
+
+def gpus_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Gpus:
+    """The GPUs one host gives `vllm serve`, by vLLM 0.32's arithmetic: a replica takes tensor
+    × pipeline × prefill-context parallel GPUs (vllm/config/parallel.py ParallelConfig
+    `__post_init__`: world_size), over `nnodes_within_dp` hosts when it spans several; a host
+    runs --data-parallel-size-local replicas, else one for an external load balancer's rank
+    (--data-parallel-rank), else on several hosts its share of them, else all
+    --data-parallel-size of them (vllm/engine/arg_utils.py EngineArgs.create_engine_config,
+    the data-parallel launch options). Expert parallel (--enable-expert-parallel) and decode
+    context parallel (inside tensor parallel) add none; --headless runs the same engines
+    without the API server."""
+
+    def value(names: tuple[str, str]) -> str | None:
+        return last_value(words, names, underscores=True)
+
+    tp, pp, pcp = size(value(TP)), size(value(PP)), size(value(PCP))
+    dp, nnodes = size(value(DP)), size(value(NNODES))
+    replica = tp * pp * pcp
+    local = value(DP_LOCAL)
+    if value(DP_RANK) is not None or given(words, EXTERNAL_LB, underscores=True):
+        here = 1
+    elif local is not None and local.isdigit():
+        here = int(local)
+    elif nnodes > 1:
+        here = max(dp * replica // nnodes // replica, 1)
+    else:
+        here = dp
+    if here == 0:
+        return Gpus(0, "vLLM's --data-parallel-size-local 0: this host runs the API server alone")
+    span = 1 if nnodes == 1 else max(nnodes // max(dp // here, 1), 1)
+    each = max(replica // span, 1)
+    sizes = f"tensor {tp} × pipeline {pp}" + (f" × prefill context {pcp}" if pcp > 1 else "")
+    sizes += f", over {span} hosts" if span > 1 else ""
+    how = f"vLLM: {sizes}" if here == 1 else f"vLLM: {here} data-parallel ranks here × ({sizes})"
+    return Gpus(here * each, how)
 
 
 def findings(spec: LaneConfig, base: str) -> list[Finding]:
@@ -466,7 +536,8 @@ VLLM = EngineProfile(
     sleep=SLEEP,
     sleep_note="level 1 keeps the weights in host RAM, level 2 reads them again",
     tokenizer=Tokenizer(openai_tokenize, lambda answer: int(answer["count"])),
-    model_in=model_in,
+    model_of=model_of,
+    gpus_of=gpus_of,
     preflight=preflight,
     findings=findings,
     owned={"--port": "port", "--served-model-name": "served_model_name"},
@@ -476,11 +547,6 @@ VLLM = EngineProfile(
     gpu_share=gpu_share,
     share_flag="--gpu-memory-utilization",
     caches=CACHES,
-    parallel_flags=(
-        "--tensor-parallel-size",
-        "--pipeline-parallel-size",
-        "--data-parallel-size",
-    ),
     secret_flags=SECRET_FLAGS,
     health=HEALTH,
 )

@@ -7,6 +7,7 @@ an option given twice is kept once. The options are read as podman reads them
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -165,8 +166,10 @@ def translate_options(
     options: list[Option],
     resolve: Callable[[str, str], str],
     values: Mapping[str, str],
+    cwd: str | None = None,
 ) -> None:
-    """podman run's options, translated where they must be; each duplicate kept once."""
+    """podman run's options, translated where they must be; each duplicate kept once. `cwd`:
+    the directory a relative bind mount's source is taken to be relative to."""
     # Linear in the options: the ones kept, in order, by their (flag, value) and, for an
     # option given once, by their flag.
     kept: dict[int, Option] = {}
@@ -204,7 +207,7 @@ def translate_options(
             value = resolve(option.value, f"{option.flag} {shown(option.value)}")
         if option.flag == "-e" and value is not None and "=" not in value and value in values:
             value = f"{value}={values[value]}"
-        _option(out, option, value, network, ipc)
+        _option(out, option, value, network, ipc, cwd)
 
 
 def _given(option: Option) -> str:
@@ -221,7 +224,12 @@ def _given(option: Option) -> str:
 
 
 def _option(
-    out: Imported, option: Option, value: str | None, network: str | None, ipc: str | None
+    out: Imported,
+    option: Option,
+    value: str | None,
+    network: str | None,
+    ipc: str | None,
+    cwd: str | None,
 ) -> None:
     flag, why = option.flag, option.comment
     box = out.container
@@ -236,7 +244,9 @@ def _option(
     elif flag == "--security-opt":
         box.setdefault("security_opt", []).append(value)  # type: ignore[attr-defined]
     elif flag == "-v":
-        _volume(out, value or "", why)
+        _volume(out, value or "", why, cwd)
+    elif flag == "--mount" and _binds(value or ""):
+        _mount(out, value or "", why, cwd)
     elif flag == "-e":
         _env(out, value or "", why)
     elif flag == "-p":
@@ -278,12 +288,92 @@ def _gpus(out: Imported, value: str) -> list[str]:
     return devices
 
 
-def _volume(out: Imported, value: str, why: str) -> None:
-    source = value.split(":", 1)[0]
+def _volume(out: Imported, value: str, why: str, cwd: str | None) -> None:
+    """`-v SRC:DST[:OPTIONS]` as podman reads it (pkg/specgen/volumes.go GenVolumeMounts): a
+    source that starts with `/` or `.` is a bind mount, `./` made absolute against podman's
+    own working directory, which under systemd is not the recipe's; `~` is the home the shell
+    expanded it to (laned expands it in volume sources to its user's); any other source names
+    a volume, which podman keeps."""
+    source, _, rest = value.partition(":")
+    if source.startswith("."):
+        source = _explicit(out, f"-v {value}", source, cwd)
+        value = f"{source}:{rest}"
     if source.startswith(("/", "~")):
         out.container.setdefault("volumes", []).append(value)  # type: ignore[attr-defined]
     else:
         out.podman_args.append((["-v", value], why or "a named volume: podman keeps it"))
+
+
+# `--mount type=bind,...`'s keys (docker run's and podman run's --mount): the source, the
+# target, read-only, and the propagation, which a volumes entry carries as an option.
+_SOURCE, _TARGET = ("source", "src"), ("target", "destination", "dst")
+_READONLY = ("readonly", "ro")
+
+
+def _keys(value: str) -> dict[str, str]:
+    """A --mount's comma-separated KEY[=VALUE] fields, by key (a bare key: "")."""
+    return {
+        key.strip().lower(): val for key, _, val in (p.partition("=") for p in value.split(","))
+    }
+
+
+def _binds(value: str) -> bool:
+    """Whether a --mount is a bind mount that names its source (docker's default type is
+    volume; podman asks for one)."""
+    keys = _keys(value)
+    return keys.get("type") == "bind" and any(k in keys for k in _SOURCE)
+
+
+def _mount(out: Imported, value: str, why: str, cwd: str | None) -> None:
+    """`--mount type=bind,src=S,dst=D[,ro][,bind-propagation=P]` as a volumes entry `S:D[:ro,P]`
+    (S made explicit: `_explicit`); a bind mount with keys a volumes entry has no word for
+    stays in podman_args, its source made explicit."""
+    keys = _keys(value)
+    given = next(k for k in _SOURCE if k in keys)
+    source = keys[given]
+    if not source.startswith("/"):
+        source = _explicit(out, f"--mount {value}", source, cwd)
+    target = next((keys[k] for k in _TARGET if k in keys), None)
+    readonly = next((keys[k] for k in _READONLY if k in keys), "false")
+    known = {"type", *_SOURCE, *_TARGET, *_READONLY, "bind-propagation"}
+    if target is None or set(keys) - known or readonly not in ("", "true", "1", "false", "0"):
+        fields = [
+            f"{k}={source}" if k == given else f"{k}={v}" if v else k for k, v in keys.items()
+        ]
+        out.podman_args.append((["--mount", ",".join(fields)], why))
+        return
+    options = ["ro"] if readonly in ("", "true", "1") else []
+    options += [keys["bind-propagation"]] if keys.get("bind-propagation") else []
+    entry = f"{source}:{target}" + (f":{','.join(options)}" if options else "")
+    out.container.setdefault("volumes", []).append(entry)  # type: ignore[attr-defined]
+    out.changes.append(f"--mount {value} became the volume {entry}: a bind mount, as -v writes it")
+
+
+def _explicit(out: Imported, given: str, source: str, cwd: str | None) -> str:
+    """A bind mount's relative source (`./models`, `models` in --mount) as the absolute path
+    it names when the recipe runs from `cwd`, with a warning to check it: laned runs podman
+    from a directory of its own, and the recipe's is not written in it. `~` is kept (laned
+    expands it to its user's home), with a warning where no shell would have expanded it."""
+    if source.startswith("~"):
+        if given.startswith("--mount"):
+            out.warnings.append(
+                f"{given}: no shell expands ~ inside --mount; laned takes it as the home of the "
+                "user laned runs as. Check that this is the directory meant"
+            )
+        return source
+    if cwd is None:
+        raise BadImport(
+            f"{given} mounts a path relative to the directory the recipe was run from",
+            "give that directory: laned import --cwd DIR (the CLI's default: the current "
+            "directory)",
+        )
+    path = posixpath.normpath(posixpath.join(cwd, source))
+    out.warnings.append(
+        f"{given}: {source} is relative to the directory the recipe was run from, which the "
+        f"recipe does not say; laned import took {cwd} (--cwd DIR gives another), so the bind "
+        f"mount is {path}. Check that this is the directory meant"
+    )
+    return path
 
 
 def _env(out: Imported, value: str, why: str) -> None:

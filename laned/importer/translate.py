@@ -12,8 +12,12 @@ is translated, each change with a note that says what and why (docs/import.md):
 - the engine is read from the image and command (vLLM, SGLang's `python3 -m
   sglang.launch_server` or `sglang serve`, llama.cpp's server images: laned.engines), and
   its own port and model-name flags (`--port`, `--served-model-name`, llama-server's
-  `--alias`) become `port` and `served_model_name`;
-  a secret (`--api-key`, `--hf-token`, `-e HF_TOKEN=...` or any name laned.config.secrecy calls
+  `--alias`) become `port` and `served_model_name`; without a served-name flag, the name the
+  engine serves its model by, and `needs.gpus`, are read by the engine's own rules
+  (laned.engines: EngineProfile.model_of, gpus_of);
+- a bind mount of a relative path (`-v ./models:/models`, `--mount type=bind,src=...`) is
+  made absolute against the directory the recipe is taken to run from, with a warning;
+- a secret (`--api-key`, `--hf-token`, `-e HF_TOKEN=...` or any name laned.config.secrecy calls
   secret, `--env-file`) leaves the argv and the TOML for a line in the lane's
   `secrets_file`, named, never with its value (a placeholder for it is never asked for);
 - an option given twice is kept once.
@@ -48,6 +52,7 @@ from laned.importer.run_options import (
     translate_options,
 )
 
+GPU_DEVICE = "nvidia.com/gpu="  # a CDI name of an NVIDIA GPU (nvidia-ctk cdi generate)
 PER_NODE = ("NODE_RANK", "HEAD_IP", "NODE_IP", "MASTER_ADDR", "CX7_IF", "CX7_IB")
 
 
@@ -59,12 +64,15 @@ def import_run(
     name: str | None = None,
     values: Mapping[str, str] = {},
     nodes: Sequence[tuple[str, str]] = (),
+    cwd: str | None = None,
 ) -> Imported:
     """The lane that the one `docker run` / `podman run` in `text` describes; with `nodes`
     (host, laned URL) in rank order, a lane over those hosts, its per-node placeholders
-    kept for laned to fill on each rank."""
+    kept for laned to fill on each rank. `cwd`: the absolute directory a relative bind
+    mount (`-v ./models:/models`) is taken to be relative to (the CLI's --cwd, else its
+    current directory); without it such a mount is refused."""
     try:
-        out = _import_run(text, name, values, nodes)
+        out = _import_run(text, name, values, nodes, cwd)
     except CommandLineError as exc:
         # Whatever a refusal quotes of the line (a bad --port, --gpus), no token in it.
         raise type(exc)(redacted(exc.message), redacted(exc.hint)) from None
@@ -76,7 +84,11 @@ def import_run(
 
 
 def _import_run(
-    text: str, name: str | None, values: Mapping[str, str], nodes: Sequence[tuple[str, str]]
+    text: str,
+    name: str | None,
+    values: Mapping[str, str],
+    nodes: Sequence[tuple[str, str]],
+    cwd: str | None,
 ) -> Imported:
     given = [k for k in values if looks_secret(k)]
     if given:
@@ -108,14 +120,19 @@ def _import_run(
         )
         for i, (w, _) in enumerate(kept)
     ]
-    _engine(out, engine, [c for _, c in kept], profile)
+    names = _engine(out, engine, [c for _, c in kept], profile)
+    translate_options(out, options, resolve, resolve.values, cwd)
+    # The engine's words (and its variables, which llama-server reads its model from too)
+    # as its own parser reads them: laned.engines.
+    argv = [*_command_words(out), *(w for f, v, _ in out.args for w in (f, v) if w is not None)]
+    env = {key: value for key, (value, _) in out.env.items()}
+    _model_names(out, names, profile.model_of(argv, env), profile)
     out.name = name or _lane_name(str(out.lane["served_model_name"]))
-    translate_options(out, options, resolve, resolve.values)
     if out.secrets or out.secret_files:
         _secrets_file(out)
     out.container = {"image": resolve(image, "the image"), **out.container}
     resolve.finish(out)
-    _needs(out, profile)
+    _needs(out, profile.gpus_of(argv, env))
     _caches(out)
     if nodes:
         _nodes(out, nodes, values)
@@ -250,10 +267,10 @@ def _engine_secrets(out: Imported, texts: list[str], profile: engines.EngineProf
 
 def _engine(
     out: Imported, engine: list[str], notes: list[str], profile: engines.EngineProfile
-) -> None:
+) -> list[str]:
     """The words after the image (its secrets gone): command (`serve MODEL`, `python3 -m
     MODULE`), then `--flag [value]` pairs, read as the engine's own (laned.engines); `notes`:
-    each word's comment."""
+    each word's comment. Returns the values of its served-name flags, which laned passes."""
     command: list[str] = []
     i = 0
     while i < len(engine) and (
@@ -276,11 +293,11 @@ def _engine(
             value = engine[i + 1]
             i += 1
         pairs.append((flag, value, comment))
-        while flag == "--served-model-name" and i + 1 < len(engine) and _is_value(engine[i + 1]):
-            pairs.append((flag, engine[i + 1], comment))  # nargs="+" in vLLM
+        # vLLM's --served-model-name takes several (nargs "+"); the others' parsers refuse more.
+        while flag in served and i + 1 < len(engine) and _is_value(engine[i + 1]):
+            pairs.append((flag, engine[i + 1], comment))
             i += 1
         i += 1
-    model = profile.model_in([*command, *(w for f, v, _ in pairs for w in (f, v or ""))])
     names, port, kept = [], None, []
     # vLLM's weight cache: laned renders the daemon and these two flags itself.
     cached = profile.weight_cache is not None and ("--load-format", "ipc_cache", "") in [
@@ -307,8 +324,13 @@ def _engine(
             kept.append((flag, value, why))
     out.args = kept
     out.container["command"] = command
-    _model_names(out, names, model, profile)
     _port(out, port, profile)
+    return names
+
+
+def _command_words(out: Imported) -> list[str]:
+    """The container's command words (its entrypoint's arguments before the flags)."""
+    return [str(word) for word in out.container.get("command", [])]  # type: ignore[attr-defined]
 
 
 def _is_value(word: str) -> bool:
@@ -316,28 +338,29 @@ def _is_value(word: str) -> bool:
 
 
 def _model_names(
-    out: Imported, names: list[str], model: str | None, profile: engines.EngineProfile
+    out: Imported, values: list[str], model: engines.Model | None, profile: engines.EngineProfile
 ) -> None:
+    """served_model_name (and aliases): the served-name flag's names as the engine reads them,
+    else the name the engine serves its model by (laned.engines: EngineProfile.model_of)."""
+    flag = served_flag(profile)
+    names = profile.served_names(values)
     if names:
         out.lane["served_model_name"] = names[0]
-        out.notes["served_model_name"] = f"the recipe's {served_flag(profile)} (laned passes it)"
+        out.notes["served_model_name"] = f"the recipe's {flag} (laned passes it)"
         if names[1:]:
             out.lane["aliases"] = names[1:]
-            out.notes["aliases"] = (
-                "more --served-model-name names: laned's endpoint routes them to this lane"
-            )
-            out.changes.append("--served-model-name's later names became `aliases`")
-    elif model:
-        out.lane["served_model_name"] = model
-        out.notes["served_model_name"] = (
-            f"no {served_flag(profile)}: {profile.title} names the model by its path"
-        )
+            out.notes["aliases"] = f"more {flag} names: laned's endpoint routes them to this lane"
+            out.changes.append(f"{flag}'s later names became `aliases`")
+    elif model is not None:
+        out.lane["served_model_name"] = model.served
+        out.notes["served_model_name"] = f"no {flag}: {model.how} (laned passes {flag})"
     else:
         raise BadImport(
             f"the engine's arguments name no model ({profile.title}: none of its model flags, "
-            f"nor {served_flag(profile)})",
-            "laned import reads launches of vLLM (`vllm serve MODEL`), SGLang "
-            "(`python3 -m sglang.launch_server --model-path M`) and llama-server (`-m FILE`)",
+            f"nor {flag})",
+            "laned import reads launches of vLLM (`vllm serve MODEL`, `--model M`), SGLang "
+            "(`python3 -m sglang.launch_server --model-path M`) and llama-server (`-m FILE`, "
+            "`-hf OWNER/REPO[:QUANT]`, `-mu URL`)",
         )
 
 
@@ -414,19 +437,27 @@ def _lane_name(model: str) -> str:
     return (slug or "lane")[:32]
 
 
-def _needs(out: Imported, profile: engines.EngineProfile) -> None:
-    """The GPUs one host gives the lane, from its parallel sizes (a guess to confirm)."""
-    sizes = {flag: value for flag, value, _ in out.args}
-    product = 1
-    for flag in profile.parallel_flags:
-        text = sizes.get(flag) or "1"
-        product *= int(text) if text.isdigit() else 1
-    nodes = sizes.get("--nnodes") or "1"
-    gpus = max(product // (int(nodes) if nodes.isdigit() else 1), 1)
-    out.lane["needs"] = {"gpus": gpus, "gpu_memory_gib": 0, "host_memory_gib": 0, "disk_gib": 0}
-    out.notes["needs"] = (
-        "fill in from the recipe's NEEDS line (GiB); gpus from its parallel sizes, per host"
-    )
+def _needs(out: Imported, gpus: engines.Gpus) -> None:
+    """The GPUs one host gives the lane, by its engine's own arithmetic over its flags
+    (laned.engines: EngineProfile.gpus_of); where the engine takes every GPU it sees, the
+    GPUs the container is given, when the recipe names them."""
+    count, how = gpus.count, gpus.how
+    if count is None:
+        devices = [str(d) for d in out.container.get("devices", [])]  # type: ignore[attr-defined]
+        named = [d for d in devices if d.startswith(GPU_DEVICE) and d != f"{GPU_DEVICE}all"]
+        if not devices:
+            count, how = 0, f"{how}, and the container is given none"
+        elif len(named) == len(devices):
+            count, how = len(named), f"{how}: the container's {len(named)}"
+        else:
+            count = 1
+            out.warnings.append(
+                f"needs.gpus = 1 is a guess: {how}, and the recipe gives the container all "
+                "of the host's. Set needs.gpus to the GPUs it should take, or name them in "
+                'devices ("nvidia.com/gpu=0", ...)'
+            )
+    out.lane["needs"] = {"gpus": count, "gpu_memory_gib": 0, "host_memory_gib": 0, "disk_gib": 0}
+    out.notes["needs"] = f"fill in from the recipe's NEEDS line (GiB); gpus per host: {how}"
 
 
 def _nodes(out: Imported, nodes: Sequence[tuple[str, str]], values: Mapping[str, str]) -> None:

@@ -35,8 +35,9 @@ def model_path(spec: LaneConfig) -> str | None:
     names."""
     if spec.model_dir:
         return spec.model_dir
-    named = engines.for_lane(spec).model_in([*spec.command_words(), *spec.arg_words()])
-    return None if named is None else host_path(spec, named)
+    env = {key: var.value for key, var in spec.env.items()}
+    named = engines.for_lane(spec).model_of([*spec.command_words(), *spec.arg_words()], env)
+    return None if named is None else host_path(spec, named.source)
 
 
 def generation_config_path(spec: LaneConfig) -> str | None:

@@ -153,11 +153,11 @@ def test_sglang_gets_its_flags_and_its_sleep_flags() -> None:
         "--served-model-name", "m", "--enable-metrics", "--enable-memory-saver",
         "--enable-weights-cpu-backup",
     ]  # fmt: skip
-    assert engines.for_lane(lane(spec)).model_in(argv) == "/m"
-    assert (
-        engines.SGLANG.model_in(["sglang", "serve", "zai-org/GLM-4.6", "--tp", "4"])
-        == "zai-org/GLM-4.6"
+    assert engines.for_lane(lane(spec)).model_of(argv, {}) == engines.Model(
+        "/m", "/m", "SGLang serves it by its --model-path, as written"
     )
+    named = engines.SGLANG.model_of(["sglang", "serve", "zai-org/GLM-4.6", "--tp", "4"], {})
+    assert named is not None and named.source == "zai-org/GLM-4.6"
 
 
 def test_llama_servers_real_startup_lines_are_its_phases() -> None:

@@ -193,7 +193,8 @@ def test_placeholders_come_from_set_and_unknown_ones_are_named_at_once() -> None
         ("docker run a serve /m\ndocker run b serve /m", "2 (lines 1, 2)"),
         ("docker run -e MODEL_DIR img serve /m", "-e MODEL_DIR takes its value from the shell"),
         ("docker run -v <models>:/m img serve /m", "${MODELS}"),
-        ("docker run --set-me img serve /m --hf-token x", "name no model"),
+        ("docker run --set-me img serve --hf-token x", "name no model"),
+        ("docker run -v ./models:/m img serve /m", "laned import --cwd DIR"),
         ("docker run --gpus device=x img serve /m", "cannot be translated"),
         ("docker run img --port eighty --model m", "is not a port number"),
         ("docker run img --max-model-len 8", "name no model"),
@@ -239,11 +240,15 @@ def test_a_secret_in_any_spelling_of_e_leaves_the_argv_and_the_next_option_stays
 
 
 RECIPES = ROOT / "tests" / "recipes"
+CWD = "/home/op/recipes"
 
 
-def imported_as_golden(recipe: str, golden: str) -> str:
-    """`laned import` of a recipe, held to its golden file, with no secret's value in it."""
-    text = render_import(import_run((RECIPES / recipe).read_text(), "t1"), recipe)
+def imported_as_golden(recipe: str, golden: str, values: dict[str, str] | None = None) -> str:
+    """`laned import` of a recipe, held to its golden file, with no secret's value in it (run
+    from /home/op/recipes, where a relative bind mount is taken to be)."""
+    text = render_import(
+        import_run((RECIPES / recipe).read_text(), "t1", values or {}, cwd=CWD), recipe
+    )
     if os.environ.get("LANED_UPDATE_GOLDEN"):
         (GOLDEN / golden).write_text(text)
     assert (GOLDEN / golden).read_text() == text, (
@@ -417,7 +422,7 @@ ENGINE_RECIPES = {
         "llamacpp-server-readme.txt", "llamacpp", "models/7B/ggml-model.gguf", 8080, [], 1,
     ),
     "import-engines-llamacpp-docker-page.toml": (
-        "llamacpp-docker-page.txt", "llamacpp", "/models/7B/ggml-model-q4_0.gguf", 8080, ["LLAMA_API_KEY"], 1,
+        "llamacpp-docker-page.txt", "llamacpp", "/models/7B/ggml-model-q4_0.gguf", 8080, ["LLAMA_API_KEY"], 0,
     ),
 }  # fmt: skip
 
@@ -437,6 +442,85 @@ def test_sglang_and_llama_cpp_recipes_import_as_lanes_of_their_engine(
     flags = {"sglang": ["--port", "--served-model-name"], "llamacpp": ["--port", "--alias"]}[engine]
     assert all(argv.count(flag) == 1 for flag in flags), argv  # laned's, once
     assert not [w for w in argv if w.startswith("--api-key")], argv
+
+
+PUBLISHED = {
+    # golden: (recipe, --set values, engine, served name, needs.gpus, volumes as laned reads them)
+    "import-published-llamacpp-readme-hf.toml": (
+        "llamacpp-readme-hf.txt", {}, "llamacpp", "ggml-org/gemma-3-1b-it-GGUF", 1,
+        ["/path/to/models:/models"],
+    ),
+    "import-published-llamacpp-compose-relative-volume.toml": (
+        "llamacpp-compose-relative-volume.txt", {}, "llamacpp", "/models/my_model.gguf", 0,
+        ["/home/op/recipes/models:/models"],
+    ),
+    "import-published-sglang-deepseek-dp-attention.toml": (
+        "sglang-deepseek-dp-attention.txt", {}, "sglang", "deepseek-ai/DeepSeek-V3.2-Exp", 8,
+        ["/home/op/.cache/huggingface:/root/.cache/huggingface"],
+    ),
+    "import-published-vllm-data-parallel-two-nodes.toml": (
+        "vllm-data-parallel-two-nodes.txt", {"MODEL": "ibm-research/PowerMoE-3b"}, "vllm",
+        "ibm-research/PowerMoE-3b", 2, ["/home/op/.cache/huggingface:/root/.cache/huggingface"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("golden", "case"), sorted(PUBLISHED.items()))
+def test_published_launch_lines_name_their_model_and_gpus_by_their_engines_rules(
+    golden: str, case: tuple[str, dict[str, str], str, str, int, list[str]]
+) -> None:
+    recipe, values, engine, served, gpus, volumes = case
+    text = imported_as_golden(recipe, golden, values)
+    config, lane = lane_config(text)  # valid: parse_config raises on an error
+    spec = config.lanes[lane]
+    assert engines.for_lane(spec).name == engine
+    assert (spec.served_model_name, spec.needs.gpus) == (served, gpus)
+    assert spec.container is not None and list(spec.container.volumes) == volumes
+    flag = {"vllm": "--served-model-name", "sglang": "--served-model-name"}.get(engine, "--alias")
+    argv = engine_argv(config, lane)
+    assert argv[argv.index(flag) + 1] == served  # the name clients asked the recipe's engine for
+
+
+def test_a_relative_bind_mount_is_made_explicit_and_said_to_check(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    line = "docker run -v ./models:/models:ro -v ../hf:/hf -v ~/m:/m -v cache:/c img serve /m"
+    lane = import_run(line, cwd="/srv/recipes")
+    assert lane.container["volumes"] == ["/srv/recipes/models:/models:ro", "/srv/hf:/hf", "~/m:/m"]
+    assert lane.podman_args == [(["-v", "cache:/c"], "a named volume: podman keeps it")]
+    [models, hf] = lane.warnings  # ~ is the shell's, as laned's: no warning
+    assert "laned import took /srv/recipes (--cwd DIR gives another)" in models
+    assert "the bind mount is /srv/recipes/models. Check" in models and "/srv/hf" in hf
+    # The CLI takes its current directory, or --cwd.
+    recipe = tmp_path / "recipe.txt"
+    recipe.write_text("docker run -v ./models:/models img serve /models\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["import", str(recipe)]) == 0
+    assert f'volumes = ["{tmp_path}/models:/models"]' in capsys.readouterr().out
+    assert main(["import", "--cwd", "/srv", str(recipe)]) == 0
+    assert 'volumes = ["/srv/models:/models"]' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("mount", "volumes", "podman_args", "warned"),
+    [
+        ("type=bind,src=./x,dst=/y", ["/r/x:/y"], [], True),
+        ("type=bind,source=/x,target=/y,readonly", ["/x:/y:ro"], [], False),
+        ("type=bind,source=/x,destination=/y,ro=true", ["/x:/y:ro"], [], False),
+        ("type=bind,src=/x,dst=/y,ro=false,bind-propagation=rslave", ["/x:/y:rslave"], [], False),
+        ("type=bind,src=~/x,dst=/y", ["~/x:/y"], [], True),  # no shell expands ~ there
+        ("type=bind,src=x,dst=/y,relabel=shared", [], ["type=bind,src=/r/x,dst=/y,relabel=shared"], True),
+        ("type=volume,src=models,dst=/models", [], ["type=volume,src=models,dst=/models"], False),
+        ("type=tmpfs,dst=/tmp", [], ["type=tmpfs,dst=/tmp"], False),
+    ],
+)  # fmt: skip
+def test_a_bind_mount_by_mount_is_a_volume_with_its_path_explicit(
+    mount: str, volumes: list[str], podman_args: list[str], warned: bool
+) -> None:
+    lane = import_run(f"docker run --mount {mount} img serve /m", cwd="/r")
+    assert lane.container.get("volumes", []) == volumes
+    assert [w for words, _ in lane.podman_args for w in words if w != "--mount"] == podman_args
+    assert bool(lane.warnings) is warned, lane.warnings
 
 
 def test_a_recipe_that_maps_its_weights_from_the_cache_imports_as_a_weight_cache_lane() -> None:

@@ -130,6 +130,7 @@ class Host:
             weights_gib=await asyncio.to_thread(weights_gib, model) if spec.sleep_level else None,
             weights_resident=await asyncio.to_thread(resident_weights, model),
             sleepers=sleepers,
+            runtime_dir=os.environ.get("XDG_RUNTIME_DIR") if spec.weight_cache else None,
         )
 
     async def gpu_gate(

@@ -35,8 +35,9 @@ from laned.config.model import (
     ProbeConfig,
     Sampling,
 )
+from laned.config.names import podman_socket
 from laned.config.ranks import check_nodes, for_host
-from laned.config.rules import check_config
+from laned.config.rules import check_config, check_socket_paths
 from laned.config.secrecy import redacted
 from laned.errors import ConfigError, Finding, Severity
 
@@ -92,6 +93,9 @@ def load_config(path: str, env: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(path, [Finding("", f"not UTF-8 text ({exc.reason})")]) from exc
     config = parse_config(text, source=path, env=env)
     problems = linked_away(config, env) + linked_secrets(config)
+    # The runtime directory the user manager gives the lanes' units (its sockets' paths).
+    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    problems += check_socket_paths(config, runtime, podman_socket(config, env, os.getuid()))
     if problems:
         raise ConfigError(path, problems)
     return config

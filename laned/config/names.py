@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 from laned.config.model import Config, LaneConfig
@@ -38,6 +39,17 @@ def weights_exit_record_path(config: Config, lane: str) -> str:
 
 
 WEIGHTS_SOCKETS_MOUNT = "/run/laned/weights"  # where both containers see the socket directory
+
+# The longest AF_UNIX path a program can bind or connect to: sun_path is 108 bytes with its
+# closing NUL (unix(7)); Python refuses 108 ("AF_UNIX path too long").
+AF_UNIX_MAX = 107
+
+
+def weights_sockets_dir(lane: str) -> str:
+    """The lane's weight-cache socket directory under the user's runtime directory: `lw/`
+    and 8 hex digits of the lane name's sha256, short and stable whatever the name (an
+    AF_UNIX path is AF_UNIX_MAX bytes at most; `laned import` writes names of 30 and more)."""
+    return "lw/" + hashlib.sha256(lane.encode()).hexdigest()[:8]
 
 
 def container_name(lane: str, spec: LaneConfig) -> str:

@@ -16,7 +16,14 @@ from laned.config.engine_rules import CONTROL, check_argv, check_container, chec
 from laned.config.groups import check_groups
 from laned.config.listener import BODY_COPIES
 from laned.config.model import GATES, Config, LaneConfig
-from laned.config.names import DAEMON_UNIT, container_name, unit_name, wrapper_name
+from laned.config.names import (
+    AF_UNIX_MAX,
+    DAEMON_UNIT,
+    container_name,
+    unit_name,
+    weights_sockets_dir,
+    wrapper_name,
+)
 from laned.config.secret_rules import check_secrets
 from laned.config.sleep import check_sleep
 from laned.core.footprints import footprints
@@ -47,7 +54,50 @@ def check_config(config: Config) -> list[Finding]:
     problems += check_sleep(config)
     problems += check_groups(config)
     problems += _check_groups_apart(config)
+    problems += _check_socket_dirs(config)
     return problems
+
+
+def check_socket_paths(config: Config, runtime_dir: str, podman_socket: str) -> list[Finding]:
+    """Every AF_UNIX path laned renders or connects to, against the longest one a program can
+    bind (laned.config.names.AF_UNIX_MAX), with the user's runtime directory `runtime_dir`
+    (which laned.config.load reads): each weight-cache lane's daemon sockets (its engine's
+    profile knows their names), and the podman API's socket where a lane runs in a container."""
+    problems: list[Finding] = []
+    for name, lane in sorted(config.lanes.items()):
+        api = engines.for_lane(lane).weight_cache
+        if lane.weight_cache is not None and api is not None:
+            problems += api.sockets(name, lane, runtime_dir)
+    length = len(podman_socket.encode())
+    containers = any(lane.container is not None for lane in config.lanes.values())
+    if containers and length > AF_UNIX_MAX:
+        problems.append(
+            Finding(
+                "daemon.podman_socket",
+                f"{podman_socket} is {length} bytes, more than the {AF_UNIX_MAX} an AF_UNIX "
+                "path may be: laned could not reach podman",
+                "point daemon.podman_socket at a shorter path (a symbolic link to the socket)",
+            )
+        )
+    return problems
+
+
+def _check_socket_dirs(config: Config) -> Iterator[Finding]:
+    """Two weight-cache lanes whose socket directories' short names are one (a hash of the
+    lane's name: two daemons on one GPU would fight over one socket)."""
+    seen: dict[str, str] = {}
+    for name, lane in sorted(config.lanes.items()):
+        if lane.weight_cache is None:
+            continue
+        directory = weights_sockets_dir(name)
+        if directory in seen:
+            yield Finding(
+                f"lanes.{name}.weight_cache",
+                f"its daemon's socket directory ($XDG_RUNTIME_DIR/{directory}) is lane "
+                f"{seen[directory]}'s too (both lane names hash to it)",
+                "rename one of the two lanes",
+            )
+        seen.setdefault(directory, name)
 
 
 def _check_groups_apart(config: Config) -> Iterator[Finding]:

@@ -88,7 +88,9 @@ class WeightCacheApi:
     start is then a cold one); `env(name, value)`: the daemon's own value of one of the lane's
     variables and why, where it must differ from the engine's; `socket_glob`: the daemon's sockets in their directory (one per
     GPU); `findings(spec, base)`: what is wrong with a lane that keeps its weights, seen
-    without running it; `preflight(lane, spec, facts)`: what is, on this host."""
+    without running it; `preflight(lane, spec, facts)`: what is, on this host;
+    `sockets(lane, spec, runtime_dir)`: its sockets' paths that AF_UNIX cannot take, with
+    the user's runtime directory `runtime_dir`."""
 
     command: Callable[[Sequence[str]], list[str] | None]
     flags: Callable[[Sequence[str]], list[bool]]
@@ -99,6 +101,7 @@ class WeightCacheApi:
     socket_glob: str
     findings: Callable[[LaneConfig, str], list[Finding]]
     preflight: Callable[[str, LaneConfig, LaneFacts], list[Finding]]
+    sockets: Callable[[str, LaneConfig, str], list[Finding]]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@
   the weightless ones (a change to those restarts the engine alone).
 - What the engine gets (`--load-format ipc_cache`, the sockets) and the daemon's own flags.
 - Its rules: what vLLM refuses (sleep mode with zero-copy, no CUDA IPC, a quantization whose
-  layers cannot take pre-processed weights), its ports apart from the engine's.
+  layers cannot take pre-processed weights), its ports apart from the engine's, its sockets'
+  paths within what AF_UNIX takes.
 - Its wire (a length, then a pickle), read back as plain data only.
 - The notes its log lines give (mapped, or missed and read from disk).
 """
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from laned.config.model import LaneConfig
+from laned.config.names import AF_UNIX_MAX, WEIGHTS_SOCKETS_MOUNT, weights_sockets_dir
 from laned.config.sleep import LOOPBACK
 from laned.engines.profile import Line, WeightCacheApi
 from laned.errors import Finding, Severity
@@ -110,6 +112,11 @@ QUANT_REFUSED = frozenset({
 })  # fmt: skip
 
 WEIGHT_CACHE_DOC = "docs/weight-cache.md"
+
+# The daemon's longest socket name (protocol.py get_socket_path: the GPU's uuid hashed by
+# safe_hash, md5's 32 hex digits, and `_draft` for a speculative draft's group): 61 bytes.
+SOCKET_NAME = "vllm_weight_cache_<md5 of the GPU's uuid>_draft.sock"
+SOCKET_NAME_MAX = len("vllm_weight_cache_") + 32 + len("_draft.sock")
 
 # The daemon's wire (protocol.py send_msg / recv_msg): an 8-byte big-endian length, then a
 # pickle. laned writes plain dicts and reads the answers back as plain data only.
@@ -335,6 +342,36 @@ def weight_cache_findings(spec: LaneConfig, base: str) -> list[Finding]:
     return out
 
 
+def socket_findings(lane: str, spec: LaneConfig, runtime_dir: str) -> list[Finding]:
+    """The daemon's sockets against the longest AF_UNIX path: in the user's runtime directory
+    (where the daemon of an exec lane binds them, its engine connects, and laned asks each
+    rank what it holds) and, for a container lane, where both containers see them."""
+    if spec.weight_cache is None:
+        return []
+    runtime = runtime_dir.rstrip("/")
+    places = [(f"{runtime}/{weights_sockets_dir(lane)}", "the runtime directory")]
+    if spec.container is not None:
+        places.append((WEIGHTS_SOCKETS_MOUNT, "its containers"))
+    out = []
+    for directory, where in places:
+        length = len(directory.encode()) + 1 + SOCKET_NAME_MAX
+        if length <= AF_UNIX_MAX:
+            continue
+        room = AF_UNIX_MAX - (length - len(runtime.encode()))
+        out.append(
+            Finding(
+                f"lanes.{lane}.weight_cache",
+                f"its daemon's sockets in {directory} ({where}) would be {length} bytes long "
+                f"with their names ({SOCKET_NAME_MAX} bytes: {SOCKET_NAME}), more than the "
+                f"{AF_UNIX_MAX} an AF_UNIX path may be: the daemon could not bind them",
+                f"run laned and the user manager with an XDG_RUNTIME_DIR of {room} bytes or "
+                f"fewer (it is {runtime}, {len(runtime.encode())} bytes; systemd's own is "
+                "/run/user/UID)",
+            )
+        )
+    return out
+
+
 def weight_cache_preflight(lane: str, spec: LaneConfig, facts: LaneFacts) -> list[Finding]:
     """What vLLM refuses of a lane that keeps its weights, on this host: a quantization the
     daemon cannot hold (the model's own config.json), a host without CUDA IPC."""
@@ -346,6 +383,8 @@ def weight_cache_preflight(lane: str, spec: LaneConfig, facts: LaneFacts) -> lis
         found = quant_finding(where, facts.model_quantization, "the model's config.json")
         if found is not None:
             out.append(found)
+    if facts.runtime_dir is not None:
+        out += socket_findings(lane, spec, facts.runtime_dir)
     if facts.host.gpus is None:
         out.append(
             Finding(
@@ -370,4 +409,5 @@ WEIGHT_CACHE = WeightCacheApi(
     socket_glob="vllm_weight_cache_*[!t].sock",  # the targets' (a draft's ends _draft.sock)
     findings=weight_cache_findings,
     preflight=weight_cache_preflight,
+    sockets=socket_findings,
 )

@@ -113,6 +113,7 @@ class LaneFacts:
         None  # its weight files: (bytes in the page cache, bytes)
     )
     sleepers: Sleepers = NO_SLEEPERS
+    runtime_dir: str | None = None  # a weight-cache lane: the user's, where its sockets go
 
 
 def size(n: float) -> str:

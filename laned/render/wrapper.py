@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from laned import engines
 from laned.config.model import Config, LaneConfig
 from laned.config.names import (
+    AF_UNIX_MAX,
     CACHE_MOUNT,
     WEIGHTS_SOCKETS_MOUNT,
     cache_dir,
@@ -29,6 +30,7 @@ from laned.config.names import (
     unit_name,
     weights_container_name,
     weights_exit_record_path,
+    weights_sockets_dir,
     weights_unit_name,
     wrapper_name,
 )
@@ -370,11 +372,12 @@ def _wrapper(config: Config, lane: str, weights: bool) -> str:
         ]
     if spec.weight_cache is not None:
         out += [
-            "# The weight-cache daemon's sockets: in the user's runtime directory (an AF_UNIX path",
-            "# is 108 bytes at most, the socket's own name 61: vllm_weight_cache_<md5>_draft.sock),",
-            "# private to the user (vLLM checks the owner).",
+            "# The weight-cache daemon's sockets: in the user's runtime directory, private to the",
+            "# user (vLLM checks the owner), in a short directory named by a hash of the lane's",
+            f"# name: an AF_UNIX path is {AF_UNIX_MAX} bytes at most, and a socket's own name is 61",
+            "# (vllm_weight_cache_<md5 of the GPU's uuid>_draft.sock).",
             'sockets="${XDG_RUNTIME_DIR:?is not set: the weight cache needs the user runtime '
-            + f'directory}}/laned-weights/{lane}"',
+            + f'directory}}/{weights_sockets_dir(lane)}"',
             'mkdir -p -m 700 "$sockets"',
         ]
     if weights:

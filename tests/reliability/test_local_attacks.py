@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from laned.config.names import weights_sockets_dir
 from laned.engines.vllm_preload import WC_LENGTH, wc_message
 from tests.helpers import ROOT, free_port
 from tests.integration.conftest import Harness, Units
@@ -191,7 +192,7 @@ def test_a_socket_planted_in_a_weight_cache_directory_is_not_believed(
 ) -> None:
     """A socket put in the daemon's directory before its start says 10^15 bytes: laned shows
     the daemon's own 0.5 GiB and says in the lane's events why the other reading is dropped."""
-    sockets = Path(harness.env["XDG_RUNTIME_DIR"]) / "laned-weights" / "w"
+    sockets = Path(harness.env["XDG_RUNTIME_DIR"]) / weights_sockets_dir("w")
     sockets.mkdir(parents=True, exist_ok=True, mode=0o700)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(sockets / "vllm_weight_cache_planted.sock"))

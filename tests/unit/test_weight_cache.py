@@ -1,6 +1,7 @@
 """vLLM's weight cache, the pure part: which flags the daemon gets, what the config and
 preflight refuse (what vLLM refuses, with the reason and the fix), and the daemon's wrapper:
-its command, its environment, and `ready`, run for real against an HTTP server."""
+its command, its environment, and `ready`, run for real against an HTTP server; the
+sockets' paths within AF_UNIX's limit (issue 54)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,16 @@ import pytest
 
 from laned.adapters.weight_cache import held_said
 from laned.config.load import load_config, parse_config
+from laned.config.model import Config
+from laned.config.names import AF_UNIX_MAX, WEIGHTS_SOCKETS_MOUNT, weights_sockets_dir
 from laned.core.footprints import held_of
 from laned.engines.vllm_preload import (
+    SOCKET_NAME_MAX,
     WC_LENGTH,
     daemon_env,
     daemon_flags,
     preload_command,
+    socket_findings,
     wc_message,
 )
 from laned.errors import ConfigError, Severity
@@ -272,3 +277,84 @@ def test_a_weight_cache_reading_past_the_gpus_size_is_dropped_with_the_reason() 
     # No GPU read (no NVML): only what no GPU holds is refused.
     assert held_of({"a": 500 * gib}, None, None) == (500 * gib, [])
     assert held_of({"a": 10**15}, None, None)[0] is None
+
+
+# --- issue 54: the sockets' paths within AF_UNIX's limit -------------------------------------
+
+
+LONG = "glm-4-5-air-ud-q4_k_xl-gguf"  # a name `laned import` writes
+
+
+def sockets_line(config: Config, lane_name: str) -> str:
+    """The socket directory the daemon's wrapper makes, below $XDG_RUNTIME_DIR."""
+    text = next(f for f in render.plan(config) if f.path.endswith(f"{lane_name}-serve-weights"))
+    line = next(ln for ln in text.content.splitlines() if ln.startswith('sockets="'))
+    return line.rsplit("}", 1)[1].rstrip('"')
+
+
+def test_the_sockets_of_a_long_lane_name_fit_and_bind(tmp_path: Path) -> None:
+    """Issue 54: `$XDG_RUNTIME_DIR/laned-weights/LANE/` and a 61-byte name made 118 bytes for
+    this lane under /run/user/1000: the daemon died five times binding. The directory is now
+    `lw/` and a hash of the name: with the longest runtime directory validate lets through,
+    the draft's socket binds."""
+    text = lane().replace("[lanes.x", f"[lanes.{LONG}")
+    config = parse_config(text, "t.toml", ENV)
+    below = sockets_line(config, LONG)
+    assert below == "/" + weights_sockets_dir(LONG) and LONG not in below
+    assert len(f"/run/user/1000{below}/".encode()) + SOCKET_NAME_MAX <= AF_UNIX_MAX
+    with tempfile.TemporaryDirectory(dir="/tmp") as base:
+        fits = AF_UNIX_MAX - SOCKET_NAME_MAX - len(below) - 1
+        runtime = base + "/" + "r" * (fits - len(base) - 1)
+        assert socket_findings(LONG, config.lanes[LONG], runtime) == []
+        directory = Path(runtime + below)
+        directory.mkdir(parents=True)
+        name = "vllm_weight_cache_" + "0" * 32 + "_draft.sock"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bound:
+            bound.bind(str(directory / name))
+        [found] = socket_findings(LONG, config.lanes[LONG], runtime + "r")
+    assert found.where == f"lanes.{LONG}.weight_cache"
+    assert f"would be {AF_UNIX_MAX + 1} bytes long" in found.message
+    assert f"more than the {AF_UNIX_MAX} an AF_UNIX path may be" in found.message
+    assert f"an XDG_RUNTIME_DIR of {len(runtime)} bytes or fewer" in found.hint
+
+
+def test_validate_and_preflight_refuse_sockets_that_a_runtime_directory_makes_too_long(
+    tmp_path: Path,
+) -> None:
+    runtime = "/run/" + "u" * 60
+    path = tmp_path / "laned.toml"
+    path.write_text(lane())
+    with pytest.raises(ConfigError) as refused:
+        load_config(str(path), {**ENV, "XDG_RUNTIME_DIR": runtime})
+    [problem] = refused.value.problems
+    assert "AF_UNIX" in problem.message and "XDG_RUNTIME_DIR" in problem.hint
+    assert load_config(str(path), {**ENV, "XDG_RUNTIME_DIR": "/run/user/1000"}).lanes
+    spec = load_config(str(path), {**ENV, "XDG_RUNTIME_DIR": "/run/user/1000"}).lanes["x"]
+    facts = LaneFacts(host=HostFacts((), ""), runtime_dir=runtime)
+    assert any("AF_UNIX" in f.message for f in evaluate("x", spec, facts))
+    # A container lane: inside its containers the sockets sit under /run/laned/weights.
+    container = (
+        '[lanes.x]\nport = 8100\nserved_model_name = "x"\nweight_cache = true\n'
+        '[lanes.x.container]\nimage = "v"\nipc = "host"\nentrypoint = "vllm"\n'
+        'command = ["serve", "/m"]\n'
+    )
+    spec = parse_config(container, "t.toml", ENV).lanes["x"]
+    assert len(f"{WEIGHTS_SOCKETS_MOUNT}/".encode()) + SOCKET_NAME_MAX <= AF_UNIX_MAX
+    assert socket_findings("x", spec, "/run/user/1000") == []
+    assert len(socket_findings("x", spec, runtime)) == 1  # the host's side, where laned asks
+    # A podman socket laned could not reach, where a lane runs in a container.
+    path.write_text('[daemon]\npodman_socket = "/' + "p" * 120 + '"\n' + container)
+    with pytest.raises(ConfigError) as refused:
+        load_config(str(path), {**ENV, "XDG_RUNTIME_DIR": "/run/user/1000"})
+    assert [p.where for p in refused.value.problems] == ["daemon.podman_socket"]
+
+
+def test_two_lanes_whose_names_hash_to_one_socket_directory_are_refused() -> None:
+    two = lane().replace("[lanes.x", "[lanes.l1098") + lane().replace(
+        "[lanes.x", "[lanes.l63979"
+    ).replace("port = 8100", "port = 8200")
+    assert weights_sockets_dir("l1098") == weights_sockets_dir("l63979")  # found by search
+    found = [(w, m) for w, m, s in problems(two) if s is Severity.ERROR]
+    assert ("lanes.l63979.weight_cache", "its daemon's socket directory "
+            f"($XDG_RUNTIME_DIR/{weights_sockets_dir('l1098')}) is lane l1098's too (both lane "
+            "names hash to it)") in found, found  # fmt: skip

@@ -1,5 +1,6 @@
 """A model's files on this host and the page cache: its weight files and their size, its
-generation config, how much of the weights is resident (mincore),
+generation config, its checkpoint's identity (each weight and config file's stat: no byte
+read), how much of the weights is resident (mincore),
 reading them in ahead of an engine (a prefetch, bounded in rate and in the memory it may
 fill, stopped at a word), and dropping them (POSIX_FADV_DONTNEED, for benches and tests).
 
@@ -23,9 +24,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from laned.core.checkpoint import Files, FileStat
 from laned.preflight.facts import GIB
 
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# What else of a model's directory the engine reads at its start and a weight-cache daemon
+# builds its layers from: config.json, generation_config.json, the safetensors index (which
+# shards vLLM loads), the tokenizer's files, chat templates, remote code (--trust-remote-code).
+CONFIG_SUFFIXES = (".json", ".jinja", ".py", ".tiktoken")
+CONFIG_NAMES = frozenset({"tokenizer.model", "merges.txt", "vocab.txt"})
 BLOCK = 16 * 2**20  # vLLM's DEFAULT_SAFETENSORS_PREFETCH_BLOCK_SIZE (vllm/config/load.py)
 PAGE = mmap.PAGESIZE
 
@@ -53,6 +60,39 @@ def weight_files(model: str | None) -> list[str]:
     for where, _dirs, files in os.walk(model):
         found += [os.path.join(where, name) for name in files if name.endswith(WEIGHT_FILES)]
     return sorted(found)
+
+
+def config_files(model: str | None) -> list[str]:
+    """The model directory's own config files (its top level: CONFIG_SUFFIXES, CONFIG_NAMES),
+    sorted; [] where there is no local directory."""
+    if not model or not os.path.isdir(model):
+        return []
+    try:
+        names = os.listdir(model)
+    except OSError:
+        return []
+    return sorted(
+        os.path.join(model, n) for n in names if n.endswith(CONFIG_SUFFIXES) or n in CONFIG_NAMES
+    )
+
+
+def read_checkpoint(model: str | None) -> Files:
+    """The model's checkpoint as the file system has it now: each weight file's and config
+    file's path, size, mtime and inode, by stat alone (no byte of a weight read: hundreds of
+    shards take milliseconds); a model that is one file (a GGUF) is that file; () where there
+    is no local model. A file that goes while it is read is left out (a change all the same)."""
+    if model and os.path.isfile(model):
+        paths = [model]
+    else:
+        paths = sorted({*weight_files(model), *config_files(model)})
+    out = []
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        out.append(FileStat(path, info.st_size, info.st_mtime_ns, info.st_ino))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

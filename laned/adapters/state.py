@@ -120,6 +120,12 @@ def canary_path(state_dir: str, lane: str) -> str:
     return f"{state_dir}/canary/{lane}.json"
 
 
+def checkpoint_path(state_dir: str, lane: str) -> str:
+    """Where the checkpoint a lane's weights were last read from is kept
+    (laned.owner.checkpoints)."""
+    return f"{state_dir}/checkpoint/{lane}.json"
+
+
 def load_kept(path: str) -> dict[str, Any] | None:
     """A lane's kept JSON object (checks, canary); None when there is none or it is unreadable."""
     try:

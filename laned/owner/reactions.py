@@ -29,6 +29,7 @@ from laned.core.policy import ExitAction, OpKind, RestartKind
 from laned.core.unit_state import UnitSnapshot, systemd_restarts
 from laned.errors import LanedError
 from laned.owner import watchers
+from laned.owner.checkpoints import Checkpoints
 from laned.owner.checks import Checks
 from laned.owner.records import Records
 from laned.owner.seam import Refused, Seam
@@ -80,10 +81,11 @@ class Reactions:
         checks: Checks,
         restarts: Restarts,
         weights: Weights,
+        checkpoints: Checkpoints,
     ) -> None:
         self.records, self.seam = records, seam
         self.checks, self.restarts = checks, restarts
-        self.weights = weights
+        self.weights, self.checkpoints = weights, checkpoints
         self.systemd_restarts = systemd_restarts(records.systemd_version)
 
     # --- what systemd tells ---------------------------------------------------------------------
@@ -296,7 +298,10 @@ class Reactions:
         """The canary after a `start` or a `wake` (laned.core.canary): an event when it is
         kept or differs, a metric when it differs; Refused when it differs."""
         r = self.records
-        digest = f"{render.lane_digest(r.config, lane, r.systemd_version)}:{image or ''}"
+        # Kept per rendered lane, image and checkpoint: a fine-tune copied over the model's
+        # files answers differently, and its first good start keeps its own answer.
+        files = await self.checkpoints.digest(lane)
+        digest = f"{render.lane_digest(r.config, lane, r.systemd_version)}:{image or ''}:{files}"
         spec, note = r.config.lanes[lane], functools.partial(r.ledger.note, lane, EventKind.CANARY)
         outcome, detail = await canary_check(self.seam, r.config, lane, spec, digest)
         if outcome is None:

@@ -30,6 +30,7 @@ from laned.errors import (
     Severity,
     Superseded,
 )
+from laned.owner.checkpoints import Checkpoints
 from laned.owner.operations import Operation
 from laned.owner.prefetching import Prefetches
 from laned.owner.records import Records
@@ -54,9 +55,10 @@ class Requests:
         sleeping: Sleeping,
         prefetches: Prefetches,
         weights: Weights,
+        checkpoints: Checkpoints,
     ) -> None:
         self.records, self.seam = records, seam
-        self.traffic, self.weights = traffic, weights
+        self.traffic, self.weights, self.checkpoints = traffic, weights, checkpoints
         self.sleeping, self.prefetches = sleeping, prefetches
         self.ops, self.ledger = records.ops, records.ledger  # the same for the owner's life
 
@@ -209,10 +211,12 @@ class Requests:
             await self._take_off(peer, f"swap to {lane}", op.force, peer in op.stops_asleep)
             self._ensure_current(op)
         asleep = self.ledger.statuses[lane].state is LaneState.SLEEPING
-        if asleep and self.sleeping.changed_since(lane):
-            why = "its config changed while it slept: stopping it for a cold start with the new one"
+        cold = await self.sleeping.why_cold(lane) if asleep else None
+        self._ensure_current(op)
+        if cold is not None:
+            what, why = cold
             self.ledger.note(lane, EventKind.SLEEP, why)
-            await self._stop_and_confirm(lane, f"activate {lane}: its config changed")
+            await self._stop_and_confirm(lane, f"activate {lane}: {what}")
             self._ensure_current(op)
             asleep = False
         if asleep:
@@ -409,6 +413,8 @@ class Requests:
             raise ActivationFailed(f"lane {lane}: {refused.reason}", refused.hint)
         self.records.fire(lane, Ev.START, reason)  # a new run of a new engine, watched
         refused = await self.weights.up(lane)  # the daemon serves first
+        if refused is None and not self.weights.kept(lane):
+            await self.checkpoints.record(lane)  # what the engine reads now (a lane that sleeps)
         self._ensure_current(op)
         if refused is not None:
             self._weights_failed(lane, refused)

@@ -19,6 +19,7 @@ from laned.adapters.pagecache import Prefetched, Residency
 from laned.adapters.systemd import UnitCallback
 from laned.config.model import Config, LaneConfig
 from laned.core import canary
+from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord
 from laned.core.lanes import EventKind, LaneState
 from laned.core.liveness import EngineSample, Unanswered
@@ -261,6 +262,11 @@ class Seam(Protocol):
 
     def weight_files(self, model: str | None) -> list[str]:
         """The model directory's weight files; [] where there is none."""
+
+    def checkpoint(self, model: str | None) -> Files:
+        """The model's checkpoint as the file system has it now: each weight and config
+        file's path, size, mtime and inode, by stat alone (no weight read); () without a
+        local model."""
 
     def residency(self, files: Sequence[str]) -> Residency:
         """How much of `files` is in the page cache now."""

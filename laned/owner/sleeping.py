@@ -1,5 +1,6 @@
 """Lanes that sleep instead of stopping (docs/sleep.md): putting one to sleep for a swap, and
-waking it for an activation. A part of the owner (laned.owner.supervisor), used by its
+waking it for an activation (unless its config or its checkpoint changed while it slept:
+then it starts cold). A part of the owner (laned.owner.supervisor), used by its
 requests' side (laned.owner.requests), which keeps the operation around each: its gate, its
 check that it is still current, and the stop and cold start when a sleep or a wake fails.
 """
@@ -15,11 +16,25 @@ from laned.core.lanes import EventKind
 from laned.core.machine import Ev
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import LanedError
+from laned.owner.checkpoints import Checkpoints
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
 from laned.owner.seam import Refused, Seam
 from laned.owner.traffic import Traffic
 from laned.render import plan as render
+
+# What a wake would serve of a checkpoint that changed on disk while the engine slept (read in
+# vLLM 0.32): level 1 copies back the weights it put in pinned host RAM at the sleep
+# (vllm/device_allocator/cumem.py `wake_up`), the old ones; level 2 reads the files again,
+# but into the engine its start built (laned's `reload_weights`: vllm/model_executor/
+# model_loader/reload/inplace.py loads in place, into the layers, names and shapes of the old
+# config.json, its tokenizer and generation config kept), and the canary kept for the old
+# weights would call the new ones wrong. A cold start reads everything again.
+STALE_WAKE = {
+    1: "a level-1 wake gives back the copy of the old weights it keeps in host RAM",
+    2: "a level-2 wake would read the new weights into the engine the old files built "
+    "(in place: its config, tokenizer and layers as they were)",
+}
 
 
 class Sleeping:
@@ -31,9 +46,11 @@ class Sleeping:
         seam: Seam,
         traffic: Traffic,
         reactions: Reactions,
+        checkpoints: Checkpoints,
     ) -> None:
         self.records, self.seam = records, seam
         self.traffic, self.reactions = traffic, reactions
+        self.checkpoints = checkpoints
 
     async def put_to_sleep(self, lane: str, reason: str, force: bool) -> Refused | None:
         """Drain the lane's requests, put its engine to sleep, confirm it sleeps (then the
@@ -69,6 +86,24 @@ class Sleeping:
         """Whether the lane's rendered unit or wrapper changed (a reload) since it went to
         sleep: a wake would serve the old flags, so it is started cold instead."""
         return self.records.statuses[lane].slept_as != self._digest(lane)
+
+    async def why_cold(self, lane: str) -> tuple[str, str] | None:
+        """Why the sleeping lane starts cold instead of waking (what changed, and the event's
+        words): its config changed (a reload), or its checkpoint changed on disk since its
+        engine read it; None: it wakes."""
+        if self.changed_since(lane):
+            why = "its config changed while it slept: stopping it for a cold start with the new one"
+            return "its config changed", why
+        moved = await self.checkpoints.since(lane)
+        if moved is None:
+            return None
+        level = (
+            self.records.statuses[lane].slept_level or self.records.config.lanes[lane].sleep_level
+        )
+        return "its checkpoint changed", (
+            f"{moved} changed on disk while it slept: {STALE_WAKE.get(level, STALE_WAKE[1])}; "
+            "stopping it for a cold start, which reads the new files"
+        )
 
     def _digest(self, lane: str) -> str:
         return render.lane_digest(self.records.config, lane, self.records.systemd_version)

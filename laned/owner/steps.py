@@ -25,6 +25,7 @@ from laned.adapters.pagecache import (
     Prefetched,
     Residency,
     prefetch,
+    read_checkpoint,
     residency,
     weight_files,
     weights_gib,
@@ -40,6 +41,7 @@ from laned.config.names import (
     weights_unit_name,
 )
 from laned.core import canary, policy
+from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord, parse_exit_record
 from laned.core.lanes import EventKind, LaneState
 from laned.core.liveness import EngineSample, Unanswered
@@ -497,6 +499,9 @@ class HostSeam:
 
     def weight_files(self, model: str | None) -> list[str]:
         return weight_files(model)
+
+    def checkpoint(self, model: str | None) -> Files:
+        return read_checkpoint(model)
 
     def residency(self, files: Sequence[str]) -> Residency:
         return residency(files)

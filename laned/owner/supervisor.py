@@ -43,6 +43,7 @@ from laned.core.recorder import Recorder
 from laned.core.schedule import Admission
 from laned.errors import ConfigRefused, Finding, LanedError
 from laned.owner.bus import BusKeeper
+from laned.owner.checkpoints import Checkpoints
 from laned.owner.checks import Checks
 from laned.owner.ledger import Listener
 from laned.owner.outages import Outages
@@ -79,13 +80,16 @@ class Supervisor:
         self.traffic = Traffic(clock)  # laned's OpenAI endpoint counts its requests here
         records.load = lambda lane: self.traffic.queued(lane) + self.traffic.in_flight(lane)
         self.checks = Checks(records, seam)
-        self.weights = Weights(records, seam)
+        checkpoints = Checkpoints(records, seam)
+        self.weights = Weights(records, seam, checkpoints)
         self.weights.restarts = self
-        self.reactions = Reactions(records, seam, self.checks, restarts=self, weights=self.weights)
-        sleeping = Sleeping(records, seam, self.traffic, self.reactions)
+        self.reactions = Reactions(
+            records, seam, self.checks, restarts=self, weights=self.weights, checkpoints=checkpoints
+        )
+        sleeping = Sleeping(records, seam, self.traffic, self.reactions, checkpoints)
         self.prefetches = Prefetches(records, seam)
         self.requests = Requests(
-            records, seam, self.traffic, sleeping, self.prefetches, self.weights
+            records, seam, self.traffic, sleeping, self.prefetches, self.weights, checkpoints
         )
         records.bind(self.reactions.watch, self.requests.restart_after_failure)
         self.outages = Outages(records, seam, self.reactions, self.requests)

@@ -2,7 +2,9 @@
 (`[lanes.X] weight_cache`, docs/weight-cache.md): the daemon comes up before the engine
 and is ready first, stays up while the engine restarts, restarts itself only when what it
 loads changed, goes with the lane (a stop, a swap, giving up), and its death is the lane's
-failure (both restart; the crash loop counts the run once).
+failure (both restart; the crash loop counts the run once). A daemon whose checkpoint
+changed on disk since it read it restarts before the engine maps its weights
+(laned.owner.checkpoints).
 
 A part of the owner (laned.owner.supervisor): it acts through the seam and moves the lane
 through the lane machine's events (`Records.fire`), like the other parts.
@@ -23,6 +25,7 @@ from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, Desired, EventKind,
 from laned.core.machine import Ev
 from laned.core.policy import RestartKind
 from laned.core.unit_state import ActiveState, UnitSnapshot
+from laned.owner.checkpoints import Checkpoints
 from laned.owner.records import Records
 from laned.owner.seam import Refused, Seam
 from laned.render.wrapper import weights_digest_path
@@ -53,8 +56,8 @@ class Restarts(Protocol):
 class Weights:
     """Each weight-cache lane's daemon, kept beside its engine."""
 
-    def __init__(self, records: Records, seam: Seam) -> None:
-        self.records, self.seam = records, seam
+    def __init__(self, records: Records, seam: Seam, checkpoints: Checkpoints) -> None:
+        self.records, self.seam, self.checkpoints = records, seam, checkpoints
         self.restarts: Restarts | None = None
         self.snapshots: dict[str, UnitSnapshot] = {}  # lane -> its daemon's unit, last seen
         self.stopping: set[str] = set()  # lanes whose daemon laned is stopping
@@ -74,17 +77,29 @@ class Weights:
     # --- before the engine starts ----------------------------------------------------------
 
     async def before_start(self, lane: str) -> Refused | None:
-        """A new daemon where what it loads changed (its wrapper's digest differs from the
-        one the running daemon wrote): stopped before the start gate, which then waits for
-        its memory too."""
+        """A new daemon where what it loads changed — its wrapper's digest differs from the
+        one the running daemon wrote, or a file of the checkpoint it read changed on disk —
+        stopped before the start gate (which then waits for its memory too); the engine then
+        maps the weights of a daemon that read them now."""
         if not self.kept(lane) or not self.running(lane):
             return None
         path = weights_digest_path(self.records.config, lane)
         running = await asyncio.to_thread(self.seam.weights_digest, path)
-        if running == self.records.weights_digests.get(lane):
+        if running != self.records.weights_digests.get(lane):
+            self.records.ledger.note(
+                lane, EventKind.WEIGHTS, "what the weight cache loads changed: its daemon restarts"
+            )
+            return await self.down(lane)
+        moved = await self.checkpoints.since(lane)
+        if moved is None:
             return None
+        # vLLM's own fingerprint (protocol.py hash_checkpoint) hashes the safetensors headers
+        # alone: a fine-tune copied over the same files would be mapped as the old weights.
         self.records.ledger.note(
-            lane, EventKind.WEIGHTS, "what the weight cache loads changed: its daemon restarts"
+            lane,
+            EventKind.WEIGHTS,
+            f"{moved} changed on disk since the weight-cache daemon read it: its daemon "
+            "restarts and reads it again before the engine maps it",
         )
         return await self.down(lane)
 
@@ -111,6 +126,7 @@ class Weights:
         # Not running, or still loading (its start job is joined: the engine waits for it).
         ledger.start_kind(lane, START_COLD)
         ledger.note(lane, EventKind.WEIGHTS, "the weight-cache daemon starts (weights from disk)")
+        await self.checkpoints.record(lane)  # what it reads now, for the engine's next start
         refused = await self.seam.start_weights(lane, self._spec(lane))
         if refused is None:
             ledger.note(lane, EventKind.WEIGHTS, "the weight-cache daemon holds the weights")

@@ -117,7 +117,11 @@ def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
         after.append(weights)
     if after:
         unit.append(("After", " ".join(after)))
-    systemd_restarts = restarts_itself(systemd_version)
+    # A lane that maps its weights from a daemon is restarted by laned alone, whatever the
+    # manager: before each start laned checks that the daemon's checkpoint did not change on
+    # disk (vLLM's fingerprint would not see a same-shape fine-tune), which systemd's own
+    # Restart= would skip.
+    systemd_restarts = restarts_itself(systemd_version) and spec.weight_cache is None
     if systemd_restarts:
         unit += [
             # Start limits live in [Unit]: a crash loop ends in `failed`, not endless restarts.

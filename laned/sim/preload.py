@@ -14,7 +14,8 @@ Read in vLLM 0.32 (docs/simulator.md cites each behaviour):
   "serving on PATH", and answers get_state (its fingerprint compared field by field:
   "mismatch" with the fields), get_memory and release;
 - weight_cache/protocol.py: the socket's name (vllm_weight_cache_<md5 of the GPU's uuid>.sock),
-  its messages (an 8-byte big-endian length, then a pickle), the fingerprint's fields;
+  its messages (an 8-byte big-endian length, then a pickle), the fingerprint's fields, its
+  checkpoint the hash of the shards' safetensors headers (made once, before the load);
 - weight_cache/ipc_loader.py: the engine connects; no socket, a refused connection or a
   fingerprint that differs is a WARNING "Weight cache unusable (...); falling back to disk
   loading" and a load from disk; else "Mapped N tensors from the weight cache daemon
@@ -51,6 +52,7 @@ from laned.sim.weightwire import (
     encode,
     fingerprint,
     gpu_uuid,
+    hash_checkpoint,
     read_message,
     socket_path,
 )
@@ -79,6 +81,7 @@ class Daemon:
     fail_at_start: int | None = None
     ready: bool = False
     held: bool = True  # released: a get_state answers "Weights were released"
+    checkpoint: str | None = None  # hash_checkpoint's, taken before the load
 
     @property
     def ranks(self) -> int:
@@ -142,6 +145,9 @@ async def run_daemon(daemon: Daemon) -> int:
         health = Server(answer)
         await health.start(_listening(bind_socket(daemon.health_host, daemon.health_port)))
     directory = daemon.socket_dir or default_socket_dir()
+    # daemon.py WeightCacheDaemon.__init__: the fingerprint is made before the load and kept
+    # (the headers of the shards as they were then, whatever replaces them later).
+    daemon.checkpoint = hash_checkpoint(daemon.model)
     # Each rank: the default loader's shard bar, then the model held.
     started = time.monotonic()
     log("INFO", "model_runner.py:1", f"Starting to load model {daemon.model}...", WORKER)
@@ -223,7 +229,7 @@ async def _serve(
 def _state(daemon: Daemon, rank: int, key: Any) -> dict[str, Any]:
     if not isinstance(key, dict):
         return {"status": "error", "message": "Missing cache_config"}
-    mine = {**fingerprint(daemon.model, daemon.flags), "tp_rank": rank}
+    mine = {**fingerprint(daemon.model, daemon.flags, daemon.checkpoint), "tp_rank": rank}
     mismatched = [name for name, value in mine.items() if key.get(name) != value]
     if mismatched:
         log("WARNING", "daemon.py:486", f"WeightCacheKey mismatch on fields: {mismatched}")

@@ -1,6 +1,6 @@
 """vLLM's weight-cache daemon and an engine, between them (the simulator's): the sockets'
-names, the wire and the fingerprint (vllm/model_executor/model_loader/weight_cache/
-protocol.py), and the engine's side of `--load-format ipc_cache` (ipc_loader.py load_model).
+names, the wire and the fingerprint, whose checkpoint is the safetensors headers' hash as
+vLLM's (vllm/model_executor/model_loader/weight_cache/protocol.py), and the engine's side of `--load-format ipc_cache` (ipc_loader.py load_model).
 laned/sim/preload.py plays the daemon; laned/sim/startup.py asks here at an engine's start.
 The simulator's own copy of the wire (laned.engines.vllm_preload has laned's): its image holds a bare
 Python and laned/sim alone."""
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import hashlib
 import io
+import json
 import os
 import pickle
 import struct
@@ -50,11 +52,45 @@ def default_socket_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"vllm_weight_cache_{os.getuid()}")
 
 
-def fingerprint(model: str, flags: Mapping[str, str]) -> dict[str, Any]:
-    """WeightCacheKey, as far as the simulator knows the model: its path, the ranks, dtype,
-    quantization, revision and vLLM's version."""
+INDEX = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME
+
+
+def hash_checkpoint(model: str) -> str | None:
+    """protocol.py hash_checkpoint: md5 over each local shard's name and safetensors header
+    (its 8-byte length, then the JSON of tensor names, dtypes, shapes and offsets: not one
+    byte of the weights), the shards sorted by name, only those the index names where there
+    is one (weight_utils.py filter_duplicate_safetensors_files); None where no local shard
+    is found (the key then holds the model's path). So, as in vLLM, a checkpoint replaced by
+    one of the same shapes keeps its fingerprint. Not played: vLLM's FileNotFoundError for a
+    shard the index names and the directory lacks."""
+    if not os.path.isdir(model):
+        return None
+    files = glob.glob(os.path.join(model, "*.safetensors"))
+    index = os.path.join(model, INDEX)
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as handle:
+            named = {os.path.join(model, f) for f in json.load(handle)["weight_map"].values()}
+        files = [f for f in files if f in named]
+    if not files:
+        return None
+    hasher = hashlib.md5(usedforsecurity=False)
+    for path in sorted(files, key=os.path.basename):
+        hasher.update(os.path.basename(path).encode())
+        with open(path, "rb") as handle:
+            size = handle.read(8)
+            (length,) = struct.unpack("<Q", size)
+            hasher.update(size + handle.read(length))
+    return hasher.hexdigest()
+
+
+def fingerprint(
+    model: str, flags: Mapping[str, str], checkpoint: str | None = None
+) -> dict[str, Any]:
+    """WeightCacheKey, as far as the simulator knows the model: its checkpoint (`checkpoint`,
+    hash_checkpoint's, else the model's path), the ranks, dtype, quantization, revision and
+    vLLM's version."""
     key: dict[str, Any] = {
-        "checkpoint": model,
+        "checkpoint": checkpoint or model,
         "tp_size": 1,
         "pp_size": 1,
         "dp_size": 1,
@@ -117,7 +153,8 @@ async def map_weights(
     except (OSError, asyncio.TimeoutError) as exc:
         return False, f"Cannot connect to weight cache daemon at {path}: {exc}"
     try:
-        key = {**fingerprint(model, flags), "tp_rank": 0}
+        # ipc_loader.py: the engine's key is made at its load, from the files as they are now.
+        key = {**fingerprint(model, flags, hash_checkpoint(model)), "tp_rank": 0}
         writer.write(encode({"cmd": "get_state", "cache_config": key}))
         await writer.drain()
         answer = await asyncio.wait_for(read_message(reader), 300.0)

@@ -3,10 +3,12 @@ user manager, played by the simulator's two processes (laned/sim/preload.py: the
 the engine's --load-format ipc_cache, from vLLM's source, docs/simulator.md): the daemon's
 unit starts first and is ready first; an engine's death restarts the engine alone, which
 maps the daemon's weights; the daemon's death restarts both; a config change restarts the
-daemon only where it changes what it loads; a deactivate stops both."""
+daemon only where it changes what it loads, and so does a checkpoint replaced on disk; a
+deactivate stops both."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,16 +18,22 @@ from laned.config.load import parse_config
 from laned.config.names import weights_unit_name
 from laned.core.lanes import LaneState
 from laned.engines.vllm_preload import WC_MAPPED
+from laned.sim.weightwire import hash_checkpoint
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config
 from tests.integration.test_supervisor import run, supervising, until
+from tests.unit.test_weight_cache import shard
 
 GIB = 2**30
 
 
+SHAPES = {"model.embed_tokens.weight": [64, 16]}
+
+
 def cache_lane(tmp: Path, health: int, master: int, extra: str = "") -> str:
     (tmp / "models" / "w").mkdir(parents=True, exist_ok=True)
+    shard(tmp / "models" / "w" / "model.safetensors", SHAPES, 1)
     return (
         FAST + f"weight_cache = {{ health_port = {health}, master_port = {master} }}\n"
         f'args = ["--tensor-parallel-size", "2", "--max-num-seqs", "8"{extra}]\n'
@@ -96,6 +104,28 @@ def test_a_weight_cache_lane_restarts_from_its_daemon_and_fails_with_it(
             assert daemon_pid() not in (0, second) and status.start_kind == "cold"
             reasons = [e.reason for e in sup.events if e.lane == "w"]
             assert any("what the weight cache loads changed" in r for r in reasons), reasons
+
+            # Issue 54: a fine-tune of the same shapes copied over the shard (to a temporary
+            # name, renamed). vLLM's fingerprint (the headers) does not see it, and neither
+            # does the simulated daemon's; laned does before the engine maps: at the engine's
+            # next start (a restart here; its death goes the same way: tests/unit/test_owner.py)
+            # the daemon restarts first, with an event that names the file.
+            third = daemon_pid()
+            model = tmp_path / "models" / "w"
+            headers = hash_checkpoint(str(model))
+            shard(model / "new", SHAPES, 2)
+            os.replace(model / "new", model / "model.safetensors")
+            assert headers is not None and hash_checkpoint(str(model)) == headers
+
+            def said() -> list[str]:
+                return [e.reason for e in sup.events if e.lane == "w"]
+
+            # The last restart's operation is over first (a restart under way is joined).
+            await until(lambda: not sup.records.ops.current, 10, "the last restart over")
+            await sup.restart("w")
+            assert any("(model.safetensors) changed on disk" in r for r in said()), said()
+            assert daemon_pid() not in (0, third) and status.start_kind == "cold"
+            assert status.weights == "ready"
 
             # A deactivate stops both.
             await sup.deactivate("w")

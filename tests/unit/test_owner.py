@@ -31,8 +31,9 @@ from laned.config.load import parse_config
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
 from laned.core import canary
+from laned.core.checkpoint import Files, FileStat
 from laned.core.exits import ExitRecord
-from laned.core.lanes import Desired, LaneState, Verdict
+from laned.core.lanes import Desired, EventKind, LaneState, Verdict
 from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
 from laned.core.machine import Ev
 from laned.core.phases import Seen
@@ -58,6 +59,7 @@ class FakeHost:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.digests: dict[str, str] = {}  # what each weight-cache daemon's wrapper wrote
+        self.files: dict[str, Files] = {}  # each model's checkpoint, as stat would read it
         self.units: dict[str, UnitSnapshot] = {}
         self.lanes = {spec.port: (unit_name(n, spec), spec) for n, spec in config.lanes.items()}
         self.on_change: Callable[[str, dict[str, Any]], None] | None = None
@@ -224,10 +226,11 @@ class FakeHost:
     async def sleep(
         self, lane: str, spec: LaneConfig, seen: UnitSnapshot | None, note: Note, level: int
     ) -> Refused | Asleep:
-        return Refused("this engine has no sleep mode")
+        # A lane with a sleep_level sleeps at once (its unit runs on); any other cannot.
+        return Asleep(frozenset(), {}) if spec.sleep_level else Refused("no sleep mode")
 
     async def wake(self, spec: LaneConfig, level: int) -> Refused | None:
-        return Refused("this engine has no sleep mode")
+        return None if spec.sleep_level else Refused("this engine has no sleep mode")
 
     async def asleep(self, spec: LaneConfig) -> bool:
         return False
@@ -278,6 +281,9 @@ class FakeHost:
     def weight_files(self, model: str | None) -> list[str]:
         return []
 
+    def checkpoint(self, model: str | None) -> Files:
+        return self.files.get(model or "", ())
+
     def residency(self, files: Sequence[str]) -> Residency:
         return Residency(0, 0, 0)
 
@@ -310,15 +316,17 @@ def test_the_fake_host_is_the_owners_seam_and_nothing_else() -> None:
             assert ours == list(inspect.signature(member).parameters), name
 
 
-def config(tmp: Path, extra: str = "", weights: bool = False) -> Config:
+def config(tmp: Path, extra: str = "", weights: bool = False, a: str = "") -> Config:
+    """Lanes a and b of one group (`extra`: both lanes' TOML, `a`: lane a's alone)."""
     lanes = ""
-    command = '["vllm", "serve", "m"]' if weights else '["/bin/true"]'
+    command = '["vllm", "serve", "/models/m"]' if weights or a else '["/bin/true"]'
     for lane, port in (("a", 18601), ("b", 18602)):
         lanes += (
             f'[lanes.{lane}]\nport = {port}\nserved_model_name = "{lane}"\ngroup = "gpu"\n'
             'restart_sec = "10ms"\nprobe = { interval = "10ms", start_interval_min = "10ms", '
             f'start_interval_max = "10ms" }}\n{extra}\n'
             + ("weight_cache = true\n" if weights and lane == "a" else "")
+            + (f"{a}\n" if lane == "a" else "")
             + f"[lanes.{lane}.exec]\ncommand = {command}\n"
         )
     text = (
@@ -329,8 +337,11 @@ def config(tmp: Path, extra: str = "", weights: bool = False) -> Config:
 
 
 @asynccontextmanager
-async def owner(cfg: Config) -> AsyncIterator[tuple[Supervisor, FakeHost]]:
+async def owner(
+    cfg: Config, files: Mapping[str, Files] | None = None
+) -> AsyncIterator[tuple[Supervisor, FakeHost]]:
     manager = FakeHost(cfg)
+    manager.files.update(files or {})  # the models' files before the first start
     sup = Supervisor(cfg, manager, systemd_version=255)
     await sup.start()
     try:
@@ -450,6 +461,80 @@ def test_a_weight_cache_lane_restarts_its_engine_alone_and_its_daemon_goes_with_
             await sup.activate("b")
             assert not manager.running(daemon) and not manager.running(engine)
             assert sup.statuses["a"].weights == "stopped"
+
+    run(scenario)
+
+
+SHARD = "/models/m/model-00001-of-00002.safetensors"
+
+
+def test_a_checkpoint_replaced_on_disk_restarts_the_daemon_before_the_engine_maps_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 54: a fine-tune copied over the daemon's files (same shapes: vLLM's fingerprint
+    does not see it) restarts the daemon before the engine's next start, with an event that
+    names the files; with nothing changed, the engine alone restarts."""
+
+    async def scenario() -> None:
+        cfg = config(tmp_path, weights=True)
+        first = (FileStat("/models/m/config.json", 900, 1, 10), FileStat(SHARD, 4 * 2**30, 1, 11))
+        async with owner(cfg, {"/models/m": first}) as (sup, manager):
+            engine, daemon = unit_name("a", cfg.lanes["a"]), weights_unit_name("a", cfg.lanes["a"])
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready")
+            manager.exit(engine, 0)  # nothing changed: the engine alone
+            await until(lambda: manager.started.count(engine) == 2, "the engine again")
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready again")
+            assert manager.started == [daemon, engine, engine]
+            # Copied to a temporary name and renamed over it: the same size, a new inode.
+            files = manager.files["/models/m"]
+            manager.files["/models/m"] = (files[0], FileStat(SHARD, 4 * 2**30, 2, 12))
+            manager.exit(engine, 0)
+            await until(lambda: manager.started.count(engine) == 3, "the engine again")
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready again")
+            assert manager.started[2:] == [engine, daemon, engine]  # the daemon first
+            assert sup.statuses["a"].start_kind == "cold"
+            said = [e.reason for e in sup.events if e.kind is EventKind.WEIGHTS]
+            assert (
+                "the checkpoint in /models/m (model-00001-of-00002.safetensors) changed on disk "
+                "since the weight-cache daemon read it: its daemon restarts and reads it again "
+                "before the engine maps it"
+            ) in said, said
+            manager.exit(engine, 0)  # what the new daemon read is the record now
+            await until(lambda: manager.started.count(engine) == 4, "the engine again")
+            assert manager.started.count(daemon) == 2
+
+    run(scenario)
+
+
+def test_a_lane_asleep_over_a_changed_checkpoint_starts_cold_instead_of_waking(
+    tmp_path: Path,
+) -> None:
+    """Issue 54: a level-1 wake gives back the weights kept in host RAM (the old ones), a
+    level-2 one reads the new ones into the engine the old files built: a lane whose
+    checkpoint changed while it slept is stopped and started cold, with an event that says
+    which files and why; one whose checkpoint stayed wakes."""
+
+    async def scenario() -> None:
+        cfg = config(tmp_path, a="sleep_level = 1")
+        async with owner(cfg, {"/models/m": (FileStat(SHARD, 100, 1, 11),)}) as (sup, manager):
+            unit_a, unit_b = (unit_name(n, cfg.lanes[n]) for n in ("a", "b"))
+            await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready")
+            await sup.activate("b")
+            assert sup.statuses["a"].state is LaneState.SLEEPING
+            await sup.activate("a")  # the same files: woken, not started
+            assert manager.started == [unit_a, unit_b]
+            await sup.activate("b")
+            assert sup.statuses["a"].state is LaneState.SLEEPING
+            manager.files["/models/m"] = (FileStat(SHARD, 100, 2, 11),)  # rewritten in place
+            ready = await sup.activate("a")
+            assert ready.state is LaneState.READY
+            assert manager.started == [unit_a, unit_b, unit_b, unit_a]  # a cold start
+            said = [e.reason for e in sup.events if e.kind is EventKind.SLEEP]
+            assert (
+                "the checkpoint in /models/m (model-00001-of-00002.safetensors) changed on disk "
+                "while it slept: a level-1 wake gives back the copy of the old weights it keeps "
+                "in host RAM; stopping it for a cold start, which reads the new files"
+            ) in said, said
 
     run(scenario)
 

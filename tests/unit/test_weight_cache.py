@@ -1,13 +1,17 @@
 """vLLM's weight cache, the pure part: which flags the daemon gets, what the config and
 preflight refuse (what vLLM refuses, with the reason and the fix), and the daemon's wrapper:
 its command, its environment, and `ready`, run for real against an HTTP server; the
+checkpoint laned follows by stat, the simulator's fingerprint (vLLM's headers), and the
 sockets' paths within AF_UNIX's limit (issue 54)."""
 
 from __future__ import annotations
 
 import http.server
+import json
+import math
 import os
 import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -16,10 +20,12 @@ from typing import ClassVar
 
 import pytest
 
+from laned.adapters.pagecache import read_checkpoint
 from laned.adapters.weight_cache import held_said
 from laned.config.load import load_config, parse_config
 from laned.config.model import Config
 from laned.config.names import AF_UNIX_MAX, WEIGHTS_SOCKETS_MOUNT, weights_sockets_dir
+from laned.core import checkpoint
 from laned.core.footprints import held_of
 from laned.engines.vllm_preload import (
     SOCKET_NAME_MAX,
@@ -35,6 +41,7 @@ from laned.preflight.facts import HostFacts, LaneFacts
 from laned.preflight.rules import evaluate
 from laned.render import plan as render
 from laned.render.wrapper import engine_lines, weights_lines
+from laned.sim.weightwire import fingerprint, hash_checkpoint
 from tests.helpers import free_port
 from tests.unit.test_render import ENV, EXAMPLE, golden_files
 
@@ -358,3 +365,91 @@ def test_two_lanes_whose_names_hash_to_one_socket_directory_are_refused() -> Non
     assert ("lanes.l63979.weight_cache", "its daemon's socket directory "
             f"($XDG_RUNTIME_DIR/{weights_sockets_dir('l1098')}) is lane l1098's too (both lane "
             "names hash to it)") in found, found  # fmt: skip
+
+
+# --- issue 54: the checkpoint the daemon read ------------------------------------------------
+
+
+def shard(path: Path, shapes: dict[str, list[int]], fill: int) -> None:
+    """A safetensors file (an 8-byte little-endian length, the JSON header, the data): F32
+    tensors of `shapes`, every byte `fill`."""
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes([fill]) * offset)
+
+
+def test_the_checkpoint_is_each_files_stat_and_a_change_names_the_files(tmp_path: Path) -> None:
+    """Issue 54: path, size, mtime and inode of every weight and config file, read by stat;
+    a shard rewritten with the same shapes (a fine-tune copied over it) is a change, as is a
+    new config.json; a README is not part of it. Hundreds of shards make one line."""
+    model = tmp_path / "m"
+    model.mkdir()
+    for i in range(8):
+        shard(model / f"model-{i:05d}.safetensors", {"w": [4, 4]}, 1)
+    (model / "config.json").write_text("{}")
+    (model / "README.md").write_text("about")
+    before = read_checkpoint(str(model))
+    assert [os.path.basename(f.path) for f in before] == [
+        "config.json", *(f"model-{i:05d}.safetensors" for i in range(8))]  # fmt: skip
+    assert read_checkpoint(str(model)) == before and checkpoint.changed(before, before) == ()
+    # A new fine-tune of the same shapes: copied to a temporary name and renamed over it.
+    shard(model / "tmp", {"w": [4, 4]}, 2)
+    os.replace(model / "tmp", model / "model-00003.safetensors")
+    (model / "README.md").write_text("about, again")
+    now = read_checkpoint(str(model))
+    assert checkpoint.changed(before, now) == (str(model / "model-00003.safetensors"),)
+    # In place, same size: the mtime tells (a copy over the file keeps its inode).
+    shard(model / "model-00005.safetensors", {"w": [4, 4]}, 3)
+    os.utime(model / "model-00005.safetensors", ns=(1, 1))
+    (model / "config.json").write_text('{"a": 1}')
+    moved = checkpoint.changed(before, read_checkpoint(str(model)))
+    assert checkpoint.said(str(model), moved) == (
+        "config.json, model-00003.safetensors, model-00005.safetensors")  # fmt: skip
+    many = tuple(str(model / f"s{i}") for i in range(300))
+    assert checkpoint.said(str(model), many) == "s0, s1, s2, s3, s4 and 295 more"
+    # Kept and read back; anything else read back is no record.
+    kept = checkpoint.to_json(str(model), now)
+    assert checkpoint.from_json(json.loads(json.dumps(kept))) == (str(model), now)
+    assert checkpoint.from_json({"model": "/m", "files": [["/m/a", "1", 2, 3]]}) is None
+    assert checkpoint.from_json(None) is None and read_checkpoint(str(tmp_path / "no")) == ()
+
+
+def test_the_simulated_daemon_fingerprints_the_headers_as_vllm_and_misses_a_same_shape_fine_tune(
+    tmp_path: Path,
+) -> None:
+    """The simulator's fingerprint follows vLLM's hash_checkpoint (protocol.py): the shards'
+    names and safetensors headers only, so new values of the same shapes keep it (the stale
+    weights laned must catch itself), new shapes change it, and the index's shards alone
+    count; no local shard: the model's path."""
+    model = tmp_path / "m"
+    model.mkdir()
+    shard(model / "model-1.safetensors", {"w": [4, 4], "b": [4]}, 1)
+    first = hash_checkpoint(str(model))
+    assert first is not None and len(first) == 32
+    shard(model / "model-1.safetensors", {"w": [4, 4], "b": [4]}, 7)
+    assert hash_checkpoint(str(model)) == first  # the same shapes: vLLM sees no change
+    shard(model / "model-1.safetensors", {"w": [4, 8], "b": [4]}, 1)
+    assert hash_checkpoint(str(model)) != first
+    shard(model / "consolidated.safetensors", {"w": [9]}, 1)
+    with_extra = hash_checkpoint(str(model))
+    index = {"weight_map": {"w": "model-1.safetensors", "b": "model-1.safetensors"}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert hash_checkpoint(str(model)) not in (with_extra, None)
+    assert hash_checkpoint(str(tmp_path / "hub/name")) is None
+    key = fingerprint(str(tmp_path / "empty"), {}, hash_checkpoint(str(tmp_path / "empty")))
+    assert key["checkpoint"] == str(tmp_path / "empty")
+
+
+def test_laned_alone_restarts_an_engine_that_maps_its_weights_whatever_the_manager() -> None:
+    """systemd 254 and later restart a failed lane themselves (RestartSteps=): an engine that
+    maps a daemon's weights is laned's to restart, which checks the daemon's checkpoint
+    first."""
+    example = load_config(EXAMPLE, ENV)
+    files = {Path(f.path).name: f.content for f in render.plan(example, systemd_version=254)}
+    assert "Restart=no" in files["glm53-tr3.service"]
+    assert "StartLimitIntervalSec=0" in files["glm53-tr3.service"]
+    assert "Restart=on-failure" in files["dsv41.service"]

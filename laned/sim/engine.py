@@ -171,16 +171,22 @@ class Engine:
         if self.settings.face == "sglang":
             sglang.die()
             return
+        # vLLM 0.32's lines as its core's death reaches its API server (its CPU build here,
+        # EngineCore SIGKILLed: /health 503 0.1 s later): the core client's monitor thread
+        # (vllm/v1/engine/core_client.py monitor_engine_cores, start_engine_core_monitor),
+        # then the output handler's failure (vllm/v1/engine/async_llm.py output_handler).
         log(
-            "ERROR",
-            "core_client.py:564",
-            "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+            "WARNING",
+            "core_client.py:817",
+            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
         )
-        log("ERROR", "async_llm.py:480", "AsyncLLM output_handler failed.")
+        log("INFO", "core_client.py:777", "[shutdown] MPClient: complete")
+        log("ERROR", "async_llm.py:906", "AsyncLLM output_handler failed.")
         log(
             "ERROR",
-            "async_llm.py:480",
-            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+            "async_llm.py:906",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+            "See stack trace (above) for the root cause.",
         )
         # vLLM's API server then shuts itself down and exits with status 0 (vLLM #48966) at
         # its watchdog's next look, every 5 s (watchdog_loop, vllm/entrypoints/launcher.py).

@@ -102,7 +102,7 @@ async def bench(rounds: int, startup: float) -> dict[str, Any]:
                 "disk",
                 f"{tag}-disk.service",
                 ports["disk"],
-                common + 'group = "d"\ngpus = []\n',
+                common + 'group = "d"\ngpus = [1]\n',
                 lane_env,
                 tmp,
             )
@@ -110,7 +110,8 @@ async def bench(rounds: int, startup: float) -> dict[str, Any]:
                 "cache",
                 f"{tag}-cache.service",
                 ports["cache"],
-                common + 'group = "c"\ngpus = []\n'
+                # A GPU of its own (weight_cache needs one: CUDA IPC); the simulator runs on none.
+                common + 'group = "c"\ngpus = [0]\n'
                 f"weight_cache = {{ health_port = {health}, master_port = {master} }}\n",
                 lane_env,
                 tmp,

@@ -1,24 +1,24 @@
 """The lane model, plain data: states, events, exits and each lane's status.
 
-No I/O and no decisions: `laned.core.policy` decides, the supervisor (the one owner) changes a
-LaneStatus, and the API, metrics and state file read it.
+No I/O and no decisions: `laned.core.machine.step` is the one way a LaneStatus changes (it
+returns a new one), `laned.core.policy` decides, and the API, metrics and state file read it.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from laned.core.liveness import EngineSample
-from laned.core.machine import LaneState, Mode
+from laned.core.modes import SERVING_MODES, STOP_MODES, LaneState, Mode
 
 if TYPE_CHECKING:
     from laned.config.model import LaneConfig
 
-__all__ = ["LaneState", "Mode"]  # their home is laned.core.machine
+__all__ = ["LaneState", "Mode"]  # their home is laned.core.modes
 
 
 class Desired(str, Enum):
@@ -124,14 +124,57 @@ class Event:
 START_COLD, START_WEIGHT_CACHE, START_SLEEP = "cold", "weight-cache", "sleep"
 
 
-@dataclass
+SAMPLES_KEPT = 60.0  # seconds of an engine's /metrics samples (its tokens/s over a minute)
+
+
+def frozen(mapping: Mapping[Any, Any] | None = None) -> Mapping[Any, Any]:
+    """A read-only copy of `mapping` (a record's maps are never changed, only replaced)."""
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class Asleep:
+    """What a lane's engine is while it sleeps: its processes (the GPU-memory gate leaves
+    what they hold to them), the digest of its unit and wrapper when it went to sleep (a
+    reload since: it starts cold), and its level (0: not known better than its config's)."""
+
+    pids: frozenset[int] = frozenset()
+    digest: str = ""
+    level: int = 0
+
+
+@dataclass(frozen=True)
+class Op:
+    """The request under way for a lane (an activate, deactivate or restart): its epoch
+    (each request's own; a result of an older one is stale), and what it carries along."""
+
+    kind: str  # laned.core.policy.OpKind's values
+    epoch: int
+    reason: str = ""
+    force: bool = False  # start despite preflight errors, stop without draining requests
+    unattended: bool = False  # laned's own (at start): a refusal fails the lane, visibly
+    alongside: bool = False  # a stop beside another lane's activation that takes it off
+    evicts: tuple[str, ...] = ()  # the lanes an activation takes off (laned.core.placement)
+    stops_asleep: tuple[str, ...] = ()  # of those, the sleepers whose residual is in the way
+    from_lane: str = "none"  # the lane it swaps from (laned_swaps_total)
+    desired_before: Mapping[str, Desired] = field(default_factory=frozen)  # put back if refused
+    started: float = 0.0  # monotonic, for the swap's duration
+    by: str = ""  # a take-off: the lane whose activation takes this one off ...
+    reply: int = 0  # ... and the epoch of that activation, which waits for the answer
+    also: tuple[int, ...] = ()  # other requests' callers answered with this one (joined)
+
+
+@dataclass(frozen=True)
 class LaneStatus:
-    """Everything laned knows about one lane, its current run included: one record per lane,
-    changed by the lane machine's runner alone (laned.owner.ledger.Ledger); everyone else
-    reads it. `state` is what users see of `mode` (laned.core.machine)."""
+    """Everything laned knows about one lane: one immutable record per lane, replaced by
+    the lane machine's step alone (laned.core.machine.step); everyone else reads it.
+
+    What users see (`state`) and the answers the owner asks of it (`stopping`, `woke`,
+    `serving`) are derived from `mode`, never stored beside it. The current run (`run`,
+    `spec`, `started_at`, `ready_at`, `phases`, `notes`, `start_kind`, `counted`,
+    `weights_at_start`) begins again with each start; the rest outlives runs."""
 
     name: str
-    state: LaneState = LaneState.INACTIVE
     mode: Mode = Mode.INACTIVE
     desired: Desired = Desired.INACTIVE
     since: float = 0.0
@@ -140,40 +183,59 @@ class LaneStatus:
     progress: float | None = None
     restarts: int = 0
     last_exit: LastExit | None = None
-    failures: list[float] = field(default_factory=list)  # times of recent failures
+    failures: tuple[float, ...] = ()  # times of recent failures
     last_cold_start: float | None = None  # seconds, of the last start that became ready
     last_wake: float | None = None  # seconds, of the last wake from sleep that became ready
-    started_at: float | None = None  # when the current start began (clock time)
-    phases: list[tuple[str, float]] = field(default_factory=list)  # this start: (phase, since)
-    notes: list[str] = field(default_factory=list)  # this start: "compile cache hit (...)"
-    last_phases: dict[str, float] = field(default_factory=dict)  # last good start: phase -> s
-    weights_at_start: dict[str, Any] | None = None  # page-cache residency as the last start began
+    last_phases: Mapping[str, float] = field(default_factory=frozen)  # last good start: phase -> s
+    last_starts: Mapping[str, float] = field(default_factory=frozen)  # kind -> s, the last of each
     image_id: str | None = None  # container lanes: the image of the last good start
-    checks: dict[str, Any] | None = None  # the last acceptance run (see laned.gates.acceptance)
+    checks: Mapping[str, Any] | None = None  # the last acceptance run (laned.gates.acceptance)
     # The current run (not served; state.json keeps none of it).
     run: int = 0  # each start adds one: reports about an older run are dropped
     spec: LaneConfig | None = None  # the config the current run started with (reload: kept)
+    started_at: float | None = None  # when the current start began (clock time)
     ready_at: float = 0.0  # when the lane last became ready
-    # The run whose failure is counted already, and what saw it: a run fails once,
-    # whichever path (its exit, health probes, a stall, a timeout) saw it first.
-    failed: tuple[int, str] | None = None
-    stopping: bool = False  # a stop laned asked for is under way (its exit is not a failure)
-    woke: bool = False  # the current run became ready from a wake (its swap-in cost)
+    phases: tuple[tuple[str, float], ...] = ()  # this start: (phase, since)
+    notes: tuple[str, ...] = ()  # this start: "compile cache hit (...)"
+    weights_at_start: Mapping[str, Any] | None = None  # page-cache residency as it began
     # This run: "cold" (weights from disk), "weight-cache" (mapped from the lane's daemon) or
     # "sleep" (woken); what it was expected to be at its start, then what its log said.
     start_kind: str = ""
-    last_starts: dict[str, float] = field(default_factory=dict)  # kind -> s, the last of each
+    # What saw this run's failure first, once it is counted: a run fails once, whichever
+    # path (its exit, health probes, a stall, a timeout) saw it first.
+    counted: str | None = None
+    # The engine process (a new engine begins again): its pinned host buffers from a level-1
+    # sleep, which torch keeps until the engine ends (laned.preflight.fit).
+    pinned: bool = False
+    asleep: Asleep | None = None  # while it sleeps
+    residual: Mapping[int, int] = field(default_factory=frozen)  # GPU -> bytes, its last sleep
     # The lane's weight-cache daemon (docs/weight-cache.md): loading, ready, stopping,
-    # stopped, failed; None for a lane without one.
+    # stopped, failed; None for a lane without one; and the bytes its ranks hold.
     weights: str | None = None
-    weights_held: int | None = None  # bytes its ranks hold on the GPUs, by their own word
+    weights_held: int | None = None
     checking: int = 0  # acceptance checks running against it now (they keep it busy)
-    samples: deque[tuple[float, EngineSample]] = field(default_factory=deque)  # /metrics, 60 s
-    sleepers: frozenset[int] = frozenset()  # asleep: its engine's processes (the GPU gate)
-    slept_as: str = ""  # asleep: the digest of its unit and wrapper when it went to sleep
-    slept_level: int = 0  # asleep: the level it sleeps at (0: its own, not known better)
-    pinned: bool = False  # its engine slept at level 1: it keeps those pinned buffers (fit.py)
-    residual: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes, its last sleep
+    samples: tuple[tuple[float, EngineSample], ...] = ()  # its /metrics over SAMPLES_KEPT
+    op: Op | None = None  # the request under way
+
+    @property
+    def state(self) -> LaneState:
+        """What users see of the mode."""
+        return self.mode.visible
+
+    @property
+    def stopping(self) -> bool:
+        """A stop laned asked for is under way (the engine's exit is then not a failure)."""
+        return self.mode in STOP_MODES
+
+    @property
+    def woke(self) -> bool:
+        """The current run became ready from a wake (its swap-in cost)."""
+        return self.start_kind == START_SLEEP
+
+    @property
+    def serving(self) -> bool:
+        """Ready, or degraded by a failed check or a peer out of reach (it still serves)."""
+        return self.mode in SERVING_MODES
 
     def to_json(self) -> dict[str, Any]:
         """As served by the API and stored in state_dir."""
@@ -193,10 +255,12 @@ class LaneStatus:
             "last_starts": dict(self.last_starts),
             "weights": self.weights,
             "weights_held": self.weights_held,
-            "last_phases": self.last_phases,
-            "weights_at_start": self.weights_at_start,
+            "last_phases": dict(self.last_phases),
+            "weights_at_start": None
+            if self.weights_at_start is None
+            else dict(self.weights_at_start),
             "image_id": self.image_id,
-            "checks": self.checks,
+            "checks": None if self.checks is None else dict(self.checks),
         }
 
     def startup(self, now: float) -> dict[str, Any] | None:

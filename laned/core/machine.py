@@ -1,213 +1,1148 @@
-"""The lane machine: every state a lane can be in, every event that can reach it, and for each
-(state, event) pair what follows — the next state and the effects to run, or that the event is
-ignored there and why. Pure data; `laned.owner.ledger.Ledger.fire` is the one place that looks
-an outcome up and applies it, and no other code moves a lane's state.
+"""The lane machine: one pure step over one record per lane.
 
-A `Mode` is finer than the `LaneState` a user sees: what flags used to encode (a wake under
-way, a lane degraded by a check but still serving, a stop that puts an engine to sleep) is a
-mode of its own, and each mode shows as one LaneState (`Mode.visible`).
+    step(lane, input, ctx) -> Step(lane, effects)
 
-Effects name what the runner does with the move, in this order: the record's own changes
-(a new run, waiters answered), then what the owner does about the run (watch it, stop
-watching it, drop or schedule a restart). The host's work (a unit started or stopped, an
-engine put to sleep, the requests drained) is the operations' (laned.owner.requests), which
-fire an event when it begins and when it is confirmed.
+`lane` is the lane's whole record (laned.core.lanes.LaneStatus, immutable), `input` what
+reaches it (laned.core.inputs: a request, something seen, the result of an action of its
+sequence), `ctx` what the step may read beside them (the clock, the lane's config). The
+answer is the new record and the effects to run, in order (laned.core.effects): the owner's
+interpreter (laned.owner.interpreter) replaces the record and runs them; nothing else
+changes a lane.
+
+Every (mode, input) pair is in `TABLE`: it acts (a handler below), is ignored on purpose
+(with the reason, logged at debug), or is refused (Refusal: a pair that only a bug in laned
+could bring, logged as an error with the pair; the record is kept). Before the table, a
+result of an older request (its epoch) and a report of an older run (its run number) are
+stale and dropped.
+
+The requests' sequences are the table's too: a stop (`_stop_chain`), a start (`START`), a
+sleep, a wake, giving up and the weight-cache daemon's part are tuples of named actions
+the handlers emit (`Begin`, `Then`), each answered by its result before the next.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
+from typing import Any
 
+from laned.config.model import LaneConfig
+from laned.core import inputs as i
+from laned.core import policy
+from laned.core.effects import (
+    Action,
+    Alarm,
+    Answer,
+    Begin,
+    CancelRestart,
+    CheckEnding,
+    CheckSlept,
+    CheckWeights,
+    ChooseLevel,
+    ConfirmContainerGone,
+    Count,
+    Drain,
+    Effect,
+    End,
+    FailWaiters,
+    Follow,
+    Gate,
+    Moved,
+    Noted,
+    Poke,
+    Post,
+    Prefetch,
+    PutToSleep,
+    ResolveWaiters,
+    RunPreflight,
+    ScheduleRestart,
+    StartUnit,
+    StartWeights,
+    StopUnit,
+    StopWeights,
+    TakePeerOff,
+    Task,
+    Then,
+    Unfollow,
+    WakeUp,
+)
+from laned.core.lanes import (
+    SAMPLES_KEPT,
+    START_COLD,
+    START_SLEEP,
+    Asleep,
+    Desired,
+    EventKind,
+    LaneStatus,
+    LastExit,
+    Op,
+    Verdict,
+    frozen,
+    phase_durations,
+)
+from laned.core.modes import SERVING_MODES, STARTING_MODES, STOP_MODES, LaneState, Mode
+from laned.core.phases import ALMOST_READY, DYING, add_mark
+from laned.core.policy import ExitAction, OpKind, RestartKind
 
-class LaneState(str, Enum):
-    """Where a lane is, as users see it. `degraded`: running but unhealthy or stalled;
-    `failed`: given up; `sleeping`: its engine runs, off the GPUs (vLLM's sleep mode), until
-    a wake or a stop."""
+JOURNAL_LAG = 30.0  # seconds journald may stamp a start's log line after the engine answered
+ANY = frozenset(Mode)
 
-    INACTIVE = "inactive"
-    STARTING = "starting"
-    READY = "ready"
-    DEGRADED = "degraded"
-    RESTARTING = "restarting"
-    STOPPING = "stopping"
-    FAILED = "failed"
-    SLEEPING = "sleeping"
-
-
-class Mode(str, Enum):
-    """Where a lane is, as the machine knows it (each shows as one LaneState)."""
-
-    INACTIVE = "inactive"
-    STARTING = "starting"  # a cold start: the unit started, the engine not ready yet
-    WAKING = "waking"  # a start from sleep: woken, not ready yet
-    READY = "ready"
-    FAILING = "failing"  # failed probes or a stall: a restart or giving up follows
-    DEGRADED_CHECK = "degraded-check"  # an acceptance check failed; it still serves
-    DEGRADED_PEER = "degraded-peer"  # a peer rank is out of reach; it still serves
-    RESTARTING = "restarting"
-    STOPPING = "stopping"  # a stop laned asked for
-    FALLING_ASLEEP = "falling-asleep"  # being put to sleep for a swap
-    SLEEPING = "sleeping"
-    FAILED = "failed"
-
-    @property
-    def visible(self) -> LaneState:
-        """The state shown to users (the API, the state file, the events)."""
-        return _VISIBLE[self]
-
-
-_VISIBLE = {
-    Mode.INACTIVE: LaneState.INACTIVE,
-    Mode.STARTING: LaneState.STARTING,
-    Mode.WAKING: LaneState.STARTING,
-    Mode.READY: LaneState.READY,
-    Mode.FAILING: LaneState.DEGRADED,
-    Mode.DEGRADED_CHECK: LaneState.DEGRADED,
-    Mode.DEGRADED_PEER: LaneState.DEGRADED,
-    Mode.RESTARTING: LaneState.RESTARTING,
-    Mode.STOPPING: LaneState.STOPPING,
-    Mode.FALLING_ASLEEP: LaneState.STOPPING,
-    Mode.SLEEPING: LaneState.SLEEPING,
-    Mode.FAILED: LaneState.FAILED,
-}
-
-SERVING_MODES = frozenset({Mode.READY, Mode.DEGRADED_CHECK, Mode.DEGRADED_PEER})
-
-
-class Ev(str, Enum):
-    """Everything that can move a lane."""
-
-    # Starts: each begins a new run.
-    START = "start"  # the start gate passed, the unit's start job follows
-    ADOPT = "adopt"  # found running: at laned's start, or after the user manager was away
-    STARTED_OUTSIDE = "started-outside"  # an operator started its unit
-    WAKE = "wake"  # a sleeper is woken for an activation
-    WOKE = "woke"  # the wake and its canary are confirmed: readiness is watched as after a start
-    READY = "ready"  # health answers and the model is listed
-    # What the watchers and the checks see.
-    UNHEALTHY = "unhealthy"  # failed health probes or a stall: a failure of this run
-    CHECK_FAILED = "check-failed"
-    CHECK_PASSED = "check-passed"
-    PEER_LOST = "peer-lost"
-    PEER_BACK = "peer-back"
-    # An exit, as laned.core.policy.plan_exit judged it.
-    SYSTEMD_RESTARTS = "systemd-restarts"  # Restart= of the unit brings it back itself
-    RESTART_LATER = "restart-later"  # a failure: started again after the backoff
-    EXIT_FAILED = "exit-failed"  # a failure not to restart (not desired)
-    CRASH_LOOP = "crash-loop"  # too many failures in the window: given up
-    STOPPED_WITH_MANAGER = "stopped-with-manager"  # logout, reboot: back with laned
-    STOPPED_OUTSIDE = "stopped-outside"  # an operator stopped its unit
-    # Laned's own stops, restarts and sleeps.
-    RESTART = "restart"  # asked (an operator, failed probes, a stall): stop, then start
-    STOP_ASKED = "stop-asked"  # a stop or a sleep begins: nothing more is awaited of this run
-    STOP = "stop"  # the unit's stop job is asked for
-    STOPPED = "stopped"  # the stop is confirmed (the unit and its container gone)
-    ALREADY_STOPPED = "already-stopped"  # nothing was running to stop
-    STOP_FAILED = "stop-failed"  # the container outlived its unit
-    SLEEP = "sleep"  # its engine is put to sleep for a swap
-    SLEPT = "slept"  # the sleep is confirmed
-    FOUND_ASLEEP = "found-asleep"  # laned started and found its engine asleep
-    START_REFUSED = "start-refused"  # the start gate or preflight refused (nobody else says so)
-    GIVE_UP = "give-up"  # a start timeout or the memory guard: the run is stopped ...
-    GAVE_UP = "gave-up"  # ... and the lane left failed until the next activate
-    FOUND_STOPPED = "found-stopped"  # after an outage: its unit is not running
-
-
-class Effect(str, Enum):
-    """What the runner does with a move (in the order the outcome lists them)."""
-
-    NEW_RUN = "new-run"  # the run's number, config, clock, phases and notes begin again; no stop under way
-    NEW_ENGINE = "new-engine"  # a new engine process: no host buffers pinned by it yet
-    STOP_BEGINS = "stop-begins"  # an exit from now on is laned's own stop, until it is over
-    CANCEL_RESTART = "cancel-restart"  # a restart waiting for its backoff is dropped
-    SCHEDULE_RESTART = "schedule-restart"  # started again after the event's delay
-    UNFOLLOW = "unfollow"  # the run's watcher ends
-    FOLLOW = "follow"  # the run is watched: readiness, then liveness
-    RESOLVE_WAITERS = "resolve-waiters"  # those waiting for it to be ready hear it is
-    FAIL_WAITERS = "fail-waiters"  # those waiting hear why it will not be ready
-    SUPERSEDE_WAITERS = "supersede-waiters"  # those waiting hear that a newer request won
+# --- what the step reads and answers ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What an event does in a mode: `to` (None: the mode stays) and the effects; or
-    `ignored`, with the reason."""
+class Context:
+    """What the step may read beside the record and the input: the clock (wall and
+    monotonic), the lane's config now (None: gone from it), a fresh epoch for a request the
+    step begins itself (a restart after a failure, giving up), and what the lane's weight
+    cache says in the engine's log when it missed (its note)."""
 
-    to: Mode | None = None
+    now: float
+    mono: float
+    spec: LaneConfig | None
+    epoch: int = 0
+    cache_missed: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """The step's answer: the new record and the effects to run, in order; `ignored` or
+    `refused` says why nothing changed."""
+
+    lane: LaneStatus
     effects: tuple[Effect, ...] = ()
     ignored: str = ""
+    refused: str = ""
 
 
-ANY = frozenset(Mode)
-E = Effect
-_STARTING = frozenset({Mode.STARTING, Mode.WAKING})
-_STOPPING = frozenset({Mode.STOPPING, Mode.FALLING_ASLEEP})
+@dataclass(frozen=True)
+class Ignore:
+    """A pair the machine ignores on purpose, and why."""
 
-# (event, the modes it applies in, the mode it moves to (None: stays), effects)
-_ROWS: list[tuple[Ev, frozenset[Mode], Mode | None, tuple[Effect, ...]]] = [
-    (Ev.START, ANY, Mode.STARTING, (E.NEW_RUN, E.NEW_ENGINE, E.FOLLOW)),
-    (Ev.ADOPT, ANY, Mode.STARTING, (E.NEW_RUN, E.FOLLOW)),
-    (Ev.STARTED_OUTSIDE, ANY, Mode.STARTING, (E.NEW_RUN, E.FOLLOW)),
-    (Ev.WAKE, frozenset({Mode.SLEEPING}), Mode.WAKING, (E.NEW_RUN, E.UNFOLLOW)),
-    (Ev.WOKE, frozenset({Mode.WAKING}), None, (E.FOLLOW,)),
-    (Ev.READY, _STARTING, Mode.READY, (E.RESOLVE_WAITERS,)),
-    (Ev.UNHEALTHY, ANY, Mode.FAILING, ()),
-    (Ev.CHECK_FAILED, frozenset({Mode.READY}), Mode.DEGRADED_CHECK, ()),
-    (Ev.CHECK_PASSED, frozenset({Mode.DEGRADED_CHECK}), Mode.READY, (E.RESOLVE_WAITERS,)),
-    (Ev.PEER_LOST, frozenset({Mode.READY}), Mode.DEGRADED_PEER, ()),
-    (Ev.PEER_BACK, frozenset({Mode.DEGRADED_PEER}), Mode.READY, (E.RESOLVE_WAITERS,)),
-    (Ev.SYSTEMD_RESTARTS, ANY, Mode.RESTARTING, (E.NEW_RUN, E.FOLLOW)),
-    (Ev.RESTART_LATER, ANY, Mode.RESTARTING, (E.CANCEL_RESTART, E.SCHEDULE_RESTART)),
-    (Ev.EXIT_FAILED, ANY, Mode.FAILED, ()),
-    (Ev.CRASH_LOOP, ANY, Mode.FAILED, (E.FAIL_WAITERS,)),
-    (Ev.STOPPED_WITH_MANAGER, ANY, Mode.INACTIVE, ()),
-    (Ev.STOPPED_OUTSIDE, ANY, Mode.INACTIVE, (E.FAIL_WAITERS,)),
-    (Ev.RESTART, ANY, Mode.RESTARTING, (E.STOP_BEGINS, E.CANCEL_RESTART, E.UNFOLLOW)),
-    (Ev.STOP_ASKED, ANY, None, (E.CANCEL_RESTART, E.UNFOLLOW, E.SUPERSEDE_WAITERS)),
-    (Ev.STOP, ANY, Mode.STOPPING, (E.STOP_BEGINS,)),
-    (Ev.STOPPED, _STOPPING, Mode.INACTIVE, ()),
-    (Ev.ALREADY_STOPPED, ANY - {Mode.INACTIVE}, Mode.INACTIVE, ()),
-    (Ev.STOP_FAILED, ANY, Mode.FAILED, ()),
-    (Ev.SLEEP, ANY, Mode.FALLING_ASLEEP, (E.UNFOLLOW,)),
-    (Ev.SLEPT, frozenset({Mode.FALLING_ASLEEP}), Mode.SLEEPING, ()),
-    (Ev.FOUND_ASLEEP, ANY, Mode.SLEEPING, (E.UNFOLLOW,)),
-    (Ev.START_REFUSED, ANY, Mode.FAILED, (E.FAIL_WAITERS,)),
-    (Ev.GIVE_UP, ANY, None, (E.STOP_BEGINS,)),
-    (Ev.GAVE_UP, ANY, Mode.FAILED, (E.FAIL_WAITERS,)),
-    (Ev.FOUND_STOPPED, ANY, Mode.INACTIVE, ()),
-]
+    why: str
 
-# Why an event is ignored in the modes its row leaves out.
-_IGNORED = {
-    Ev.WAKE: "only a sleeping lane wakes",
-    Ev.WOKE: "no wake is under way",
-    Ev.READY: "a readiness report counts only while the lane starts (an earlier run's)",
-    Ev.CHECK_FAILED: "only a ready lane is degraded by a check (a restart would not fix it)",
-    Ev.CHECK_PASSED: "the lane is not degraded by a check",
-    Ev.PEER_LOST: "only a ready lane is degraded by a peer out of reach",
-    Ev.PEER_BACK: "the lane is not degraded by a peer out of reach",
-    Ev.STOPPED: "the stop was overtaken (an exit or a newer request moved the lane)",
-    Ev.ALREADY_STOPPED: "the lane is inactive already",
-    Ev.SLEPT: "the sleep was overtaken (an exit or a newer request moved the lane)",
+
+@dataclass(frozen=True)
+class Refuse:
+    """A pair that only a bug could bring, and why."""
+
+    why: str
+
+
+Handler = Callable[[LaneStatus, Any, Context], Step]
+Cell = Handler | Ignore | Refuse
+Error = tuple[str, str, str]  # a laned.errors class's name, the message, the hint
+
+
+def step(lane: LaneStatus, event: i.Input, ctx: Context) -> Step:
+    """The lane's record after `event`, and the effects to run (see the module's docstring)."""
+    stale = _stale(lane, event)
+    if stale:
+        return Step(lane, ignored=stale)
+    cell = TABLE[type(event)][lane.mode]
+    if isinstance(cell, Ignore):
+        return Step(lane, ignored=cell.why)
+    if isinstance(cell, Refuse):
+        return Step(lane, refused=cell.why or f"no {type(event).__name__} in {lane.mode.value}")
+    return cell(lane, event, ctx)
+
+
+def _stale(lane: LaneStatus, event: i.Input) -> str:
+    """Why `event` belongs to an older request or run ("" when it is the lane's own now)."""
+    if isinstance(event, i.Result) and (lane.op is None or lane.op.epoch != event.epoch):
+        return "a result of an earlier request (a newer one won)"
+    run = getattr(event, "run", None)
+    if isinstance(run, int) and run != lane.run:
+        return "a report of an earlier run"
+    return ""
+
+
+# --- the record's own changes ----------------------------------------------------------------
+
+
+def _moved(lane: LaneStatus, to: Mode, reason: str, ctx: Context) -> tuple[LaneStatus, Moved]:
+    """The lane in `to`, with the transition to publish."""
+    changes: dict[str, Any] = {"mode": to, "since": ctx.now, "reason": reason}
+    if to.visible is not LaneState.STARTING:
+        changes["phase"] = changes["progress"] = None
+    return dataclasses.replace(lane, **changes), Moved(lane.state, to.visible, reason)
+
+
+def _new_run(lane: LaneStatus, ctx: Context, new_engine: bool) -> LaneStatus:
+    """A start: the run's number, config, clock, phases and notes begin again."""
+    return dataclasses.replace(
+        lane,
+        run=lane.run + 1,
+        spec=ctx.spec,
+        started_at=ctx.now,
+        phases=(),
+        notes=(),
+        weights_at_start=None,
+        start_kind="",
+        counted=None,
+        pinned=False if new_engine else lane.pinned,
+    )
+
+
+def _start(
+    lane: LaneStatus, reason: str, ctx: Context, to: Mode = Mode.STARTING, new_engine: bool = True
+) -> tuple[LaneStatus, list[Effect]]:
+    """A new run, in `to`, watched (readiness, then liveness)."""
+    lane = _new_run(lane, ctx, new_engine)
+    lane, moved = _moved(lane, to, reason, ctx)
+    return lane, [moved, Unfollow(), Follow()]
+
+
+def _count_failure(
+    lane: LaneStatus, ctx: Context, seen_by: str, what: str
+) -> tuple[LaneStatus, policy.Counted | None, list[Effect]]:
+    """The current run's failure, counted once (`seen_by` saw it first); None when it was
+    counted already."""
+    if lane.counted is not None or ctx.spec is None:
+        return lane, None, []
+    counted = policy.count_failure(ctx.spec, lane.failures, ctx.now, what)
+    lane = dataclasses.replace(lane, failures=counted.failures, counted=what)
+    return lane, counted, [Count("failure", (lane.name, seen_by))]
+
+
+def _answer(
+    lane: LaneStatus, ctx: Context, error: Error | None, findings: tuple[Any, ...] = ()
+) -> list[Effect]:
+    """The request under way ends (its callers answered, a take-off's activator told): the
+    lane's record, or why not."""
+    op = lane.op
+    if op is None:
+        return []
+    out: list[Effect] = []
+    if op.kind == TAKE_OFF:
+        if error is None:
+            out.append(Post(op.by, i.PeerOff(op.reply, lane.name)))
+        else:
+            out.append(Post(op.by, i.PeerStuck(op.reply, lane.name, i.Refused(error[1], error[2]))))
+    if op.kind == OpKind.ACTIVATE.value:
+        result = (
+            "ready" if error is None else "superseded" if error[0] == "Superseded" else "failed"
+        )
+        seconds = max(ctx.mono - op.started, 0.0)
+        out.append(Count("swap", (op.from_lane, lane.name, result, seconds)))
+    epochs = (op.epoch, *op.also) if op.kind != TAKE_OFF else op.also
+    if epochs:
+        out.append(Answer(epochs) if error is None else Answer(epochs, *error, findings))
+    return out
+
+
+def _ended(
+    lane: LaneStatus, ctx: Context, error: Error | None = None
+) -> tuple[LaneStatus, list[Effect]]:
+    """The request under way is over: answered, the record without it, its sequence ended."""
+    effects = [*_answer(lane, ctx, error), End()]
+    return dataclasses.replace(lane, op=None), effects
+
+
+def _failed(
+    lane: LaneStatus, reason: str, ctx: Context, hint: str = ""
+) -> tuple[LaneStatus, list[Effect]]:
+    """Failed: everyone waiting hears why, the request under way among them."""
+    lane, moved = _moved(lane, Mode.FAILED, reason, ctx)
+    error = (
+        "ActivationFailed",
+        f"lane {lane.name}: {reason}",
+        hint or f"see `laned logs {lane.name}`",
+    )
+    lane, ended = _ended(lane, ctx, error)
+    return lane, [moved, FailWaiters(reason), *ended]
+
+
+def _superseded(why: str) -> Error:
+    return ("Superseded", why, "the newest request wins")
+
+
+def _replace_op(
+    lane: LaneStatus, op: Op, ctx: Context, why: str
+) -> tuple[LaneStatus, list[Effect]]:
+    """A newer request of the lane's own wins over the one under way (whose callers hear
+    so, and whose sequence ends): `op` from now on."""
+    effects = _answer(lane, ctx, _superseded(why)) if lane.op is not None else []
+    return dataclasses.replace(lane, op=op), [*effects, End()]
+
+
+TAKE_OFF = "take-off"
+GIVE_UP = "give-up"
+STARTS_IT = (OpKind.ACTIVATE.value, OpKind.RESTART.value)
+
+# --- the sequences (the table's) -----------------------------------------------------------
+
+# A start: the weight-cache daemon of other weights goes first, the gate, the daemon up,
+# the unit started (what it reads recorded first where the lane sleeps).
+START: tuple[Action, ...] = (CheckWeights(), Gate(), StartWeights(), StartUnit())
+# The rest of a confirmed stop once its unit is known to run: the requests in flight end
+# first, the unit's stop job, the container gone, the weight-cache daemon gone.
+STOP: tuple[Action, ...] = (StopUnit(), ConfirmContainerGone(), StopWeights())
+# A restart: the requests end, the unit stopped (the daemon kept), then a start.
+RESTART: tuple[Action, ...] = (StopUnit(), *START)
+# Giving up: the unit stopped, and its daemon (a lane given up holds no GPU memory).
+GIVING_UP: tuple[Action, ...] = (StopUnit(), StopWeights())
+# A sleep: the level chosen, then its requests drained and the engine put to sleep.
+SLEEP: tuple[Action, ...] = (ChooseLevel(),)
+
+
+def _stop_asked(reason: str) -> list[Effect]:
+    """A stop or a sleep begins: no restart, no watcher, no waiter any more."""
+    return [CancelRestart(), Unfollow(), FailWaiters(reason, superseded=True)]
+
+
+# --- requests --------------------------------------------------------------------------------
+
+
+def _activate(lane: LaneStatus, e: i.Activate, ctx: Context) -> Step:
+    """An activation, as the owner planned it across lanes (the peers it takes off, the
+    requests it supersedes): desired, its failures forgiven, preflight first, then the
+    peers, then its own start (a wake for a sleeper)."""
+    if lane.op is not None and lane.op.kind == OpKind.ACTIVATE.value:
+        op = dataclasses.replace(lane.op, also=(*lane.op.also, e.epoch))
+        return Step(dataclasses.replace(lane, op=op))  # one on its way: joined
+    op = Op(
+        OpKind.ACTIVATE.value,
+        e.epoch,
+        reason=e.reason,
+        force=e.force,
+        unattended=e.unattended,
+        evicts=e.evicts,
+        stops_asleep=e.stops_asleep,
+        from_lane=e.from_lane,
+        desired_before=frozen(e.desired_before),
+        started=e.started,
+    )
+    lane, effects = _replace_op(lane, op, ctx, f"superseded by activate {lane.name}")
+    lane = dataclasses.replace(lane, desired=Desired.ACTIVE, failures=())
+    peers = tuple(
+        TakePeerOff(peer, f"swap to {lane.name}", e.force, peer in e.stops_asleep)
+        for peer in e.evicts
+    )
+    check: Action = CheckSlept() if lane.mode is Mode.SLEEPING else CheckEnding()
+    first: tuple[Action, ...] = (RunPreflight(),) if e.findings is None else ()
+    if e.findings is not None:  # its caller ran preflight just now: judged as if run here
+        said = _preflighted(
+            lane, i.Preflighted(e.epoch, e.findings, _errors(e.findings), None), ctx
+        )
+        if said.lane.op is None:  # refused (the caller refuses before posting: not here)
+            return Step(said.lane, (*effects, *said.effects))
+        lane, effects = said.lane, [*effects, *said.effects]
+    return Step(lane, (*effects, Begin((*first, *peers, check))))
+
+
+def _errors(findings: Iterable[Any]) -> int:
+    from laned.errors import Severity
+
+    return sum(f.severity is Severity.ERROR for f in findings)
+
+
+def _preflighted(lane: LaneStatus, e: i.Preflighted, ctx: Context) -> Step:
+    """Preflight's findings said; errors refuse the activation (unless forced), nothing
+    stopped, the lanes it would take off desired as before."""
+    op = lane.op
+    assert op is not None
+    effects: list[Effect] = []
+    if e.findings:
+        effects.append(Noted(EventKind.PREFLIGHT, _summary(e.findings)))
+    if e.errors:
+        effects.append(Count("preflight_refused", (lane.name,)))
+        if op.force:
+            effects.append(Noted(EventKind.PREFLIGHT, "preflight errors overridden (force)"))
+    if not e.errors or op.force:
+        if op.from_lane != "none":  # the weights read in while the running lane goes
+            effects.append(Prefetch("begin", (op.from_lane,)))
+        return Step(lane, tuple(effects))
+    refusal = e.refusal or i.Refused(f"lane {lane.name}: preflight found errors")
+    effects += [Post(p, i.Desire(d)) for p, d in op.desired_before.items() if p != lane.name]
+    lane = dataclasses.replace(lane, desired=op.desired_before.get(lane.name, lane.desired))
+    if op.unattended:  # nobody waits: the refusal shows in the lane's state
+        reason = refusal.reason.removeprefix(f"lane {lane.name}: ")
+        lane, moved = _moved(lane, Mode.FAILED, reason, ctx)
+        effects += [moved, FailWaiters(reason)]
+    lane, ended = _ended(lane, ctx, ("PreflightFailed", refusal.reason, refusal.hint))
+    answer = ended[-2] if len(ended) > 1 and isinstance(ended[-2], Answer) else None
+    if answer is not None:  # its callers get the findings too
+        ended[-2] = dataclasses.replace(answer, findings=e.findings)
+    return Step(lane, (*effects, *ended))
+
+
+def _summary(findings: Iterable[Any]) -> str:
+    from laned.errors import Severity
+
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    warnings = [f for f in findings if f.severity is Severity.WARNING]
+    said = "; ".join(f.message for f in [*errors, *warnings]) or "notes only"
+    return f"preflight: {len(errors)} error(s), {len(warnings)} warning(s): {said}"
+
+
+def _deactivate(lane: LaneStatus, e: i.Deactivate, ctx: Context) -> Step:
+    """A stop the operator asked for (never a failure). Beside another lane's activation
+    that takes it off anyway (`alongside`), it joins that take-off."""
+    lane = dataclasses.replace(lane, desired=Desired.INACTIVE)
+    if e.alongside and lane.op is not None and lane.op.kind == TAKE_OFF:
+        op = dataclasses.replace(lane.op, also=(*lane.op.also, e.epoch))
+        return Step(dataclasses.replace(lane, op=op), (CancelRestart(),))
+    op = Op(OpKind.DEACTIVATE.value, e.epoch, reason=e.reason, force=e.force, alongside=e.alongside)
+    lane, effects = _replace_op(lane, op, ctx, f"superseded by deactivate {lane.name}")
+    return Step(lane, (*effects, *_stop_asked(e.reason), Begin((CheckEnding(),))))
+
+
+def _restart(lane: LaneStatus, e: i.Restart, ctx: Context) -> Step:
+    """Stop and start a desired lane: `restarting` now, so that waiters made from now on
+    wait for the new run; the requests in flight end first unless forced (a failure's
+    restart is: a failed engine has none to finish)."""
+    if lane.desired is not Desired.ACTIVE:
+        return Step(lane, ignored="not desired: an activation, not a restart, starts it")
+    if lane.op is not None and lane.op.kind in STARTS_IT:
+        return Step(lane, ignored="an activation or restart under way ends in a fresh run")
+    force = e.force or e.kind != RestartKind.REQUESTED.value
+    op = Op(OpKind.RESTART.value, e.epoch, reason=e.reason, force=force)
+    lane, effects = _replace_op(lane, op, ctx, f"superseded by restart {lane.name}")
+    lane = dataclasses.replace(lane, restarts=lane.restarts + 1)
+    lane, moved = _moved(lane, Mode.RESTART_STOPPING, e.reason, ctx)
+    effects += [Count("restart", (lane.name, e.kind)), moved, CancelRestart(), Unfollow()]
+    return Step(lane, (*effects, Begin((Drain(force), *RESTART))))
+
+
+def _take_off(lane: LaneStatus, e: i.TakeOff, ctx: Context) -> Step:
+    """Off its GPUs for another lane's activation (`by`): asleep where it can sleep, else
+    stopped; a sleeper stays asleep unless what it keeps is in the way. `by` hears when it
+    is off (PeerOff), or why not."""
+    op = Op(TAKE_OFF, e.epoch, reason=e.reason, force=e.force, by=e.by, reply=e.reply)
+    lane, effects = _replace_op(lane, op, ctx, f"taken off for activate {e.by}")
+    lane = dataclasses.replace(lane, desired=Desired.INACTIVE)
+    if lane.mode is Mode.SLEEPING and not e.asleep_too:
+        lane, ended = _ended(lane, ctx)
+        return Step(lane, (*effects, *ended))
+    if lane.mode is Mode.SLEEPING:
+        why = f"{e.reason}: the GPU memory it keeps asleep leaves no room; stopping it"
+        effects.append(Noted(EventKind.SLEEP, why))
+    first = SLEEP if e.sleeps and lane.serving else (CheckEnding(),)
+    return Step(lane, (*effects, *_stop_asked(e.reason), Begin(first)))
+
+
+def _superseded_input(lane: LaneStatus, e: i.Superseded, ctx: Context) -> Step:
+    """A newer request of another lane's won: the sequence under way ends, its callers hear
+    why (the lane stays where it is: the newer request moves it)."""
+    lane, effects = _ended(lane, ctx, _superseded(e.why))
+    if e.desired is not None:
+        lane = dataclasses.replace(lane, desired=e.desired)
+    return Step(lane, tuple(effects))
+
+
+def _desire(lane: LaneStatus, e: i.Desire, ctx: Context) -> Step:
+    return Step(dataclasses.replace(lane, desired=e.desired))
+
+
+def _backoff_over(lane: LaneStatus, e: i.BackoffOver, ctx: Context) -> Step:
+    """The backoff after a failure is over: started again, within the request that waits
+    for it to be ready, or as a restart of its own."""
+    if lane.desired is not Desired.ACTIVE:
+        return Step(lane, ignored="not desired any more")
+    count = lane.restarts + 1
+    lane = dataclasses.replace(lane, restarts=count)
+    effects: list[Effect] = [Count("restart", (lane.name, RestartKind.FAILURE.value))]
+    reason = f"restart #{count} after a failure"
+    if lane.op is None or lane.op.kind not in STARTS_IT:
+        op = Op(OpKind.RESTART.value, ctx.epoch, reason=reason, force=True)
+        lane, replaced = _replace_op(lane, op, ctx, f"superseded by a restart of {lane.name}")
+        effects += replaced
+    else:
+        lane = dataclasses.replace(lane, op=dataclasses.replace(lane.op, reason=reason))
+    return Step(lane, (*effects, Begin(START)))
+
+
+def _restore(lane: LaneStatus, e: i.Restore, ctx: Context) -> Step:
+    """What state.json kept; a lane that gave up stays failed until activated."""
+    lane = dataclasses.replace(
+        lane,
+        desired=e.desired,
+        restarts=e.restarts,
+        last_exit=e.last_exit,
+        last_cold_start=e.last_cold_start,
+        last_starts=frozen(e.last_starts),
+        last_phases=frozen(e.last_phases),
+        image_id=e.image_id,
+        checks=e.checks,
+        since=ctx.now,
+    )
+    if e.failed is not None:
+        lane = dataclasses.replace(lane, mode=Mode.FAILED, reason=e.failed)
+    return Step(lane)
+
+
+# --- what is seen ---------------------------------------------------------------------------
+
+
+def _adopt(lane: LaneStatus, e: i.Adopt, ctx: Context) -> Step:
+    """Found running: desired, and followed as a start (a ready engine is ready at once)."""
+    lane = dataclasses.replace(lane, desired=Desired.ACTIVE)
+    lane, effects = _start(lane, e.reason, ctx, new_engine=False)
+    return Step(lane, tuple(effects))
+
+
+def _started_outside(lane: LaneStatus, e: i.StartedOutside, ctx: Context) -> Step:
+    lane = dataclasses.replace(lane, desired=Desired.ACTIVE)
+    lane, effects = _start(lane, "started outside laned", ctx)
+    return Step(lane, tuple(effects))
+
+
+def _found_asleep(lane: LaneStatus, e: i.FoundAsleep, ctx: Context) -> Step:
+    lane = dataclasses.replace(
+        lane, desired=Desired.INACTIVE, asleep=Asleep(e.pids, e.digest, e.level)
+    )
+    lane, moved = _moved(lane, Mode.SLEEPING, "found asleep", ctx)
+    return Step(lane, (moved, Unfollow()))
+
+
+def _found_stopped(lane: LaneStatus, e: i.FoundStopped, ctx: Context) -> Step:
+    lane, moved = _moved(lane, Mode.INACTIVE, e.reason, ctx)
+    return Step(lane, (moved,))
+
+
+def _stopped_outside(lane: LaneStatus, e: i.StoppedOutside, ctx: Context) -> Step:
+    """Stopped by somebody else: the user manager going down (the lane comes back with
+    laned), or an operator's stop (not desired any more; its weight cache goes too)."""
+    if e.with_manager:
+        lane, moved = _moved(lane, Mode.INACTIVE, e.reason, ctx)
+        return Step(lane, (moved,))
+    lane = dataclasses.replace(lane, desired=Desired.INACTIVE)
+    lane, moved = _moved(lane, Mode.INACTIVE, e.reason, ctx)
+    return Step(lane, (moved, FailWaiters(e.reason), Task("weights-gone")))
+
+
+def _exited(lane: LaneStatus, e: i.Exited, ctx: Context) -> Step:
+    """The engine exited: judged (requested or a failure, whatever its status) and acted on
+    (restart now, later, or never; laned's own stop goes on by itself)."""
+    assert ctx.spec is not None
+    plan = policy.plan_exit(
+        ctx.spec,
+        e.facts,
+        stopping_by_laned=lane.stopping,
+        state=lane.state,
+        desired=lane.desired,
+        failures=lane.failures,
+        now=ctx.now,
+        systemd_restarts=e.systemd_restarts,
+        sub_state=e.sub_state,
+        counted=lane.counted,
+        ready_at=lane.ready_at,
+    )
+    failure = plan.verdict is Verdict.FAILURE
+    last = LastExit(
+        e.facts.code,
+        e.facts.signal,
+        ctx.now,
+        plan.verdict,
+        e.facts.oom_killed,
+        plan.reason if failure else "",
+    )
+    # The window after it: kept for a requested stop and for a stop outside laned.
+    keep = plan.action is ExitAction.STOPPED_OUTSIDE or (
+        plan.action is ExitAction.OWN_STOP and not failure
+    )
+    counted_now = failure and lane.counted is None
+    lane = dataclasses.replace(
+        lane,
+        last_exit=last,
+        failures=lane.failures if keep else plan.failures,
+        counted="its exit" if counted_now else lane.counted,
+    )
+    effects: list[Effect] = [
+        Count("exit", (lane.name, e.facts.code, e.facts.signal, plan.verdict.value)),
+        Unfollow(),
+    ]
+    if counted_now:
+        effects.append(Count("failure", (lane.name, "exit")))
+    if plan.action is ExitAction.OWN_STOP:
+        if failure:
+            effects.append(Noted(EventKind.EXIT, plan.reason))
+        return Step(lane, tuple(effects))  # laned's own stop: its sequence moves the lane
+    if plan.action is ExitAction.STOPPED_OUTSIDE:
+        return Step(lane, (*effects, Task("stopped-outside", plan.reason)))
+    if plan.action is ExitAction.SYSTEMD_RESTARTS:
+        lane = dataclasses.replace(lane, restarts=max(lane.restarts + 1, e.n_restarts))
+        lane, started = _start(lane, plan.reason, ctx, to=Mode.RESTARTING)
+        restart = Count("restart", (lane.name, RestartKind.FAILURE.value))
+        return Step(lane, (*effects, restart, *started))
+    if plan.action is ExitAction.RESTART_LATER:
+        lane, moved = _moved(lane, Mode.RESTARTING, plan.reason, ctx)
+        return Step(lane, (*effects, moved, CancelRestart(), ScheduleRestart(plan.delay)))
+    if plan.action is ExitAction.CRASH_LOOP:
+        lane, failed = _failed(lane, plan.reason, ctx)
+        return Step(lane, (*effects, *failed, Task("weights-gone")))
+    lane, moved = _moved(lane, Mode.FAILED, plan.reason, ctx)  # a failure nobody wants running
+    return Step(lane, (*effects, moved, Task("weights-gone")))
+
+
+def _ready(lane: LaneStatus, e: i.Ready, ctx: Context) -> Step:
+    """The run answers: ready, and what its start took kept (a wake's apart from a cold
+    start's, the phases, the image of a good start); the request that started it answered."""
+    now = ctx.now
+    took = round(now - (now if lane.started_at is None else lane.started_at), 3)
+    woke = lane.mode is Mode.WAKING
+    kind = START_SLEEP if woke else (lane.start_kind or START_COLD)
+    changes: dict[str, Any] = {
+        "start_kind": kind,
+        "last_starts": frozen({**lane.last_starts, kind: took}),  # each kind predicts its next
+        "ready_at": now,  # the backoff starts again from here
+    }
+    if woke:
+        changes["last_wake"] = took
+    elif kind == START_COLD:  # a restart from the weight cache is no cold start
+        changes["last_cold_start"] = took
+    if lane.phases:
+        changes["last_phases"] = frozen(dict(phase_durations(lane.phases, now)))
+    if e.image_id:
+        changes["image_id"] = e.image_id  # of a good start: a different one later is drift
+    lane = dataclasses.replace(lane, **changes)
+    lane, moved = _moved(lane, Mode.READY, e.reason, ctx)
+    effects: list[Effect] = [moved, ResolveWaiters(), Count("start", (lane.name, kind, took))]
+    if woke:
+        effects.append(Count("sleep_mode", (lane.name, "wake", took)))
+    elif kind == START_COLD:
+        effects.append(Count("cold_start", (lane.name, took)))
+    if ctx.spec is not None and ctx.spec.checks.after_activate:
+        effects.append(Task("after-activate"))
+    if lane.op is not None and lane.op.kind in STARTS_IT:
+        lane, ended = _ended(lane, ctx)
+        effects += ended
+    return Step(lane, tuple(effects))
+
+
+def _failing(lane: LaneStatus, e: i.Failing, ctx: Context) -> Step:
+    """The engine stopped serving (its health says it is dead, failed probes, a stall, its
+    daemon died): one failure of this run, then a restart, or the end of a crash loop."""
+    effects: list[Effect] = [Count(e.metric, (lane.name,))] if e.metric else []
+    lane, moved = _moved(lane, Mode.FAILING, e.reason, ctx)
+    lane, counted, said = _count_failure(lane, ctx, e.seen_by, e.reason)
+    effects += [moved, *said]
+    if counted is not None and counted.crash_loop:
+        return _giving_up(lane, counted.reason, ctx, effects)
+    after = _restart(lane, i.Restart(ctx.epoch, e.reason, e.restart_kind, True), ctx)
+    return Step(after.lane, (*effects, *after.effects))
+
+
+def _probe_failed(lane: LaneStatus, e: i.ProbeFailed, ctx: Context) -> Step:
+    """One failed health probe, counted; at the limit in a row, the run stopped serving."""
+    if e.failures < e.limit:
+        return Step(lane, (Count("probe_failure", (lane.name,)),))
+    reason = f"health: {e.failures} consecutive probe failures"
+    return _failing(
+        lane, i.Failing(e.run, reason, "health", RestartKind.HEALTH.value, "probe_failure"), ctx
+    )
+
+
+def _weights_died(lane: LaneStatus, e: i.WeightsDied, ctx: Context) -> Step:
+    """The lane's weight-cache daemon died while its lane was wanted: the lane's failure
+    (the engine goes too: a restart starts the daemon, then the engine, counted once)."""
+    if lane.desired is not Desired.ACTIVE:
+        return Step(lane, ignored="a lane nobody wants any more")
+    said = Noted(EventKind.WEIGHTS, e.reason)
+    after = _failing(lane, i.Failing(lane.run, e.reason, "weights", RestartKind.WEIGHTS.value), ctx)
+    return Step(after.lane, (said, *after.effects))
+
+
+def _give_up(lane: LaneStatus, e: i.GiveUp, ctx: Context) -> Step:
+    """A start timeout or the memory guard: counted, then stopped and failed."""
+    lane, _counted, effects = _count_failure(lane, ctx, e.seen_by, e.reason)
+    return _giving_up(lane, e.reason, ctx, effects)
+
+
+def _giving_up(lane: LaneStatus, reason: str, ctx: Context, effects: list[Effect]) -> Step:
+    """Stop the lane (a stop of laned's) and leave it failed until the next activate; whoever
+    waits hears why once it is stopped."""
+    op = Op(GIVE_UP, ctx.epoch, reason=reason, also=_callers(lane.op))
+    lane = dataclasses.replace(lane, op=op)
+    lane, moved = _moved(lane, Mode.GIVING_UP, reason, ctx)
+    return Step(lane, (*effects, moved, CancelRestart(), Unfollow(), End(), Begin(GIVING_UP)))
+
+
+def _callers(op: Op | None) -> tuple[int, ...]:
+    """The callers of a request that another of the lane's carries on for (they hear
+    how it ends)."""
+    if op is None or op.kind == TAKE_OFF:
+        return ()
+    return (op.epoch, *op.also)
+
+
+def _phase_seen(lane: LaneStatus, e: i.PhaseSeen, ctx: Context) -> Step:
+    """A startup phase or note of the engine's log, kept for the run it belongs to; the
+    engine dying (its HealthRule's lines) has its health asked at once while it serves."""
+    seen, at = e.seen, e.at
+    if seen.note == DYING:
+        return Step(lane, (Alarm(),) if lane.serving else ())
+    if at < (lane.started_at or 0):
+        return Step(lane, ignored="an earlier run's line")
+    effects: list[Effect] = []
+    if ctx.cache_missed is not None and seen.note == ctx.cache_missed and lane.start_kind:
+        lane = dataclasses.replace(lane, start_kind=START_COLD)  # read from disk after all
+    holding = lane.state in policy.HOLDING_STATES
+    # journald can hand a line over after the engine already answered (a container's
+    # output arrives in bursts): what it said of this start is still this start's.
+    if seen.note and seen.note not in lane.notes and holding:
+        lane = dataclasses.replace(lane, notes=(*lane.notes, seen.note))
+        effects.append(Noted(EventKind.STARTUP, seen.note))
+    if seen.phase is None or not holding:
+        return Step(lane, tuple(effects))
+    since = max(at - (seen.elapsed or 0.0), lane.started_at or 0)  # a bar arrives as it closes
+    if lane.state is LaneState.STARTING:
+        phases = tuple(add_mark(list(lane.phases), seen.phase, since))
+        lane = dataclasses.replace(lane, phase=seen.phase, progress=seen.progress, phases=phases)
+        if seen.phase in ALMOST_READY:
+            effects.append(Poke())
+        return Step(lane, tuple(effects))
+    # Late, but of this start: a line stamped up to JOURNAL_LAG after the engine answered
+    # was written before it (journald reads a busy host's burst late).
+    ready_at = lane.ready_at
+    this_run = lane.started_at is not None and ready_at >= lane.started_at
+    if this_run and since < ready_at + JOURNAL_LAG:
+        phases = tuple(add_mark(list(lane.phases), seen.phase, min(since, ready_at)))
+        last = frozen(dict(phase_durations(phases, ready_at)))
+        lane = dataclasses.replace(lane, phases=phases, last_phases=last)
+    return Step(lane, tuple(effects))
+
+
+def _start_kind(lane: LaneStatus, e: i.StartKind, ctx: Context) -> Step:
+    return Step(dataclasses.replace(lane, start_kind=e.kind))
+
+
+def _sampled(lane: LaneStatus, e: i.Sampled, ctx: Context) -> Step:
+    window = tuple(s for s in lane.samples if s[0] >= e.at - SAMPLES_KEPT)
+    return Step(dataclasses.replace(lane, samples=(*window, (e.at, e.sample))))
+
+
+def _weights_at_start(lane: LaneStatus, e: i.WeightsAtStart, ctx: Context) -> Step:
+    shown = None if e.shown is None else frozen(e.shown)
+    return Step(dataclasses.replace(lane, weights_at_start=shown))
+
+
+def _weights_seen(lane: LaneStatus, e: i.WeightsSeen, ctx: Context) -> Step:
+    held = e.held if e.held is not None or e.shown != "ready" else lane.weights_held
+    return Step(dataclasses.replace(lane, weights=e.shown, weights_held=held))
+
+
+def _checking(lane: LaneStatus, e: i.Checking, ctx: Context) -> Step:
+    return Step(dataclasses.replace(lane, checking=max(lane.checking + e.delta, 0)))
+
+
+def _checked(lane: LaneStatus, e: i.Checked, ctx: Context) -> Step:
+    """The acceptance run kept; a ready lane that fails one is degraded and left serving
+    (word salad, a broken tool parser: a restart would not fix them)."""
+    lane = dataclasses.replace(lane, checks=e.results)
+    if e.failed is not None and lane.mode is Mode.READY:
+        lane, moved = _moved(lane, Mode.DEGRADED_CHECK, f"check {e.failed}", ctx)
+        return Step(lane, (moved,))
+    if e.failed is None and lane.mode is Mode.DEGRADED_CHECK:
+        lane, moved = _moved(lane, Mode.READY, "the acceptance checks pass again", ctx)
+        return Step(lane, (moved, ResolveWaiters()))
+    return Step(lane)
+
+
+def _peer_trouble(lane: LaneStatus, e: i.PeerTrouble, ctx: Context) -> Step:
+    """A peer rank out of reach degrades a ready lane, left serving (restarting this rank
+    would not bring the peer back); all back makes it ready again."""
+    if e.reason is not None and lane.mode is Mode.READY:
+        lane, moved = _moved(lane, Mode.DEGRADED_PEER, e.reason, ctx)
+        return Step(lane, (moved,))
+    if e.reason is None and lane.mode is Mode.DEGRADED_PEER:
+        lane, moved = _moved(lane, Mode.READY, "every peer rank answers again", ctx)
+        return Step(lane, (moved, ResolveWaiters()))
+    return Step(lane, ignored="no change to what the lane serves")
+
+
+# --- results of a request's actions ----------------------------------------------------------
+
+
+def _next(lane: LaneStatus, e: i.Result, ctx: Context) -> Step:
+    """A result that says go on: the next action of the sequence follows."""
+    return Step(lane)
+
+
+def _peer_stuck(lane: LaneStatus, e: i.PeerStuck, ctx: Context) -> Step:
+    """A peer this activation takes off outlived its stop: the activation fails."""
+    error = ("ActivationFailed", e.refused.reason, e.refused.hint)
+    lane, ended = _ended(lane, ctx, error)
+    return Step(lane, tuple(ended))
+
+
+def _slept_as(lane: LaneStatus, e: i.SleptAs, ctx: Context) -> Step:
+    """A sleeper about to be activated: woken, or started cold where its config (a reload)
+    or its checkpoint on disk changed while it slept."""
+    asleep = lane.asleep or Asleep()
+    level = asleep.level or (ctx.spec.sleep_level if ctx.spec else 1)
+    if asleep.digest != e.digest:
+        why = "its config changed while it slept: stopping it for a cold start with the new one"
+        return _cold(lane, why, f"activate {lane.name}: its config changed")
+    if e.moved is not None:
+        stale = STALE_WAKE.get(level, STALE_WAKE[1])
+        why = (
+            f"{e.moved} changed on disk while it slept: {stale}; "
+            "stopping it for a cold start, which reads the new files"
+        )
+        return _cold(lane, why, f"activate {lane.name}: its checkpoint changed")
+    return Step(lane, (Then((Gate(waking=True), WakeUp(level))),))
+
+
+def _cold(lane: LaneStatus, why: str, reason: str) -> Step:
+    """A sleeper (or a wake that failed) stopped, then started cold."""
+    op = lane.op
+    assert op is not None
+    op = dataclasses.replace(op, reason=reason)
+    lane = dataclasses.replace(lane, op=op)
+    return Step(lane, (Noted(EventKind.SLEEP, why), Then((CheckEnding(),))))
+
+
+# What a wake would serve of a checkpoint that changed on disk while the engine slept (read in
+# vLLM 0.32): level 1 copies back the weights it put in pinned host RAM at the sleep
+# (vllm/device_allocator/cumem.py `wake_up`), the old ones; level 2 reads the files again,
+# but into the engine its start built (vllm/model_executor/model_loader/reload/inplace.py
+# loads in place), and the canary kept for the old weights would call the new ones wrong.
+STALE_WAKE = {
+    1: "a level-1 wake gives back the copy of the old weights it keeps in host RAM",
+    2: "a level-2 wake would read the new weights into the engine the old files built "
+    "(in place: its config, tokenizer and layers as they were)",
 }
 
 
-def _table() -> dict[tuple[Mode, Ev], Outcome]:
-    table: dict[tuple[Mode, Ev], Outcome] = {}
-    for event, modes, to, effects in _ROWS:
+def _ending(lane: LaneStatus, e: i.Ending, ctx: Context) -> Step:
+    """Is the lane's unit still running? For a stop: stopped (STOP), or it is over already.
+    Before a start: an earlier run still ending is stopped first (its exit must reach laned
+    before the new run is followed, or it would be taken for the new run's)."""
+    op = lane.op
+    assert op is not None
+    starting = op.kind in STARTS_IT
+    reason = _stop_reason(lane)
+    if not e.ending:
+        if starting:
+            return Step(lane, (Then(START),))
+        # Not running (a failed lane included: deactivating it acknowledges the failure).
+        effects: list[Effect] = [Task("weights-gone")]
+        if lane.mode is not Mode.INACTIVE:
+            lane, moved = _moved(lane, Mode.INACTIVE, reason, ctx)
+            effects.insert(0, moved)
+        lane, ended = _ended(lane, ctx)
+        return Step(lane, (*effects, *ended))
+    effects = _stop_asked(reason) if starting else []
+    lane, moved = _moved(lane, Mode.STOPPING, reason, ctx)
+    force = op.force and not starting
+    rest = START if starting else ()
+    return Step(lane, (*effects, moved, Then((Drain(force), *STOP, *rest))))
+
+
+def _stop_reason(lane: LaneStatus) -> str:
+    """Why the lane stops, for its transitions."""
+    op = lane.op
+    assert op is not None
+    if op.kind == OpKind.ACTIVATE.value:
+        if op.reason.startswith(f"activate {lane.name}:"):
+            return op.reason  # a sleeper started cold
+        return f"its earlier run ends before activate {lane.name}"
+    return op.reason or "deactivate"
+
+
+def _weights_stale(lane: LaneStatus, e: i.WeightsStale, ctx: Context) -> Step:
+    """Before a start: the daemon of other weights (or of a checkpoint changed on disk)
+    goes first; the gate then waits for its memory too."""
+    if e.why is None:
+        return Step(lane)
+    then = Then((StopWeights(e.why), Gate(), StartWeights(), StartUnit()))
+    return Step(lane, (Noted(EventKind.WEIGHTS, e.why), then))
+
+
+def _cleared(lane: LaneStatus, e: i.Cleared, ctx: Context) -> Step:
+    """The start gate passed: a new run of a new engine, watched (for a sleeper: woken
+    next); or refused: failed, whoever waits told why."""
+    op = lane.op
+    assert op is not None
+    waking = lane.mode is Mode.SLEEPING
+    effects: list[Effect] = [] if waking else [Prefetch("end")]
+    if e.refused is not None:
+        lane, failed = _failed(lane, e.refused.reason, ctx, e.refused.hint)
+        return Step(lane, (*effects, *failed))
+    if waking:
+        level = (lane.asleep or Asleep()).level or (ctx.spec.sleep_level if ctx.spec else 1)
+        lane, started = _start(
+            lane, f"{op.reason}: waking (level {level})", ctx, Mode.WAKING, False
+        )
+        lane = dataclasses.replace(lane, asleep=None)
+        return Step(lane, tuple(started[:2]))  # watched once awake (Woken)
+    lane, started = _start(lane, _start_reason(lane), ctx)
+    return Step(lane, (*effects, *started))
+
+
+def _start_reason(lane: LaneStatus) -> str:
+    op = lane.op
+    assert op is not None
+    if op.kind == OpKind.RESTART.value and not op.reason.startswith("restart #"):
+        return f"restart: {op.reason}"
+    return op.reason
+
+
+def _weights_up(lane: LaneStatus, e: i.WeightsUp, ctx: Context) -> Step:
+    """The daemon serves (the start maps from it), or it did not come up: the run's failure,
+    counted; a restart after the backoff, or the end of a crash loop."""
+    lane = dataclasses.replace(lane, start_kind=e.kind) if e.kind else lane
+    if e.refused is None:
+        return Step(lane)
+    lane, counted, effects = _count_failure(lane, ctx, "weights", e.refused.reason)
+    if counted is not None and counted.crash_loop:
+        lane, failed = _failed(lane, counted.reason, ctx, e.refused.hint)
+        return Step(lane, (*effects, *failed))
+    assert ctx.spec is not None
+    failures = len(counted.failures) if counted is not None else 1
+    delay = policy.backoff_delay(ctx.spec.restart_sec, failures, ctx.spec.restart_max_delay)
+    why = f"{e.refused.reason}; restarting in {delay:g}s"
+    lane, moved = _moved(lane, Mode.RESTARTING, why, ctx)
+    # The request goes on: it waits for the start after the backoff (BackoffOver).
+    return Step(lane, (*effects, moved, CancelRestart(), ScheduleRestart(delay), End()))
+
+
+def _unit_stopped(lane: LaneStatus, e: i.UnitStopped, ctx: Context) -> Step:
+    """The unit's stop job ended: stopped (a restart starts it next), or still running."""
+    op = lane.op
+    assert op is not None
+    if lane.mode is Mode.RESTART_STOPPING:
+        lane = dataclasses.replace(lane, mode=Mode.RESTARTING)  # its stop is over
+        if e.refused is None:
+            return Step(lane)
+        lane, ended = _ended(
+            lane, ctx, ("ActivationFailed", f"lane {lane.name}: {e.refused.reason}", e.refused.hint)
+        )
+        return Step(lane, tuple(ended))
+    if lane.mode is Mode.GIVING_UP:
+        if e.refused is not None:
+            op = dataclasses.replace(op, reason=f"{op.reason}; and {e.refused.reason}")
+            lane = dataclasses.replace(lane, op=op)
+        return Step(lane)
+    if e.refused is None:
+        return Step(lane)
+    return _stop_failed(lane, e.refused, ctx)
+
+
+def _stop_failed(lane: LaneStatus, refused: i.Refused, ctx: Context) -> Step:
+    """The unit, its container or its daemon outlived the stop: failed, and whoever asked
+    hears why."""
+    lane, failed = _failed(lane, refused.reason, ctx, refused.hint)
+    return Step(lane, tuple(failed))
+
+
+def _container_gone(lane: LaneStatus, e: i.ContainerGone, ctx: Context) -> Step:
+    return Step(lane) if e.refused is None else _stop_failed(lane, e.refused, ctx)
+
+
+def _weights_down(lane: LaneStatus, e: i.WeightsDown, ctx: Context) -> Step:
+    """The daemon is gone: the end of a stop (the lane inactive), of giving up (failed, its
+    stop said if it failed), or of the old daemon before a start (the gate follows)."""
+    if lane.mode is Mode.GIVING_UP:
+        op = lane.op
+        assert op is not None
+        said: list[Effect] = [Noted(EventKind.WEIGHTS, e.refused.reason)] if e.refused else []
+        lane, failed = _failed(lane, op.reason, ctx)
+        return Step(lane, (*said, *failed))
+    if e.refused is not None:
+        return _stop_failed(lane, e.refused, ctx)
+    if lane.mode is Mode.STOPPING:
+        lane, moved = _moved(lane, Mode.INACTIVE, _stop_reason(lane), ctx)
+        if lane.op is not None and lane.op.kind in STARTS_IT:
+            return Step(lane, (moved,))  # an activation: its start follows
+        lane, ended = _ended(lane, ctx)
+        return Step(lane, (moved, *ended))
+    return Step(lane)
+
+
+def _level_chosen(lane: LaneStatus, e: i.LevelChosen, ctx: Context) -> Step:
+    """Into sleep at the level chosen: `stopping` (no new request), its requests drained,
+    then the engine put to sleep."""
+    op = lane.op
+    assert op is not None
+    effects: list[Effect] = []
+    if e.why:
+        effects.append(Noted(EventKind.SLEEP, f"sleeping at level 2, not 1: {e.why}"))
+    lane, moved = _moved(lane, Mode.FALLING_ASLEEP, f"{op.reason}: to sleep (level {e.level})", ctx)
+    lane = dataclasses.replace(lane, asleep=Asleep(level=e.level))
+    return Step(lane, (*effects, moved, Unfollow(), Then((Drain(op.force), PutToSleep(e.level)))))
+
+
+def _slept(lane: LaneStatus, e: i.Slept, ctx: Context) -> Step:
+    """The engine sleeps, confirmed (the activation that asked goes on); or it did not, and
+    it is stopped instead."""
+    op = lane.op
+    assert op is not None
+    if e.refused is not None:
+        said = Noted(EventKind.SLEEP, f"{e.refused.reason}: stopping it instead")
+        return Step(lane, (said, Then((CheckEnding(),))))
+    level = (lane.asleep or Asleep()).level
+    lane = dataclasses.replace(
+        lane,
+        asleep=Asleep(e.pids, e.digest, level),
+        pinned=lane.pinned or level == 1,  # torch keeps those until the engine ends
+        residual=frozen(e.residual) if e.residual else lane.residual,
+    )
+    lane, moved = _moved(lane, Mode.SLEEPING, f"{op.reason}: asleep (level {level})", ctx)
+    lane, ended = _ended(lane, ctx)
+    return Step(lane, (moved, *ended))
+
+
+def _woken(lane: LaneStatus, e: i.Woken, ctx: Context) -> Step:
+    """Awake, its canary as kept: readiness is watched as after a start; or the wake
+    failed, and it is stopped for a cold start."""
+    op = lane.op
+    assert op is not None
+    if e.refused is None:
+        return Step(lane, (Follow(),))
+    said = Noted(EventKind.SLEEP, f"{e.refused.reason}: stopping it for a cold start")
+    op = dataclasses.replace(op, reason=f"{op.reason}: the wake failed")
+    lane = dataclasses.replace(lane, op=op)
+    return Step(lane, (said, Then((CheckEnding(),))))
+
+
+def _broken(lane: LaneStatus, e: i.Broken, ctx: Context) -> Step:
+    """An action broke: its request ends with the error (an activation's as ActivationFailed,
+    as its callers expect), and the lane stays where it is for laned.owner.outages to catch
+    up once the host answers again; a stop of laned's that broke is over all the same."""
+    op = lane.op
+    assert op is not None
+    name = e.error
+    if op.kind in STARTS_IT and name not in ("ActivationFailed", "Superseded", "PreflightFailed"):
+        name = "ActivationFailed"
+    if lane.mode is Mode.RESTART_STOPPING:
+        lane = dataclasses.replace(lane, mode=Mode.RESTARTING)
+    if lane.mode is Mode.GIVING_UP:
+        lane, failed = _failed(lane, f"{op.reason}; and {e.message}", ctx, e.hint)
+        return Step(lane, tuple(failed))
+    lane, ended = _ended(lane, ctx, (name, e.message, e.hint))
+    return Step(lane, tuple(ended))
+
+
+# --- the table -------------------------------------------------------------------------------
+
+
+def _rows(acts: Mapping[frozenset[Mode], Handler], otherwise: Ignore | Refuse) -> dict[Mode, Cell]:
+    """A row of the table: the handler in the modes it acts in, `otherwise` in the rest."""
+    row: dict[Mode, Cell] = dict.fromkeys(Mode, otherwise)
+    for modes, handler in acts.items():
         for mode in modes:
-            table[(mode, event)] = Outcome(to, effects)
-    for mode in Mode:
-        for event in Ev:
-            if (mode, event) not in table:
-                table[(mode, event)] = Outcome(ignored=_IGNORED[event])
-    return table
+            row[mode] = handler
+    return row
 
 
-TABLE = _table()
+def _only(cell: Ignore | Refuse, row: dict[Mode, Cell], *modes: Mode) -> dict[Mode, Cell]:
+    """`row` with `cell` in `modes`."""
+    return {**row, **dict.fromkeys(modes, cell)}
 
 
-def decide(mode: Mode, event: Ev) -> Outcome:
-    """What `event` does to a lane in `mode` (every pair is in the table)."""
-    return TABLE[(mode, event)]
+RUNNING = frozenset(
+    {
+        Mode.STARTING,
+        Mode.WAKING,
+        Mode.READY,
+        Mode.FAILING,
+        Mode.DEGRADED_CHECK,
+        Mode.DEGRADED_PEER,
+        Mode.RESTARTING,
+    }
+)
+SETTLED = frozenset({Mode.INACTIVE, Mode.FAILED})
+ASLEEP = frozenset({Mode.SLEEPING, Mode.FALLING_ASLEEP})
+ENGINE_RUNS = RUNNING | STOP_MODES | ASLEEP
+NO_REQUEST = "the lane has no request under way that runs such an action"
+
+TABLE: dict[type[i.Input], dict[Mode, Cell]] = {
+    # Requests, as the owner planned them across lanes. Each applies in any mode a newer
+    # request can meet (the newest wins over whatever the lane is doing).
+    i.Activate: _rows({ANY: _activate}, Refuse("")),
+    i.Deactivate: _rows({ANY: _deactivate}, Refuse("")),
+    i.Restart: _rows({ANY: _restart}, Refuse("")),  # the handler: desired lanes only
+    i.TakeOff: _rows({ANY - SETTLED: _take_off}, Ignore("off its GPUs already")),
+    i.Superseded: _rows({ANY: _superseded_input}, Refuse("")),
+    i.Desire: _rows({ANY: _desire}, Refuse("")),  # what is wanted holds in any mode
+    i.BackoffOver: _rows(
+        {frozenset({Mode.RESTARTING}): _backoff_over},
+        Ignore("not waiting for a restart any more (a newer request moved the lane)"),
+    ),
+    i.Restore: _rows(
+        {frozenset({Mode.INACTIVE}): _restore},
+        Refuse("state.json is read once, before any lane moved"),
+    ),
+    # What systemd says of the unit.
+    i.Exited: _only(
+        Ignore("failed already: an exit of the run given up"),
+        _rows({ENGINE_RUNS: _exited}, Ignore("no engine of the lane runs")),
+        Mode.FAILED,
+    ),
+    i.StartedOutside: _rows({SETTLED: _started_outside}, Ignore("laned starts or runs it")),
+    i.Adopt: _rows({ANY - ASLEEP: _adopt}, Ignore("asleep: found so, it stays so")),
+    i.FoundAsleep: _rows(
+        {frozenset({Mode.INACTIVE}): _found_asleep},
+        Refuse("found asleep only as laned starts, before any lane moved"),
+    ),
+    i.FoundStopped: _rows({ANY - {Mode.INACTIVE}: _found_stopped}, Ignore("inactive already")),
+    i.StoppedOutside: _rows({ANY - SETTLED: _stopped_outside}, Ignore("settled already")),
+    # What the watchers and the journal see of the run (an older run's report is dropped).
+    i.Ready: _rows(
+        {STARTING_MODES: _ready}, Ignore("a readiness report counts only while the lane starts")
+    ),
+    i.ProbeFailed: _rows(
+        {SERVING_MODES: _probe_failed},
+        Ignore("not serving: liveness is judged while the engine serves"),
+    ),
+    i.Failing: _rows(
+        {SERVING_MODES | STARTING_MODES: _failing},
+        Ignore("not serving or starting: a restart or a stop is under way"),
+    ),
+    i.WeightsDied: _rows(
+        {SERVING_MODES | STARTING_MODES: _weights_died},
+        Ignore("restarting, stopping or settled: that brings its daemon back or not"),
+    ),
+    i.GiveUp: _rows({RUNNING: _give_up}, Ignore("laned stops it, or it is settled, already")),
+    i.PhaseSeen: _rows({ANY: _phase_seen}, Refuse("")),  # kept for its run in any mode
+    i.StartKind: _rows({STARTING_MODES: _start_kind}, Ignore("the start is over")),
+    i.Sampled: _rows({RUNNING: _sampled}, Ignore("its engine does not serve")),
+    i.WeightsAtStart: _rows({ANY: _weights_at_start}, Refuse("")),  # of its run (tagged)
+    i.WeightsSeen: _rows({ANY: _weights_seen}, Refuse("")),  # the daemon's own unit, shown
+    i.Checking: _rows({ANY: _checking}, Refuse("")),  # checks keep it busy in any mode
+    i.Checked: _rows({ANY: _checked}, Refuse("")),  # kept; it degrades a ready lane only
+    i.PeerTrouble: _rows(
+        {SERVING_MODES: _peer_trouble},
+        Ignore("not serving: a peer out of reach degrades a ready lane only"),
+    ),
+    # Results of the actions of the lane's own request (an older request's are dropped
+    # before): each comes in the modes its action runs in; only a bug brings it elsewhere.
+    i.Preflighted: _rows(
+        {ANY - STOP_MODES - ASLEEP | {Mode.SLEEPING}: _preflighted}, Refuse(NO_REQUEST)
+    ),
+    i.PeerOff: _rows({ANY - STOP_MODES - {Mode.FALLING_ASLEEP}: _next}, Refuse(NO_REQUEST)),
+    i.PeerStuck: _rows({ANY - STOP_MODES - {Mode.FALLING_ASLEEP}: _peer_stuck}, Refuse(NO_REQUEST)),
+    i.SleptAs: _rows({frozenset({Mode.SLEEPING}): _slept_as}, Refuse("checked of a sleeper only")),
+    i.Ending: _rows({ANY - {Mode.FALLING_ASLEEP, Mode.GIVING_UP}: _ending}, Refuse(NO_REQUEST)),
+    i.WeightsStale: _rows(
+        {ANY - STOP_MODES - ASLEEP: _weights_stale}, Refuse("checked before a start, not in a stop")
+    ),
+    i.Cleared: _rows(
+        {ANY - STOP_MODES - {Mode.FALLING_ASLEEP}: _cleared},
+        Refuse("the gate is passed before a start, not in a stop"),
+    ),
+    i.WeightsUp: _rows(
+        {frozenset({Mode.STARTING}): _weights_up},
+        Refuse("the daemon comes up just after the start began"),
+    ),
+    i.UnitStarted: _rows({ANY: _next}, Refuse("")),  # whatever moved it since, it ran
+    i.Drained: _rows({ANY: _next}, Refuse("")),
+    i.UnitStopped: _rows({STOP_MODES: _unit_stopped}, Refuse("a stop job runs in a stop")),
+    i.ContainerGone: _rows(
+        {frozenset({Mode.STOPPING}): _container_gone}, Refuse("confirmed in a stop")
+    ),
+    i.WeightsDown: _rows(
+        {ANY - {Mode.RESTART_STOPPING} - ASLEEP: _weights_down},
+        Refuse("the daemon stops at the end of a stop, or before a start"),
+    ),
+    i.LevelChosen: _rows(
+        {SERVING_MODES | {Mode.FAILING}: _level_chosen}, Refuse("a sleep begins of a serving lane")
+    ),
+    i.Slept: _rows({frozenset({Mode.FALLING_ASLEEP}): _slept}, Refuse("only what fell asleep")),
+    i.Woken: _rows({frozenset({Mode.WAKING}): _woken}, Refuse("only what was waking")),
+    i.Broken: _rows({ANY: _broken}, Refuse("")),  # any action breaks in whatever mode it runs
+}

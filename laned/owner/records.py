@@ -1,10 +1,8 @@
-"""What the owner keeps: every lane's record (the ledger's: the lane machine's runner), the
-unit as systemd last showed it, the operations under way, notices, the tasks it runs, and
-each run's watcher and waiting restart (the machine's `Hands`).
-
-Every part of the owner (laned.owner.supervisor) works on this one object; only the parts
-call its methods. The small rules every part shares live here: an event fired with the
-lane's config, a counted failure, where each lane is placed and what an activation takes off.
+"""What the owner keeps beside the lanes' records: the config and the units it names, the
+unit of each lane as systemd last showed it, notices, the tasks it runs, and the views over
+the book that every part shares (where each lane is placed, what an activation takes off,
+which lanes are busy). The lanes' records themselves are the book's (laned.owner.book), and
+only the lane machine's runner replaces them (laned.owner.interpreter).
 """
 
 from __future__ import annotations
@@ -19,18 +17,16 @@ from laned.config.names import unit_name, weights_unit_name
 from laned.core import placement, policy
 from laned.core.footprints import footprints
 from laned.core.lanes import Desired, LaneState, LaneStatus
-from laned.core.machine import SERVING_MODES, Ev
 from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
-from laned.owner.ledger import Ledger
-from laned.owner.operations import Operations
+from laned.owner.book import Book
 from laned.render.wrapper import weights_digest
 
 log = logging.getLogger("laned.supervisor")
 
 
 class Records:
-    """The owner's state, one object for all its parts."""
+    """The owner's state beside the lanes' records, one object for all its parts."""
 
     def __init__(self, config: Config, clock: Callable[[], float], systemd_version: int) -> None:
         self.config, self.clock, self.systemd_version = config, clock, systemd_version
@@ -45,24 +41,15 @@ class Records:
         self.name_units(config)
         self.writer = state.StateWriter(
             config.daemon.state_dir,
-            lambda: self.ledger.saved(),
+            lambda: self.book.saved(),
             lambda why: self.trouble("state.json", why),
         )
-        self.ledger = Ledger(config.lanes, clock, self.writer.mark, hands=self)
+        self.book = Book(config.lanes, clock, self.writer.mark)
         self._recorder = Recorder()
-        self.ops = Operations(self._recorder)
         self.notices: dict[str, str] = {}  # what laned itself meets, by source (/healthz)
         self.snapshots: dict[str, UnitSnapshot] = {}  # each lane's unit, as last seen
         self.closing = False
         self._tasks: set[asyncio.Task[None]] = set()
-        # The machine's hands: each run's watcher, each restart waiting, each lane's "look
-        # again now"; what they run is bound by the supervisor (`bind`).
-        self.follows: dict[str, asyncio.Task[None]] = {}
-        self.restarts: dict[str, asyncio.TimerHandle] = {}
-        self.pokes: dict[str, asyncio.Event] = {}
-        self.alarms: dict[str, asyncio.Event] = {}
-        self._watch: Callable[[str, int], Coroutine[object, object, None]] | None = None
-        self._restart: Callable[[str], None] | None = None
 
     def name_units(self, config: Config) -> None:
         """The lanes' units and their weight-cache daemons', by name (at start, at reload)."""
@@ -80,19 +67,12 @@ class Records:
         """Every unit laned keeps loaded and follows: the lanes' and their daemons'."""
         return {**self.units, **self.weights_units}
 
-    def bind(
-        self,
-        watch: Callable[[str, int], Coroutine[object, object, None]],
-        restart: Callable[[str], None],
-    ) -> None:
-        """What a FOLLOW runs (`watch(lane, run)`) and what a restart's timer calls."""
-        self._watch, self._restart = watch, restart
-
     # --- reading ------------------------------------------------------------------------------
 
     @property
     def statuses(self) -> dict[str, LaneStatus]:
-        return self.ledger.statuses
+        """Every lane's record (read-only: the book's)."""
+        return self.book.statuses  # type: ignore[return-value]
 
     @property
     def recorder(self) -> Recorder:
@@ -101,7 +81,7 @@ class Records:
 
     @recorder.setter
     def recorder(self, recorder: Recorder) -> None:
-        self._recorder = self.ops.recorder = recorder
+        self._recorder = recorder
 
     def spec(self, lane: str) -> LaneConfig:
         """The lane's config; UnknownLane with the known names otherwise."""
@@ -119,60 +99,19 @@ class Records:
 
     def serving(self, lane: str) -> bool:
         """Ready, or degraded by a failed check or a peer out of reach (it still serves)."""
-        return self.statuses[lane].mode in SERVING_MODES
+        return self.statuses[lane].serving
 
-    def counted(self, lane: str) -> str | None:
-        """What counted the current run's failure already (None: not counted yet)."""
-        status = self.statuses[lane]
-        run, seen_by = status.failed or (-1, "")
-        return seen_by if run == status.run else None
+    def busy(self, lanes: Collection[str]) -> bool:
+        """Whether a request works on any of `lanes` (its own, or an activation taking it off)."""
+        for name, status in self.statuses.items():
+            op = status.op
+            if op is not None and (name in lanes or set(op.evicts) & set(lanes)):
+                return True
+        return False
 
-    def fire(self, lane: str, event: Ev, reason: str, delay: float = 0.0) -> bool:
-        """The lane machine's `event` for `lane` (Ledger.fire), a new run with its config."""
-        return self.ledger.fire(lane, event, reason, self.config.lanes.get(lane), delay)
-
-    def poke(self, lane: str) -> asyncio.Event:
-        """The lane's "look again now" for its readiness watcher."""
-        return self.pokes.setdefault(lane, asyncio.Event())
-
-    def alarm(self, lane: str) -> asyncio.Event:
-        """The lane's "its engine says it is dying" for its liveness watcher."""
-        return self.alarms.setdefault(lane, asyncio.Event())
-
-    # --- the machine's hands (laned.owner.ledger.Hands) ---------------------------------------
-
-    def follow(self, lane: str) -> None:
-        """Watch the lane's current run: readiness, then liveness (the bound `watch`)."""
-        self.unfollow(lane)
-        if self._watch is None:
-            return
-        task = asyncio.get_running_loop().create_task(self._watch(lane, self.statuses[lane].run))
-        task.add_done_callback(self.task_done)
-        self.follows[lane] = task
-
-    def unfollow(self, lane: str) -> None:
-        task = self.follows.pop(lane, None)
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-
-    def watching(self, lane: str) -> bool:
-        """A watcher follows the lane's run now."""
-        task = self.follows.get(lane)
-        return task is not None and not task.done()
-
-    def cancel_restart(self, lane: str) -> None:
-        timer = self.restarts.pop(lane, None)
-        if timer is not None:
-            timer.cancel()
-
-    def schedule_restart(self, lane: str, delay: float) -> None:
-        if self._restart is not None:
-            loop = asyncio.get_running_loop()
-            self.restarts[lane] = loop.call_later(delay, self._restart, lane)
-
-    def restart_waiting(self, lane: str) -> bool:
-        """A restart after a failure waits for its backoff."""
-        return lane in self.restarts
+    def evicting(self, lane: str) -> str | None:
+        """The lane whose activation under way takes `lane` off, if one does."""
+        return next((n for n, s in self.statuses.items() if s.op and lane in s.op.evicts), None)
 
     # --- the rules every part shares ----------------------------------------------------------
 
@@ -183,12 +122,6 @@ class Records:
             self.notices.pop(source, None)
         else:
             self.notices[source] = why
-
-    def desire_only(self, lane: str, off: Collection[str]) -> None:
-        """`lane` desired active and the lanes it takes off (`off`) not."""
-        for peer in off:
-            self.ledger.desire(peer, Desired.INACTIVE)
-        self.ledger.desire(lane, Desired.ACTIVE)
 
     def placed(self, but: str = "") -> list[str]:
         """The lanes on the GPUs or on their way there: desired active (a failed one too: an
@@ -210,7 +143,7 @@ class Records:
         if self.gpu_totals is None:
             return {}
         return {
-            name: placement.Footprint.asleep(name, status.residual, self.config.lanes[name].port)
+            name: placement.Footprint.asleep(name, dict(status.residual), self.config.lanes[name].port)
             for name, status in sorted(self.statuses.items())
             if name != but
             and name in self.config.lanes
@@ -237,27 +170,14 @@ class Records:
         start = status.last_wake if status.woke and not asleep else status.last_cold_start
         return placement.cost(start, self.load(lane), spec.priority, spec.pinned)
 
-    def count_failure(self, lane: str, seen_by: str, what: str) -> policy.Counted | None:
-        """Count the current run's failure, seen first by a path other than its exit
-        (`seen_by`: health, stalled, start-timeout, memory-guard; `what` it saw); None when
-        it was counted already."""
-        if self.counted(lane) is not None:
-            return None
-        status = self.statuses[lane]
-        counted = policy.count_failure(self.config.lanes[lane], status.failures, self.clock(), what)
-        self.ledger.failure_counted(lane, counted.failures, what)
-        self.recorder.failure(lane, seen_by)
-        return counted
-
     def sleepers(self, but: Collection[str] = ()) -> frozenset[int]:
         """The processes of every sleeping lane (`but` those an activation stops): their
         residual GPU memory stays."""
-        asleep = [
-            s
-            for name, s in self.statuses.items()
-            if s.state is LaneState.SLEEPING and name not in but
-        ]
-        return frozenset().union(*(s.sleepers for s in asleep))
+        pids: set[int] = set()
+        for name, s in self.statuses.items():
+            if s.state is LaneState.SLEEPING and name not in but and s.asleep is not None:
+                pids |= s.asleep.pids
+        return frozenset(pids)
 
     def to_sleep(self, lane: str) -> dict[str, dict[int, int]]:
         """The lanes an activation of `lane` would put to sleep (they sleep and serve now),
@@ -283,12 +203,9 @@ class Records:
             log.error("supervisor task failed: %r", task.exception())
 
     def cancel_all(self) -> list[asyncio.Task[None]]:
-        """Closing: every waiting restart and every task cancelled (its own, the watchers',
-        the operations'); the tasks, to wait for."""
+        """Closing: every task cancelled; the tasks, to wait for."""
         self.closing = True
-        for timer in self.restarts.values():
-            timer.cancel()
-        tasks = [*self._tasks, *self.follows.values(), *self.ops.cancel_all()]
+        tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         return tasks

@@ -6,8 +6,9 @@ failure (both restart; the crash loop counts the run once). A daemon whose check
 changed on disk since it read it restarts before the engine maps its weights
 (laned.owner.checkpoints).
 
-A part of the owner (laned.owner.supervisor): it acts through the seam and moves the lane
-through the lane machine's events (`Records.fire`), like the other parts.
+A part of the owner (laned.owner.supervisor): it acts through the seam for the actions of a
+lane's sequence (laned.owner.actions), and what its daemon's unit shows reaches the lane as
+inputs of the lane machine (its death: WeightsDied, judged by the step).
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Protocol
+from collections.abc import Callable
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
 from laned.config.names import weights_unit_name
+from laned.core import inputs as i
 from laned.core.footprints import held_of
-from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, Desired, EventKind, LaneState
-from laned.core.machine import Ev
-from laned.core.policy import RestartKind
+from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, EventKind
 from laned.core.unit_state import ActiveState, UnitSnapshot
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.records import Records
@@ -43,22 +43,16 @@ SHOWN = {
 }
 
 
-class Restarts(Protocol):
-    """What the daemon's death asks of the requests' side (laned.owner.requests.Requests)."""
-
-    def restart_lane(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
-        """Restart a desired lane as an operation of its group."""
-
-    async def give_up(self, lane: str, run: int, reason: str) -> None:
-        """Stop the lane and leave it failed until the next activate."""
+Post = Callable[[str, i.Input], object]
 
 
 class Weights:
-    """Each weight-cache lane's daemon, kept beside its engine."""
+    """Each weight-cache lane's daemon, kept beside its engine: its unit as last seen, and
+    what the actions of a lane's sequence ask of it (laned.owner.actions)."""
 
     def __init__(self, records: Records, seam: Seam, checkpoints: Checkpoints) -> None:
         self.records, self.seam, self.checkpoints = records, seam, checkpoints
-        self.restarts: Restarts | None = None
+        self.post: Post = lambda lane, event: None  # the interpreter's, bound by the supervisor
         self.snapshots: dict[str, UnitSnapshot] = {}  # lane -> its daemon's unit, last seen
         self.stopping: set[str] = set()  # lanes whose daemon laned is stopping
 
@@ -76,32 +70,25 @@ class Weights:
 
     # --- before the engine starts ----------------------------------------------------------
 
-    async def before_start(self, lane: str) -> Refused | None:
-        """A new daemon where what it loads changed — its wrapper's digest differs from the
-        one the running daemon wrote, or a file of the checkpoint it read changed on disk —
-        stopped before the start gate (which then waits for its memory too); the engine then
-        maps the weights of a daemon that read them now."""
+    async def stale(self, lane: str) -> str | None:
+        """Why the running daemon must go before the engine starts — its wrapper's digest
+        differs from the one the running daemon wrote (what it loads changed), or a file of
+        the checkpoint it read changed on disk — or None: it serves the engine as it is."""
         if not self.kept(lane) or not self.running(lane):
             return None
         path = weights_digest_path(self.records.config, lane)
         running = await asyncio.to_thread(self.seam.weights_digest, path)
         if running != self.records.weights_digests.get(lane):
-            self.records.ledger.note(
-                lane, EventKind.WEIGHTS, "what the weight cache loads changed: its daemon restarts"
-            )
-            return await self.down(lane)
+            return "what the weight cache loads changed: its daemon restarts"
         moved = await self.checkpoints.since(lane)
         if moved is None:
             return None
         # vLLM's own fingerprint (protocol.py hash_checkpoint) hashes the safetensors headers
         # alone: a fine-tune copied over the same files would be mapped as the old weights.
-        self.records.ledger.note(
-            lane,
-            EventKind.WEIGHTS,
+        return (
             f"{moved} changed on disk since the weight-cache daemon read it: its daemon "
-            "restarts and reads it again before the engine maps it",
+            "restarts and reads it again before the engine maps it"
         )
-        return await self.down(lane)
 
     async def exempt(self, lane: str) -> frozenset[int]:
         """The daemon's processes, whose GPU memory the engine's start gate leaves to them
@@ -112,25 +99,24 @@ class Weights:
         pids = await self.seam.weights_pids(lane, self._spec(lane), snap.control_group)
         return frozenset(pids)
 
-    async def up(self, lane: str) -> Refused | None:
+    async def up(self, lane: str) -> tuple[str, Refused | None]:
         """The daemon serves before the engine starts: started unless it runs (its start
-        job ends when it is ready). The start is a restart from the weight cache where it
-        already held the weights, else a cold one (the daemon reads them from disk now)."""
+        job ends when it is ready). The start's kind: a restart from the weight cache where
+        it already held the weights, else a cold one (the daemon reads them from disk now);
+        "" for a lane without one."""
         if not self.kept(lane):
-            return None
-        ledger = self.records.ledger
+            return "", None
         snap = self.snapshots.get(lane)
         if snap is not None and snap.active_state == ActiveState.ACTIVE.value:
-            ledger.start_kind(lane, START_WEIGHT_CACHE)
-            return None
+            return START_WEIGHT_CACHE, None
         # Not running, or still loading (its start job is joined: the engine waits for it).
-        ledger.start_kind(lane, START_COLD)
-        ledger.note(lane, EventKind.WEIGHTS, "the weight-cache daemon starts (weights from disk)")
+        note = functools.partial(self.records.book.note, lane, EventKind.WEIGHTS)
+        note("the weight-cache daemon starts (weights from disk)")
         await self.checkpoints.record(lane)  # what it reads now, for the engine's next start
         refused = await self.seam.start_weights(lane, self._spec(lane))
         if refused is None:
-            ledger.note(lane, EventKind.WEIGHTS, "the weight-cache daemon holds the weights")
-        return refused
+            note("the weight-cache daemon holds the weights")
+        return START_COLD, refused
 
     # --- with the lane ---------------------------------------------------------------------
 
@@ -143,7 +129,7 @@ class Weights:
             return None  # (a daemon left running by a reload that removed weight_cache goes)
         self.stopping.add(lane)
         try:
-            note = functools.partial(self.records.ledger.note, lane)
+            note = functools.partial(self.records.book.note, lane)
             return await self.seam.stop_weights(lane, self._spec(lane), note)
         finally:
             self.stopping.discard(lane)
@@ -152,7 +138,7 @@ class Weights:
         """`down`, where nothing waits on it: a stop that fails is said in the lane's events."""
         refused = await self.down(lane)
         if refused is not None:
-            self.records.ledger.note(lane, EventKind.WEIGHTS, refused.reason)
+            self.records.book.note(lane, EventKind.WEIGHTS, refused.reason)
 
     def changed(self, unit: str, props: dict[str, object]) -> None:
         """A PropertiesChanged of a daemon's unit: shown, and its death while the lane is
@@ -165,11 +151,12 @@ class Weights:
         snap = previous.update(props)
         self.snapshots[lane] = snap
         shown = SHOWN.get(snap.active_state, snap.active_state)
-        r.ledger.weights_seen(lane, shown)
+        self.post(lane, i.WeightsSeen(shown))
         if shown == "ready" and previous.active_state != snap.active_state:
             r.spawn(self._held(lane))
-        if previous.running and not snap.running:
-            self._ended(lane, snap)
+        if previous.running and not snap.running and lane not in self.stopping:
+            reason = f"its weight-cache daemon exited ({snap.result}, status {snap.exec_main_status})"
+            self.post(lane, i.WeightsDied(reason))
 
     async def _held(self, lane: str) -> None:
         """What the ready daemon's ranks hold, by their own word (get_memory)."""
@@ -182,33 +169,15 @@ class Weights:
         if said is None or spec is None:
             return
         held, dropped = held_of(said, self.records.gpu_totals, gpu_indices(spec))
-        ledger = self.records.ledger
         for reason in dropped:  # never shown as held: said once, in the lane's events
-            ledger.note(lane, EventKind.WEIGHTS, f"weight-cache reading dropped: {reason}")
+            self.records.book.note(lane, EventKind.WEIGHTS, f"weight-cache reading dropped: {reason}")
         if lane in self.records.statuses and self.records.statuses[lane].weights == "ready":
-            ledger.weights_seen(lane, "ready", held)
+            self.post(lane, i.WeightsSeen("ready", held))
 
     def seen(self, lane: str, snap: UnitSnapshot) -> None:
         """The daemon's unit as read (at start, after a resync)."""
         self.snapshots[lane] = snap
         shown = SHOWN.get(snap.active_state, snap.active_state)
-        self.records.ledger.weights_seen(lane, shown)
+        self.post(lane, i.WeightsSeen(shown))
         if shown == "ready":
             self.records.spawn(self._held(lane))
-
-    def _ended(self, lane: str, snap: UnitSnapshot) -> None:
-        r, status = self.records, self.records.statuses[lane]
-        if lane in self.stopping or status.desired is not Desired.ACTIVE or status.stopping:
-            return  # laned's own stop, or a lane nobody wants any more
-        if status.state not in (LaneState.STARTING, LaneState.READY, LaneState.DEGRADED):
-            return  # restarting or failing already: that restart brings it back
-        reason = f"its weight-cache daemon exited ({snap.result}, status {snap.exec_main_status})"
-        r.ledger.note(lane, EventKind.WEIGHTS, reason)
-        r.fire(lane, Ev.UNHEALTHY, reason)
-        counted = r.count_failure(lane, "weights", reason)
-        assert self.restarts is not None
-        if counted is not None and counted.crash_loop:
-            r.spawn(self.restarts.give_up(lane, status.run, counted.reason))
-            return
-        # The engine goes too: a restart starts the daemon, then the engine (counted once).
-        self.restarts.restart_lane(lane, reason, RestartKind.WEIGHTS)

@@ -1,136 +1,279 @@
-"""The lane machine (laned.core.machine) as a table: every (mode, event) pair has an outcome,
-every user-visible state is reached, and random event sequences keep its invariants. Pure:
-no loop, no I/O."""
+"""The lane machine (laned.core.machine) as a table and a pure step: every (mode, input) pair is
+listed, acts or says why not; random input sequences keep its invariants. No loop, no I/O."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+import dataclasses
+from collections.abc import Iterator
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laned.core.lanes import LaneState
-from laned.core.machine import _IGNORED, _ROWS, ANY, SERVING_MODES, TABLE, Effect, Ev, Mode, decide
+from laned.config.load import parse_config
+from laned.core import effects as fx
+from laned.core import inputs as i
+from laned.core.exits import ExitFacts
+from laned.core.lanes import Desired, LaneStatus
+from laned.core.machine import TABLE, Context, Ignore, Refuse, Step, step
+from laned.core.modes import SERVING_MODES, STOP_MODES, LaneState, Mode
+from laned.core.phases import DYING, Seen
 
-STARTS = {Ev.START, Ev.ADOPT, Ev.STARTED_OUTSIDE, Ev.WAKE, Ev.SYSTEMD_RESTARTS}
+SPEC = parse_config(
+    '[lanes.a]\nport = 8001\nserved_model_name = "a"\nrestart_sec = "1s"\nstart_limit_burst = 3\n'
+    '[lanes.a.exec]\ncommand = ["vllm", "serve", "/m"]\n',
+    "t.toml",
+    {"HOME": "/home/op"},
+).lanes["a"]
 
 
-def test_every_pair_has_an_outcome_or_a_reason_to_ignore_it() -> None:
-    assert len(TABLE) == len(Mode) * len(Ev)
-    for (mode, event), outcome in TABLE.items():
-        if outcome.ignored:
-            assert outcome.to is None and not outcome.effects, (mode, event)
-        else:
-            assert outcome.to is not None or outcome.effects, (mode, event, "does nothing")
+def ctx(now: float = 100.0, epoch: int = 900) -> Context:
+    return Context(now=now, mono=now, spec=SPEC, epoch=epoch)
 
 
-def test_every_visible_state_is_shown_by_a_mode_and_reached_by_an_event() -> None:
+def inputs() -> Iterator[type[i.Input]]:
+    for value in vars(i).values():
+        if (
+            isinstance(value, type)
+            and issubclass(value, i.Input)
+            and value not in (i.Input, i.Result)
+        ):
+            yield value
+
+
+def test_every_pair_of_mode_and_input_is_listed_and_says_why_when_it_does_not_act() -> None:
+    assert set(TABLE) == set(inputs())
+    for kind, row in TABLE.items():
+        assert set(row) == set(Mode), kind
+        for mode, cell in row.items():
+            if isinstance(cell, (Ignore, Refuse)) and isinstance(cell, Ignore):
+                assert cell.why, (kind, mode)
+
+
+def test_few_inputs_act_in_every_mode_and_most_are_refused_or_ignored_somewhere() -> None:
+    everywhere = {k.__name__ for k, row in TABLE.items() if all(callable(c) for c in row.values())}
+    # Requests (the newest wins over whatever the lane does) and the records of what a run
+    # showed, tagged with its run; each such row says why in the table.
+    assert everywhere <= {
+        "Activate", "Deactivate", "Restart", "Superseded", "Desire", "PhaseSeen",
+        "WeightsAtStart", "WeightsSeen", "Checking", "Checked", "UnitStarted", "Drained",
+    }, everywhere  # fmt: skip
+    refused = sum(isinstance(c, Refuse) for row in TABLE.values() for c in row.values())
+    ignored = sum(isinstance(c, Ignore) for row in TABLE.values() for c in row.values())
+    assert refused > 50 and ignored > 100, (refused, ignored)
+
+
+def test_every_visible_state_is_shown_by_a_mode_and_the_state_is_derived() -> None:
     assert {mode.visible for mode in Mode} == set(LaneState)
-    reached = {outcome.to for outcome in TABLE.values() if outcome.to is not None}
-    assert reached == set(Mode)  # no mode is only an initial value
+    for mode in Mode:
+        lane = LaneStatus("a", mode=mode)
+        assert lane.state is mode.visible
+        assert lane.stopping == (mode in STOP_MODES)
+        assert lane.serving == (mode in SERVING_MODES)
 
 
-def test_a_new_run_begins_only_with_a_start() -> None:
-    for (mode, event), outcome in TABLE.items():
-        if Effect.NEW_RUN in outcome.effects:
-            assert event in STARTS, (mode, event)
-        if event in STARTS and not outcome.ignored:
-            assert Effect.NEW_RUN in outcome.effects, (mode, event)
-
-
-def test_every_move_into_ready_answers_the_waiters() -> None:
-    for (mode, _event), outcome in TABLE.items():
-        if outcome.to is Mode.READY and mode is not Mode.READY:
-            assert Effect.RESOLVE_WAITERS in outcome.effects
-
-
-def test_only_a_start_becomes_ready_and_only_ready_lanes_serve_degraded() -> None:
-    for (mode, event), outcome in TABLE.items():
-        if outcome.to is Mode.READY:
-            assert mode in {Mode.STARTING, Mode.WAKING} | SERVING_MODES, (mode, event)
-        if outcome.to in SERVING_MODES - {Mode.READY}:
-            assert mode is Mode.READY, (mode, event)
-    assert decide(Mode.RESTARTING, Ev.READY).ignored  # an earlier run's report
-    assert decide(Mode.DEGRADED_PEER, Ev.CHECK_PASSED).ignored  # not the check's doing
-
-
-@dataclass
-class Lane:
-    """What the table's effects do to a lane, as bookkeeping: the model the sequences run on."""
-
-    mode: Mode = Mode.INACTIVE
-    run: int = 0
-    restart_waiting: bool = False
-    watched: int | None = None  # the run a watcher follows
-    waiters: int = 0
-    answered: list[str] = field(default_factory=list)
-
-    def fire(self, event: Ev) -> None:
-        outcome = decide(self.mode, event)
-        if outcome.ignored:
-            return
-        for effect in outcome.effects:
-            if effect is Effect.NEW_RUN:
-                self.run += 1
-            elif effect is Effect.CANCEL_RESTART:
-                self.restart_waiting = False
-            elif effect is Effect.SCHEDULE_RESTART:
-                self.restart_waiting = True
-            elif effect is Effect.FOLLOW:
-                self.watched = self.run
-            elif effect is Effect.UNFOLLOW:
-                self.watched = None
-            elif effect is Effect.RESOLVE_WAITERS:
-                self.answered.append("ready")
-                self.waiters = 0
-            elif effect in (Effect.FAIL_WAITERS, Effect.SUPERSEDE_WAITERS):
-                self.answered.append(effect.value)
-                self.waiters = 0
-        if outcome.to is not None:
-            self.mode = outcome.to
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(list(Ev)), max_size=40))
-def test_random_event_sequences_keep_the_invariants(events: list[Ev]) -> None:
-    lane = Lane()
-    for event in events:
-        before = lane.mode, lane.run
-        lane.waiters += 1  # someone waits for it to be ready before each event
-        lane.fire(event)
-        # A stop laned asks for always wins over a restart waiting for its backoff, and
-        # nothing watches the run it ends.
-        if event is Ev.STOP_ASKED:
-            assert not lane.restart_waiting and lane.watched is None
-        # A watcher follows only the current run.
-        assert lane.watched in (None, lane.run)
-        # Whoever waits hears when the lane becomes ready; a failed lane tells them why,
-        # unless nobody could be waiting for that run any more.
-        if lane.mode is Mode.READY and before[0] is not Mode.READY:
-            assert lane.answered and lane.answered[-1] == "ready" and lane.waiters == 0
-        # The run number only grows, and only at a start.
-        assert lane.run in (before[1], before[1] + 1)
-        if lane.run != before[1]:
-            assert event in STARTS and lane.mode in {Mode.STARTING, Mode.WAKING, Mode.RESTARTING}
-
-
-def doc_row(event: Ev, modes: frozenset[Mode], to: Mode | None, effects: tuple[Effect, ...]) -> str:
-    """A row of docs/architecture.md's table of the lane machine, as the table has it."""
-    if modes == ANY:
-        where = "any"
-    elif len(modes) > len(Mode) / 2:
-        where = "any but " + ", ".join(sorted(m.value for m in ANY - modes))
+def test_the_record_is_immutable() -> None:
+    lane = LaneStatus("a")
+    try:
+        lane.mode = Mode.READY  # type: ignore[misc]
+    except dataclasses.FrozenInstanceError:
+        pass
     else:
-        where = ", ".join(sorted(m.value for m in modes))
-    done = ", ".join(e.value for e in effects) or "—"
-    return f"| `{event.value}` | {where} | {to.value if to else '(stays)'} | {done} | {_IGNORED.get(event, '')} |"  # fmt: skip
+        raise AssertionError("a record must not be assigned")
+    try:
+        lane.last_starts["cold"] = 1.0  # type: ignore[index]
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a record's maps are read-only")
 
 
-def test_the_architecture_doc_shows_the_table_as_it_is() -> None:
-    """docs/architecture.md's table of the lane machine is the code's, row for row."""
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
-    missing = [row for row in (doc_row(*r) for r in _ROWS) if row not in doc.splitlines()]
-    assert missing == [], "rows of the lane machine not in docs/architecture.md:\n" + "\n".join(
-        missing
+def test_a_result_of_an_older_request_and_a_report_of_an_older_run_are_stale() -> None:
+    lane = LaneStatus("a", mode=Mode.READY, run=3)
+    assert step(lane, i.Drained(7), ctx()).ignored.startswith("a result of an earlier")
+    assert step(lane, i.Ready(2, "ok", None), ctx()).ignored == "a report of an earlier run"
+
+
+def test_a_refused_pair_keeps_the_record_and_says_so() -> None:
+    lane = LaneStatus("a", mode=Mode.INACTIVE, op=None)
+    found = step(lane, i.FoundAsleep("d", 1, frozenset()), ctx())
+    assert found.lane.mode is Mode.SLEEPING  # allowed while inactive
+    asleep = found.lane
+    again = step(asleep, i.FoundAsleep("d", 1, frozenset()), ctx())
+    assert again.refused and again.lane is asleep and not again.effects
+
+
+def activate(lane: LaneStatus, epoch: int = 1, **kw: object) -> Step:
+    return step(lane, i.Activate(epoch, "activate", **kw), ctx())  # type: ignore[arg-type]
+
+
+def test_an_activation_runs_preflight_then_its_peers_then_its_own_start() -> None:
+    began = activate(LaneStatus("a"), evicts=("b",))
+    assert began.lane.desired is Desired.ACTIVE and began.lane.op is not None
+    (seq,) = [e for e in began.effects if isinstance(e, fx.Begin)]
+    assert [type(a).__name__ for a in seq.actions] == ["RunPreflight", "TakePeerOff", "CheckEnding"]
+    lane = began.lane
+    lane = step(lane, i.Preflighted(1, (), 0, None), ctx()).lane
+    lane = step(lane, i.PeerOff(1, "b"), ctx()).lane
+    then = step(lane, i.Ending(1, False), ctx())
+    (rest,) = [e for e in then.effects if isinstance(e, fx.Then)]
+    assert [type(a).__name__ for a in rest.actions] == [
+        "CheckWeights", "Gate", "StartWeights", "StartUnit",
+    ]  # fmt: skip
+    lane = step(then.lane, i.WeightsStale(1, None), ctx()).lane
+    started = step(lane, i.Cleared(1, None), ctx())
+    assert started.lane.mode is Mode.STARTING and started.lane.run == 1
+    assert any(isinstance(e, fx.Follow) for e in started.effects)
+    ready = step(started.lane, i.Ready(1, "health 200", "img"), ctx(101.5))
+    assert ready.lane.mode is Mode.READY and ready.lane.op is None
+    assert ready.lane.last_cold_start == 1.5 and ready.lane.image_id == "img"
+    answers = [e for e in ready.effects if isinstance(e, fx.Answer)]
+    assert answers == [fx.Answer((1,))]
+    assert any(isinstance(e, fx.ResolveWaiters) for e in ready.effects)
+
+
+def test_preflight_errors_refuse_and_put_back_what_was_desired() -> None:
+    from laned.errors import Finding
+
+    began = activate(
+        LaneStatus("a"), evicts=("b",), desired_before={"a": Desired.INACTIVE, "b": Desired.ACTIVE}
     )
+    error = Finding("lanes.a.port", "busy", "free it")
+    refused = step(
+        began.lane, i.Preflighted(1, (error,), 1, i.Refused("lane a: refused", "h")), ctx()
+    )
+    assert refused.lane.op is None and refused.lane.desired is Desired.INACTIVE
+    assert fx.Post("b", i.Desire(Desired.ACTIVE)) in refused.effects
+    (answer,) = [e for e in refused.effects if isinstance(e, fx.Answer)]
+    assert answer.error == "PreflightFailed" and answer.findings == (error,)
+    assert any(isinstance(e, fx.End) for e in refused.effects)
+
+
+def test_a_newer_request_supersedes_the_one_under_way_and_its_results_go_stale() -> None:
+    lane = activate(LaneStatus("a"), epoch=1).lane
+    off = step(lane, i.Deactivate(2, "deactivate"), ctx())
+    answers = [e for e in off.effects if isinstance(e, fx.Answer)]
+    assert answers[0].epochs == (1,) and answers[0].error == "Superseded"
+    assert step(off.lane, i.Preflighted(1, (), 0, None), ctx()).ignored
+
+
+def test_a_stop_cancels_a_waiting_restart_unfollows_and_is_no_failure() -> None:
+    lane = LaneStatus("a", mode=Mode.READY, run=1, desired=Desired.ACTIVE)
+    off = step(lane, i.Deactivate(5, "deactivate"), ctx())
+    kinds = [type(e) for e in off.effects]
+    assert fx.CancelRestart in kinds and fx.Unfollow in kinds
+    stopping = step(off.lane, i.Ending(5, True), ctx()).lane
+    assert stopping.mode is Mode.STOPPING and stopping.stopping
+    # The engine exits on laned's stop: requested, not a failure, nothing restarted.
+    asked = ExitFacts(0, None, requested_by_systemd=True, oom_killed=False, witnessed=True)
+    exited = step(stopping, i.Exited(asked, "dead", 0, False), ctx())
+    assert exited.lane.last_exit is not None and exited.lane.last_exit.verdict.value == "requested"
+    assert not any(isinstance(e, fx.ScheduleRestart) for e in exited.effects)
+    assert exited.lane.counted is None
+    for result in (i.Drained(5), i.UnitStopped(5, None), i.ContainerGone(5, None)):
+        stopping = step(stopping, result, ctx()).lane
+    done = step(stopping, i.WeightsDown(5, None), ctx())
+    assert done.lane.mode is Mode.INACTIVE and done.lane.op is None
+    assert fx.Answer((5,)) in done.effects
+
+
+def test_vllms_503_is_one_failure_and_its_exit_0_after_is_that_same_failure() -> None:
+    lane = LaneStatus("a", mode=Mode.READY, run=1, desired=Desired.ACTIVE)
+    failing = step(lane, i.Failing(1, "health 503: dead", "health", "health"), ctx(100, 7))
+    assert failing.lane.mode is Mode.RESTART_STOPPING and failing.lane.counted
+    assert sum(isinstance(e, fx.Count) and e.what == "failure" for e in failing.effects) == 1
+    exited = step(failing.lane, i.Exited(ExitFacts(0, None, False, False), "dead", 0, False), ctx())
+    assert not any(isinstance(e, fx.Count) and e.what == "failure" for e in exited.effects)
+    assert exited.lane.last_exit is not None and exited.lane.last_exit.verdict.value == "failure"
+
+
+def test_the_dying_line_raises_the_alarm_while_it_serves_only() -> None:
+    dying = i.PhaseSeen(Seen(None, note=DYING), 50.0)
+    assert fx.Alarm() in step(LaneStatus("a", mode=Mode.READY), dying, ctx()).effects
+    assert not step(LaneStatus("a", mode=Mode.STARTING), dying, ctx()).effects
+
+
+# --- random sequences ---------------------------------------------------------------------------
+
+REPORTS = st.sampled_from(["ready", "exit0", "exit1", "probe", "fail", "phase", "sample"])
+REQUESTS = st.sampled_from(["activate", "deactivate", "restart", "desire", "takeoff", "backoff"])
+RESULTS = st.sampled_from([
+    "preflighted", "peeroff", "ending-yes", "ending-no", "stale", "cleared", "refused",
+    "weights-up", "drained", "stopped", "gone", "weights-down", "level", "slept", "woken",
+])  # fmt: skip
+MOVES = st.lists(st.one_of(REPORTS, REQUESTS, RESULTS), max_size=60)
+
+
+def make(kind: str, lane: LaneStatus, n: int) -> i.Input:
+    epoch = lane.op.epoch if lane.op else n
+    run = lane.run
+    made: dict[str, i.Input] = {
+        "ready": i.Ready(run, "ok", None),
+        "exit0": i.Exited(ExitFacts(0, None, False, False), "dead", 0, False),
+        "exit1": i.Exited(ExitFacts(1, None, False, False), "failed", 0, False),
+        "probe": i.ProbeFailed(run, 3, 3),
+        "fail": i.Failing(run, "stalled", "stalled", "stalled"),
+        "phase": i.PhaseSeen(Seen("loading weights"), 100.0 + n),
+        "sample": i.Sampled(run, 100.0 + n, None),  # type: ignore[arg-type]
+        "activate": i.Activate(1000 + n, "activate"),
+        "deactivate": i.Deactivate(1000 + n, "deactivate"),
+        "restart": i.Restart(1000 + n, "restart", "requested"),
+        "desire": i.Desire(Desired.ACTIVE),
+        "takeoff": i.TakeOff(1000 + n, "b", 7, "swap to b", False, False, False),
+        "backoff": i.BackoffOver(),
+        "preflighted": i.Preflighted(epoch, (), 0, None),
+        "peeroff": i.PeerOff(epoch, "b"),
+        "ending-yes": i.Ending(epoch, True),
+        "ending-no": i.Ending(epoch, False),
+        "stale": i.WeightsStale(epoch, None),
+        "cleared": i.Cleared(epoch, None),
+        "refused": i.Cleared(epoch, i.Refused("gpu-gate: held")),
+        "weights-up": i.WeightsUp(epoch, "", None),
+        "drained": i.Drained(epoch),
+        "stopped": i.UnitStopped(epoch, None),
+        "gone": i.ContainerGone(epoch, None),
+        "weights-down": i.WeightsDown(epoch, None),
+        "level": i.LevelChosen(epoch, 1, ""),
+        "slept": i.Slept(epoch, None, frozenset({9}), {0: 1}, "d"),
+        "woken": i.Woken(epoch, None),
+    }
+    return made[kind]
+
+
+@settings(max_examples=400, deadline=None)
+@given(moves=MOVES)
+def test_random_inputs_keep_the_machines_promises(moves: list[str]) -> None:
+    lane = LaneStatus("a")
+    counted_runs: dict[int, int] = {}
+    answered: dict[int, int] = {}
+    for n, kind in enumerate(moves):
+        before = lane
+        result = step(lane, make(kind, lane, n), ctx(100.0 + n, 5000 + n))
+        lane = result.lane
+        if result.ignored or result.refused:
+            assert lane is before and not result.effects
+            continue
+        # The public state is the mode's, always.
+        assert lane.state is lane.mode.visible
+        # A run's failure is counted once, whatever saw it.
+        failures = sum(isinstance(e, fx.Count) and e.what == "failure" for e in result.effects)
+        counted_runs[lane.run] = counted_runs.get(lane.run, 0) + failures
+        assert counted_runs[lane.run] <= 1, (moves[: n + 1], counted_runs)
+        # A caller is answered once.
+        for effect in result.effects:
+            if isinstance(effect, fx.Answer):
+                for epoch in effect.epochs:
+                    answered[epoch] = answered.get(epoch, 0) + 1
+                    assert answered[epoch] == 1, (moves[: n + 1], epoch)
+        # A new run begins only with a start (its number and clock begin again).
+        if lane.run != before.run:
+            assert lane.run == before.run + 1 and lane.started_at == 100.0 + n
+            assert lane.mode in {Mode.STARTING, Mode.WAKING, Mode.RESTARTING}
+        # An exit during laned's own stop is never counted as a failure by itself.
+        if kind.startswith("exit") and before.stopping and before.counted is None:
+            assert lane.counted is None or kind == "exit1"
+        # Every move into ready answers its waiters.
+        if lane.mode is Mode.READY and before.mode is not Mode.READY:
+            assert any(isinstance(e, fx.ResolveWaiters) for e in result.effects)
+        # A sequence is begun only for a request the record holds.
+        if any(isinstance(e, fx.Begin) for e in result.effects):
+            assert lane.op is not None

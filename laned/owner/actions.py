@@ -1,0 +1,228 @@
+"""The actions of a request's sequence, done on the host: one method each, answering with the
+result input the lane machine reads next (laned.core.effects names them, laned.core.machine
+orders them, laned.owner.interpreter runs them one after another).
+
+An action reads and acts through the seam (laned.owner.seam) and the owner's parts that hold
+their own state (the weight-cache daemons' units, the checkpoints on disk, the traffic it
+drains); it decides nothing and changes no lane: what it found is its result, and the step
+decides what follows. Notes it has to say on the way (a drain, the gate, prepare's output)
+are published as it goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+
+from laned.config.names import unit_name
+from laned.core import effects as fx
+from laned.core import inputs as i
+from laned.core import placement
+from laned.core.lanes import Desired, EventKind, LaneState
+from laned.errors import LanedError
+from laned.owner.checkpoints import Checkpoints
+from laned.owner.records import Records
+from laned.owner.seam import Beside, Refused, Seam
+from laned.owner.traffic import Traffic
+from laned.owner.weights import Weights
+from laned.preflight.facts import Sleepers, blocking
+from laned.preflight.rules import refusal
+from laned.render import plan as render
+
+Canary = Callable[[str, str, str | None], "asyncio.Future[Refused | None] | object"]
+
+
+def _refused(refused: Refused | None) -> i.Refused | None:
+    return None if refused is None else i.Refused(refused.reason, refused.hint)
+
+
+class Actions:
+    """Each action of a sequence, on the host."""
+
+    def __init__(
+        self,
+        records: Records,
+        seam: Seam,
+        traffic: Traffic,
+        weights: Weights,
+        checkpoints: Checkpoints,
+    ) -> None:
+        self.records, self.seam, self.traffic = records, seam, traffic
+        self.weights, self.checkpoints = weights, checkpoints
+        # Bound by the supervisor: the take-off of a peer (the interpreter's), the canary.
+        self.take_off: Callable[[str, int, str, i.TakeOff], asyncio.Future[i.Result]] | None = None
+        self.epoch: Callable[[], int] = lambda: 0
+        self.canary: Callable[[str, str, str | None], object] | None = None
+
+    async def do(self, lane: str, action: fx.Action, epoch: int) -> i.Result:
+        """Do `action` for the lane's request `epoch`; its result."""
+        handler = getattr(self, "_" + type(action).__name__)
+        result: i.Result = await handler(lane, action, epoch)
+        return result
+
+    def _note(self, lane: str) -> Callable[[EventKind, str], None]:
+        return functools.partial(self.records.book.note, lane)
+
+    # --- an activation ------------------------------------------------------------------------
+
+    async def _RunPreflight(self, lane: str, action: fx.RunPreflight, epoch: int) -> i.Result:  # noqa: N802
+        findings = await self.preflight(lane)
+        errors = blocking(findings)
+        said = None
+        if errors:
+            message, hint = refusal(lane, findings)
+            said = i.Refused(message, hint)
+        return i.Preflighted(epoch, tuple(findings), len(errors), said)
+
+    async def preflight(self, lane: str) -> list[LanedError | object]:
+        """The lane's preflight findings as of now ([] without a host adapter)."""
+        r = self.records
+        status = r.book[lane]
+        # A sleeping lane wakes: no new engine, no free-memory check beside the sleepers.
+        asleep = status.state is LaneState.SLEEPING
+        # The sleepers the activation stops for room keep nothing by the time it starts.
+        off = r.evictions(lane).lanes
+        sleepers = Sleepers() if asleep else Sleepers(r.sleepers(but=off), r.to_sleep(lane))
+        found: list[LanedError | object] = list(
+            await self.seam.preflight(r.config, lane, r.book.states(), status.image_id, sleepers)
+        )
+        return found
+
+    async def _TakePeerOff(self, lane: str, action: fx.TakePeerOff, epoch: int) -> i.Result:  # noqa: N802
+        r = self.records
+        peer = action.peer
+        spec = r.config.lanes[peer]
+        sleeps = bool(spec.sleep_level) and r.book[peer].serving
+        event = i.TakeOff(self.epoch(), lane, epoch, action.reason, action.force,
+                          action.asleep_too, sleeps)  # fmt: skip
+        assert self.take_off is not None
+        return await self.take_off(lane, epoch, peer, event)
+
+    async def _CheckSlept(self, lane: str, action: fx.CheckSlept, epoch: int) -> i.Result:  # noqa: N802
+        r = self.records
+        digest = render.lane_digest(r.config, lane, r.systemd_version)
+        moved = await self.checkpoints.since(lane)
+        return i.SleptAs(epoch, digest, None if moved is None else str(moved))
+
+    async def _CheckEnding(self, lane: str, action: fx.CheckEnding, epoch: int) -> i.Result:  # noqa: N802
+        r = self.records
+        unit = unit_name(lane, r.engine_spec(lane))
+        return i.Ending(epoch, await self.seam.still_ending(unit, r.snapshots.get(lane)))
+
+    # --- a start --------------------------------------------------------------------------------
+
+    async def _CheckWeights(self, lane: str, action: fx.CheckWeights, epoch: int) -> i.Result:  # noqa: N802
+        return i.WeightsStale(epoch, await self.weights.stale(lane))
+
+    async def _Gate(self, lane: str, action: fx.Gate, epoch: int) -> i.Result:  # noqa: N802
+        r = self.records
+        spec = r.config.lanes[lane]
+        if action.waking:
+            refused = await self.seam.clear_for_start(
+                lane, spec, None, self._note(lane), r.recorder, waking=True,
+                sleepers=r.sleepers(),  # its own residual included: it is its own
+            )  # fmt: skip
+            return i.Cleared(epoch, _refused(refused))
+        # The lane's own weight-cache daemon keeps its GPU memory through the gate, and so
+        # do the lanes that run on beside it.
+        exempt = await self.weights.exempt(lane)
+        beside = await self._beside(lane)
+        refused = await self.seam.clear_for_start(
+            lane, spec, r.book[lane].image_id, self._note(lane), r.recorder,
+            sleepers=r.sleepers() | exempt, beside=beside,
+        )  # fmt: skip
+        return i.Cleared(epoch, _refused(refused))
+
+    async def _beside(self, lane: str) -> Beside:
+        """The lanes that stay on the GPUs `lane` starts on (desired, sharing a GPU with it):
+        their processes, and the room its footprint needs beside them."""
+        r = self.records
+        me = r.footprints[lane]
+        staying: dict[int, str] = {}
+        room: dict[int, int] = {}
+        names: list[str] = []
+        for other in r.placed(but=lane):
+            shared = placement.common(me, r.footprints[other], r.gpu_totals)
+            status = r.book[other]
+            if status.desired is not Desired.ACTIVE or status.state is LaneState.FAILED:
+                continue  # taken off (its memory must go, as the gate has always asked), or none
+            if not shared:
+                continue
+            names.append(other)
+            spec = r.engine_spec(other)
+            snap = await self.seam.snapshot(unit_name(other, spec))
+            pids = set(await self.weights.exempt(other))
+            if snap.control_group:
+                pids |= await self.seam.engine_pids(other, spec, snap.control_group)
+            staying.update(dict.fromkeys(pids, other))
+            for gpu in shared:
+                need = me.demand(gpu, r.gpu_totals)
+                if need:
+                    room[gpu] = need
+        return Beside(staying, room, tuple(names))
+
+    async def _StartWeights(self, lane: str, action: fx.StartWeights, epoch: int) -> i.Result:  # noqa: N802
+        kind, refused = await self.weights.up(lane)
+        return i.WeightsUp(epoch, kind, _refused(refused))
+
+    async def _StartUnit(self, lane: str, action: fx.StartUnit, epoch: int) -> i.Result:  # noqa: N802
+        r = self.records
+        if not self.weights.kept(lane):
+            await self.checkpoints.record(lane)  # what the engine reads now (a lane that sleeps)
+        r.prefetches.at_start(lane)
+        await self.seam.start(unit_name(lane, r.config.lanes[lane]))
+        return i.UnitStarted(epoch)
+
+    # --- a stop ---------------------------------------------------------------------------------
+
+    async def _Drain(self, lane: str, action: fx.Drain, epoch: int) -> i.Result:  # noqa: N802
+        r = self.records
+        note = functools.partial(r.book.note, lane, EventKind.DRAIN)
+        timeout = r.engine_spec(lane).drain_timeout
+        await self.traffic.drain_before_stop(lane, timeout, action.force, note)
+        return i.Drained(epoch)
+
+    async def _StopUnit(self, lane: str, action: fx.StopUnit, epoch: int) -> i.Result:  # noqa: N802
+        unit = unit_name(lane, self.records.engine_spec(lane))
+        return i.UnitStopped(epoch, _refused(await self.seam.stop(unit)))  # the one confirmed stop
+
+    async def _ConfirmContainerGone(self, lane: str, action: fx.ConfirmContainerGone, epoch: int) -> i.Result:  # noqa: N802
+        spec = self.records.engine_spec(lane)
+        refused = await self.seam.container_gone(lane, spec, self._note(lane))
+        return i.ContainerGone(epoch, _refused(refused))
+
+    async def _StopWeights(self, lane: str, action: fx.StopWeights, epoch: int) -> i.Result:  # noqa: N802
+        return i.WeightsDown(epoch, _refused(await self.weights.down(lane)))
+
+    # --- sleep and wake (docs/sleep.md) -------------------------------------------------------
+
+    async def _ChooseLevel(self, lane: str, action: fx.ChooseLevel, epoch: int) -> i.Result:  # noqa: N802
+        spec = self.records.engine_spec(lane)
+        pinned = self.records.book[lane].pinned
+        level, why = await asyncio.to_thread(self.seam.sleep_level_now, spec, pinned)
+        return i.LevelChosen(epoch, level, why)
+
+    async def _PutToSleep(self, lane: str, action: fx.PutToSleep, epoch: int) -> i.Result:  # noqa: N802
+        r = self.records
+        spec = r.engine_spec(lane)
+        # Its cgroup as systemd has it now (a unit's ControlGroup comes with no signal).
+        try:
+            seen = await self.seam.snapshot(unit_name(lane, spec))
+        except LanedError:
+            seen = None  # then no per-process confirmation: /is_sleeping still decides
+        began = time.monotonic()
+        slept = await self.seam.sleep(lane, spec, seen, self._note(lane), action.level)
+        if isinstance(slept, Refused):
+            return i.Slept(epoch, _refused(slept))
+        r.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
+        digest = render.lane_digest(r.config, lane, r.systemd_version)
+        return i.Slept(epoch, None, slept.pids, dict(slept.residual), digest)
+
+    async def _WakeUp(self, lane: str, action: fx.WakeUp, epoch: int) -> i.Result:  # noqa: N802
+        r = self.records
+        refused = await self.seam.wake(r.config.lanes[lane], action.level)
+        if refused is None and self.canary is not None:  # the weights came back as they were?
+            refused = await self.canary(lane, "wake", r.book[lane].image_id)  # type: ignore[misc]
+        return i.Woken(epoch, _refused(refused))

@@ -20,16 +20,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import dataclasses
+
 from laned.adapters import state
-from laned.core.machine import Ev
-from laned.owner.ledger import Ledger
+from laned.core.lanes import Event
+from laned.core.modes import Mode
+from laned.owner.book import Book
 
 
-def filled(changed: object = lambda: None) -> Ledger:
-    ledger = Ledger(["a", "b"], time.time, changed)  # type: ignore[arg-type]
+def fire(book: Book, lane: str, ready: bool, reason: str) -> None:
+    """A transition as the interpreter makes one: the record replaced, the event published."""
+    was = book[lane]
+    now = dataclasses.replace(was, mode=Mode.READY if ready else Mode.STARTING, reason=reason)
+    book.replace(lane, now)
+    book.publish(Event(time.time(), lane, was.state, now.state, reason))
+
+
+def filled(changed: object = lambda: None) -> Book:
+    book = Book(["a", "b"], time.time, changed)  # type: ignore[arg-type]
     for i in range(state.EVENTS_KEPT):
-        ledger.fire("a", Ev.READY if i % 2 else Ev.START, f"event {i}")
-    return ledger
+        fire(book, "a", bool(i % 2), f"event {i}")
+    return book
 
 
 async def main(transitions: int) -> None:
@@ -39,7 +50,7 @@ async def main(transitions: int) -> None:
         blocked = []
         for i in range(transitions):
             started = time.perf_counter()
-            ledger.fire("b", Ev.READY if i % 2 else Ev.START, "swap")
+            fire(ledger, "b", bool(i % 2), "swap")
             state.save(tmp, ledger.saved())
             blocked.append(time.perf_counter() - started)
         # Now: the writer marks, writes off the loop, gathers bursts.
@@ -50,7 +61,7 @@ async def main(transitions: int) -> None:
         started_burst = time.perf_counter()
         for i in range(transitions):
             started = time.perf_counter()
-            now.fire("b", Ev.READY if i % 2 else Ev.START, "swap")
+            fire(now, "b", bool(i % 2), "swap")
             marks.append(time.perf_counter() - started)
             if i % 20 == 19:
                 await asyncio.sleep(0)  # let the loop breathe, as a storm of requests would

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from laned.core.inputs import Input
 from laned.core.lanes import EventKind
 from laned.core.modes import LaneState
+from laned.errors import Finding
 
 # --- bookkeeping -------------------------------------------------------------------------------
 
@@ -90,7 +91,7 @@ class Answer(Effect):
     error: str | None = None
     message: str = ""
     hint: str = ""
-    findings: tuple[object, ...] = ()
+    findings: tuple[Finding, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -68,13 +68,11 @@ class Activate(Input):
 
 @dataclass(frozen=True)
 class Deactivate(Input):
-    """Stop the lane (never a failure); `alongside`: another lane's activation takes it off
-    anyway, and this stop runs beside it."""
+    """Stop the lane (never a failure)."""
 
     epoch: int
     reason: str
     force: bool = False
-    alongside: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,22 +102,33 @@ class TakeOff(Input):
 @dataclass(frozen=True)
 class Superseded(Input):
     """A newer request won over the lane's request under way (its sequence ends, its caller
-    hears why); `desired`: what the lane is desired as from now on (None: unchanged)."""
+    hears why)."""
 
     why: str
-    desired: Desired | None = None
 
 
 @dataclass(frozen=True)
 class Desire(Input):
-    """What the operator asked for (or what a request's planning makes of a peer)."""
+    """What the operator asked for (or what a request's planning makes of a peer);
+    `holding_only`: only while the lane holds its GPUs and no take-off by `unless_by` is
+    under way (the peers an activation superseded had not taken off yet)."""
 
     desired: Desired
+    holding_only: bool = False
+    unless_by: str = ""
 
 
 @dataclass(frozen=True)
 class BackoffOver(Input):
     """A restart's backoff is over: start the lane again."""
+
+
+@dataclass(frozen=True)
+class Lost(Input):
+    """Once systemd is back: the lane's run was lost meanwhile (its unit does not run, and
+    it is wanted): started again at once, as after a failure."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -353,9 +362,11 @@ class WeightsStale(Result):
 
 @dataclass(frozen=True)
 class Cleared(Result):
-    """The start gate passed (prepare, GPU memory, port), or refused."""
+    """The start gate passed (prepare, GPU memory, port), or refused; `waking`: the gate
+    before a sleeper's wake."""
 
     refused: Refused | None
+    waking: bool = False
 
 
 @dataclass(frozen=True)

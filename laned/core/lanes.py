@@ -153,7 +153,6 @@ class Op:
     reason: str = ""
     force: bool = False  # start despite preflight errors, stop without draining requests
     unattended: bool = False  # laned's own (at start): a refusal fails the lane, visibly
-    alongside: bool = False  # a stop beside another lane's activation that takes it off
     evicts: tuple[str, ...] = ()  # the lanes an activation takes off (laned.core.placement)
     stops_asleep: tuple[str, ...] = ()  # of those, the sleepers whose residual is in the way
     from_lane: str = "none"  # the lane it swaps from (laned_swaps_total)

@@ -144,7 +144,13 @@ def step(lane: LaneStatus, event: i.Input, ctx: Context) -> Step:
     if isinstance(cell, Ignore):
         return Step(lane, ignored=cell.why)
     if isinstance(cell, Refuse):
-        return Step(lane, refused=cell.why or f"no {type(event).__name__} in {lane.mode.value}")
+        why = cell.why or f"no {type(event).__name__} in {lane.mode.value}"
+        if isinstance(event, i.Result) and lane.op is not None:
+            # Its request cannot go on: it ends, and its callers hear why (nobody hangs).
+            said = f"lane {lane.name}: laned cannot go on with {lane.op.kind}: {why}"
+            ended, effects = _ended(lane, ctx, ("ActivationFailed", said, "see laned's log"))
+            return Step(ended, tuple(effects), refused=why)
+        return Step(lane, refused=why)
     return cell(lane, event, ctx)
 
 
@@ -215,8 +221,8 @@ def _answer(
     if op is None:
         return []
     out: list[Effect] = []
-    if op.kind == TAKE_OFF:
-        if error is None:
+    if op.by:  # an activation taking the lane off waits for this answer
+        if error is None or op.kind == GIVE_UP:  # given up: stopped, off its GPUs all the same
             out.append(Post(op.by, i.PeerOff(op.reply, lane.name)))
         else:
             out.append(Post(op.by, i.PeerStuck(op.reply, lane.name, i.Refused(error[1], error[2]))))
@@ -226,6 +232,7 @@ def _answer(
         )
         seconds = max(ctx.mono - op.started, 0.0)
         out.append(Count("swap", (op.from_lane, lane.name, result, seconds)))
+        out.append(Prefetch("end"))  # whatever ended it, its prefetch has nothing to wait for
     epochs = (op.epoch, *op.also) if op.kind != TAKE_OFF else op.also
     if epochs:
         out.append(Answer(epochs) if error is None else Answer(epochs, *error, findings))
@@ -233,11 +240,21 @@ def _answer(
 
 
 def _ended(
-    lane: LaneStatus, ctx: Context, error: Error | None = None
+    lane: LaneStatus, ctx: Context, error: Error | None = None, settle: bool = True
 ) -> tuple[LaneStatus, list[Effect]]:
-    """The request under way is over: answered, the record without it, its sequence ended."""
-    effects = [*_answer(lane, ctx, error), End()]
-    return dataclasses.replace(lane, op=None), effects
+    """The request under way is over: answered, the record without it, its sequence ended.
+
+    One left in the middle of a stop (superseded, refused, its peer stuck) would leave the
+    lane `stopping` with nobody to finish it: the stop is finished (SETTLE, a request of
+    laned's own that a newer one replaces), unless an action broke (`settle` False: the
+    host does not answer; laned.owner.outages catches the lane up once it does)."""
+    effects: list[Effect] = [*_answer(lane, ctx, error), End()]
+    lane = dataclasses.replace(lane, op=None)
+    if settle and lane.mode in STOP_MODES | {Mode.FALLING_ASLEEP}:
+        why = f"{lane.reason}: its request ended before its stop did; finishing the stop"
+        lane = dataclasses.replace(lane, op=Op(SETTLE, ctx.epoch, reason=why, force=True))
+        effects += [*_stop_asked(why), Begin((CheckEnding(),))]
+    return lane, effects
 
 
 def _failed(
@@ -269,6 +286,7 @@ def _replace_op(
 
 TAKE_OFF = "take-off"
 GIVE_UP = "give-up"
+SETTLE = "settle"
 STARTS_IT = (OpKind.ACTIVATE.value, OpKind.RESTART.value)
 
 # --- the sequences (the table's) -----------------------------------------------------------
@@ -362,9 +380,9 @@ def _preflighted(lane: LaneStatus, e: i.Preflighted, ctx: Context) -> Step:
         lane, moved = _moved(lane, Mode.FAILED, reason, ctx)
         effects += [moved, FailWaiters(reason)]
     lane, ended = _ended(lane, ctx, ("PreflightFailed", refusal.reason, refusal.hint))
-    answer = ended[-2] if len(ended) > 1 and isinstance(ended[-2], Answer) else None
-    if answer is not None:  # its callers get the findings too
-        ended[-2] = dataclasses.replace(answer, findings=e.findings)
+    # Its callers get the findings too.
+    ended = [dataclasses.replace(f, findings=e.findings) if isinstance(f, Answer) else f
+             for f in ended]  # fmt: skip
     return Step(lane, (*effects, *ended))
 
 
@@ -378,14 +396,24 @@ def _summary(findings: Iterable[Any]) -> str:
 
 
 def _deactivate(lane: LaneStatus, e: i.Deactivate, ctx: Context) -> Step:
-    """A stop the operator asked for (never a failure). Beside another lane's activation
-    that takes it off anyway (`alongside`), it joins that take-off."""
+    """A stop the operator asked for (never a failure); it replaces the lane's request under
+    way. An activation taking the lane off (a take-off, `by`) still hears when it is off.
+    An activation of this lane it supersedes leaves the peers it had not yet taken off
+    desired as they were (nothing that runs is left undesired)."""
+    current = lane.op
     lane = dataclasses.replace(lane, desired=Desired.INACTIVE)
-    if e.alongside and lane.op is not None and lane.op.kind == TAKE_OFF:
-        op = dataclasses.replace(lane.op, also=(*lane.op.also, e.epoch))
-        return Step(dataclasses.replace(lane, op=op), (CancelRestart(),))
-    op = Op(OpKind.DEACTIVATE.value, e.epoch, reason=e.reason, force=e.force, alongside=e.alongside)
+    op = Op(OpKind.DEACTIVATE.value, e.epoch, reason=e.reason, force=e.force)
+    if current is not None and current.by:  # the take-off's activator hears when it is off
+        op = dataclasses.replace(op, by=current.by, reply=current.reply, also=current.also)
+        current = dataclasses.replace(current, by="", also=())
+        lane = dataclasses.replace(lane, op=current)
     lane, effects = _replace_op(lane, op, ctx, f"superseded by deactivate {lane.name}")
+    if current is not None and current.kind == OpKind.ACTIVATE.value:
+        effects += [
+            Post(peer, i.Desire(Desired.ACTIVE, holding_only=True, unless_by=lane.name))
+            for peer, before in current.desired_before.items()
+            if peer != lane.name and before is Desired.ACTIVE
+        ]
     return Step(lane, (*effects, *_stop_asked(e.reason), Begin((CheckEnding(),))))
 
 
@@ -409,7 +437,11 @@ def _restart(lane: LaneStatus, e: i.Restart, ctx: Context) -> Step:
 def _take_off(lane: LaneStatus, e: i.TakeOff, ctx: Context) -> Step:
     """Off its GPUs for another lane's activation (`by`): asleep where it can sleep, else
     stopped; a sleeper stays asleep unless what it keeps is in the way. `by` hears when it
-    is off (PeerOff), or why not."""
+    is off (PeerOff), or why not. A stop under way (an operator's, giving up) goes on, and
+    `by` hears when it ends."""
+    if lane.op is not None and lane.op.kind in (OpKind.DEACTIVATE.value, GIVE_UP):
+        op = dataclasses.replace(lane.op, by=e.by, reply=e.reply)
+        return Step(dataclasses.replace(lane, op=op, desired=Desired.INACTIVE))
     op = Op(TAKE_OFF, e.epoch, reason=e.reason, force=e.force, by=e.by, reply=e.reply)
     lane, effects = _replace_op(lane, op, ctx, f"taken off for activate {e.by}")
     lane = dataclasses.replace(lane, desired=Desired.INACTIVE)
@@ -424,23 +456,40 @@ def _take_off(lane: LaneStatus, e: i.TakeOff, ctx: Context) -> Step:
 
 
 def _superseded_input(lane: LaneStatus, e: i.Superseded, ctx: Context) -> Step:
-    """A newer request of another lane's won: the sequence under way ends, its callers hear
-    why (the lane stays where it is: the newer request moves it)."""
+    """A newer request of another lane's won: the sequence under way ends, its callers and
+    the lane's waiters hear why (the lane stays where it is: the newer request moves it)."""
     lane, effects = _ended(lane, ctx, _superseded(e.why))
-    if e.desired is not None:
-        lane = dataclasses.replace(lane, desired=e.desired)
-    return Step(lane, tuple(effects))
+    return Step(lane, (FailWaiters(e.why, superseded=True), *effects))
 
 
 def _desire(lane: LaneStatus, e: i.Desire, ctx: Context) -> Step:
-    return Step(dataclasses.replace(lane, desired=e.desired))
+    """What the lane is wanted as (those waiting for it to be ready hear when it is not any
+    more); `holding_only`: kept desired only while it holds its GPUs and is not being taken
+    off by `unless_by`."""
+    if e.holding_only:
+        # A request of its own may be under way (it decides); laned's take-off or its
+        # finishing of a stop may not.
+        own = lane.op is None or (lane.op.kind in STARTS_IT and lane.op.by != e.unless_by)
+        if lane.state not in policy.HOLDING_STATES or not own:
+            return Step(lane, ignored="not holding its GPUs, or being taken off or stopped")
+    dropped = lane.desired is Desired.ACTIVE and e.desired is Desired.INACTIVE
+    lane = dataclasses.replace(lane, desired=e.desired)
+    return Step(lane, (FailWaiters("not wanted any more", superseded=True),) if dropped else ())
+
+
+def _lost(lane: LaneStatus, e: i.Lost, ctx: Context) -> Step:
+    """Its run was lost while laned could not see systemd: started again at once, as a
+    restart after a failure."""
+    lane, moved = _moved(lane, Mode.RESTARTING, e.reason, ctx)
+    return Step(lane, (moved, Unfollow(), CancelRestart(), ScheduleRestart(0.0)))
 
 
 def _backoff_over(lane: LaneStatus, e: i.BackoffOver, ctx: Context) -> Step:
     """The backoff after a failure is over: started again, within the request that waits
     for it to be ready, or as a restart of its own."""
-    if lane.desired is not Desired.ACTIVE:
-        return Step(lane, ignored="not desired any more")
+    if lane.desired is not Desired.ACTIVE:  # nothing runs: it rests
+        lane, moved = _moved(lane, Mode.INACTIVE, "not wanted any more: not started again", ctx)
+        return Step(lane, (moved,))
     count = lane.restarts + 1
     lane = dataclasses.replace(lane, restarts=count)
     effects: list[Effect] = [Count("restart", (lane.name, RestartKind.FAILURE.value))]
@@ -771,6 +820,12 @@ def _peer_stuck(lane: LaneStatus, e: i.PeerStuck, ctx: Context) -> Step:
 def _slept_as(lane: LaneStatus, e: i.SleptAs, ctx: Context) -> Step:
     """A sleeper about to be activated: woken, or started cold where its config (a reload)
     or its checkpoint on disk changed while it slept."""
+    if lane.mode is not Mode.SLEEPING:  # its engine ended meanwhile (its exit was judged)
+        return _cold(
+            lane,
+            "the sleeper's engine ended before its wake: a cold start",
+            lane.op.reason if lane.op else "",
+        )
     asleep = lane.asleep or Asleep()
     level = asleep.level or (ctx.spec.sleep_level if ctx.spec else 1)
     if asleep.digest != e.digest:
@@ -857,7 +912,9 @@ def _cleared(lane: LaneStatus, e: i.Cleared, ctx: Context) -> Step:
     next); or refused: failed, whoever waits told why."""
     op = lane.op
     assert op is not None
-    waking = lane.mode is Mode.SLEEPING
+    waking = e.waking
+    if waking and lane.mode is not Mode.SLEEPING:  # its engine ended while the gate ran
+        return _cold(lane, "the sleeper's engine ended before its wake: a cold start", op.reason)
     effects: list[Effect] = [] if waking else [Prefetch("end")]
     if e.refused is not None:
         lane, failed = _failed(lane, e.refused.reason, ctx, e.refused.hint)
@@ -904,15 +961,15 @@ def _unit_stopped(lane: LaneStatus, e: i.UnitStopped, ctx: Context) -> Step:
     """The unit's stop job ended: stopped (a restart starts it next), or still running."""
     op = lane.op
     assert op is not None
-    if lane.mode is Mode.RESTART_STOPPING:
-        lane = dataclasses.replace(lane, mode=Mode.RESTARTING)  # its stop is over
+    if op.kind == OpKind.RESTART.value:
+        if lane.mode is Mode.RESTART_STOPPING:
+            lane = dataclasses.replace(lane, mode=Mode.RESTARTING)  # its stop is over
         if e.refused is None:
             return Step(lane)
-        lane, ended = _ended(
-            lane, ctx, ("ActivationFailed", f"lane {lane.name}: {e.refused.reason}", e.refused.hint)
-        )
+        error = ("ActivationFailed", f"lane {lane.name}: {e.refused.reason}", e.refused.hint)
+        lane, ended = _ended(lane, ctx, error)
         return Step(lane, tuple(ended))
-    if lane.mode is Mode.GIVING_UP:
+    if op.kind == GIVE_UP:  # failed all the same; its stop's failure said with why
         if e.refused is not None:
             op = dataclasses.replace(op, reason=f"{op.reason}; and {e.refused.reason}")
             lane = dataclasses.replace(lane, op=op)
@@ -936,21 +993,24 @@ def _container_gone(lane: LaneStatus, e: i.ContainerGone, ctx: Context) -> Step:
 def _weights_down(lane: LaneStatus, e: i.WeightsDown, ctx: Context) -> Step:
     """The daemon is gone: the end of a stop (the lane inactive), of giving up (failed, its
     stop said if it failed), or of the old daemon before a start (the gate follows)."""
-    if lane.mode is Mode.GIVING_UP:
+    if lane.op is not None and lane.op.kind == GIVE_UP:
         op = lane.op
-        assert op is not None
         said: list[Effect] = [Noted(EventKind.WEIGHTS, e.refused.reason)] if e.refused else []
         lane, failed = _failed(lane, op.reason, ctx)
         return Step(lane, (*said, *failed))
     if e.refused is not None:
         return _stop_failed(lane, e.refused, ctx)
-    if lane.mode is Mode.STOPPING:
+    starting = lane.op is not None and lane.op.kind in STARTS_IT
+    if starting and lane.mode is not Mode.STOPPING:
+        return Step(lane)  # the daemon of other weights gone before a start: the gate next
+    effects: list[Effect] = []
+    if lane.mode is not Mode.INACTIVE:  # (a stop outside laned may have said so already)
         lane, moved = _moved(lane, Mode.INACTIVE, _stop_reason(lane), ctx)
-        if lane.op is not None and lane.op.kind in STARTS_IT:
-            return Step(lane, (moved,))  # an activation: its start follows
-        lane, ended = _ended(lane, ctx)
-        return Step(lane, (moved, *ended))
-    return Step(lane)
+        effects.append(moved)
+    if starting:
+        return Step(lane, tuple(effects))  # an activation: its start follows
+    lane, ended = _ended(lane, ctx)
+    return Step(lane, (*effects, *ended))
 
 
 def _level_chosen(lane: LaneStatus, e: i.LevelChosen, ctx: Context) -> Step:
@@ -964,6 +1024,19 @@ def _level_chosen(lane: LaneStatus, e: i.LevelChosen, ctx: Context) -> Step:
     lane, moved = _moved(lane, Mode.FALLING_ASLEEP, f"{op.reason}: to sleep (level {e.level})", ctx)
     lane = dataclasses.replace(lane, asleep=Asleep(level=e.level))
     return Step(lane, (*effects, moved, Unfollow(), Then((Drain(op.force), PutToSleep(e.level)))))
+
+
+def _not_serving_now(lane: LaneStatus, e: i.LevelChosen, ctx: Context) -> Step:
+    """A sleep was to begin, but the lane stopped serving meanwhile: stopped instead."""
+    said = Noted(EventKind.SLEEP, "it stopped serving before its sleep: stopping it instead")
+    return Step(lane, (said, Then((CheckEnding(),))))
+
+
+def _gone_before_sleep(lane: LaneStatus, e: i.Slept, ctx: Context) -> Step:
+    """Its engine ended while it was being put to sleep (its exit was judged): off its GPUs
+    all the same, and the take-off is over."""
+    lane, ended = _ended(lane, ctx)
+    return Step(lane, tuple(ended))
 
 
 def _slept(lane: LaneStatus, e: i.Slept, ctx: Context) -> Step:
@@ -1010,10 +1083,10 @@ def _broken(lane: LaneStatus, e: i.Broken, ctx: Context) -> Step:
         name = "ActivationFailed"
     if lane.mode is Mode.RESTART_STOPPING:
         lane = dataclasses.replace(lane, mode=Mode.RESTARTING)
-    if lane.mode is Mode.GIVING_UP:
+    if op.kind == GIVE_UP:
         lane, failed = _failed(lane, f"{op.reason}; and {e.message}", ctx, e.hint)
         return Step(lane, tuple(failed))
-    lane, ended = _ended(lane, ctx, (name, e.message, e.hint))
+    lane, ended = _ended(lane, ctx, (name, e.message, e.hint), settle=False)
     return Step(lane, tuple(ended))
 
 
@@ -1048,7 +1121,7 @@ RUNNING = frozenset(
 SETTLED = frozenset({Mode.INACTIVE, Mode.FAILED})
 ASLEEP = frozenset({Mode.SLEEPING, Mode.FALLING_ASLEEP})
 ENGINE_RUNS = RUNNING | STOP_MODES | ASLEEP
-NO_REQUEST = "the lane has no request under way that runs such an action"
+SLEEPS = SERVING_MODES | {Mode.FAILING}  # what a take-off puts to sleep
 
 TABLE: dict[type[i.Input], dict[Mode, Cell]] = {
     # Requests, as the owner planned them across lanes. Each applies in any mode a newer
@@ -1059,6 +1132,7 @@ TABLE: dict[type[i.Input], dict[Mode, Cell]] = {
     i.TakeOff: _rows({ANY - SETTLED: _take_off}, Ignore("off its GPUs already")),
     i.Superseded: _rows({ANY: _superseded_input}, Refuse("")),
     i.Desire: _rows({ANY: _desire}, Refuse("")),  # what is wanted holds in any mode
+    i.Lost: _rows({RUNNING: _lost}, Ignore("not holding its GPUs: nothing of it to start again")),
     i.BackoffOver: _rows(
         {frozenset({Mode.RESTARTING}): _backoff_over},
         Ignore("not waiting for a restart any more (a newer request moved the lane)"),
@@ -1110,39 +1184,46 @@ TABLE: dict[type[i.Input], dict[Mode, Cell]] = {
         Ignore("not serving: a peer out of reach degrades a ready lane only"),
     ),
     # Results of the actions of the lane's own request (an older request's are dropped
-    # before): each comes in the modes its action runs in; only a bug brings it elsewhere.
-    i.Preflighted: _rows(
-        {ANY - STOP_MODES - ASLEEP | {Mode.SLEEPING}: _preflighted}, Refuse(NO_REQUEST)
-    ),
-    i.PeerOff: _rows({ANY - STOP_MODES - {Mode.FALLING_ASLEEP}: _next}, Refuse(NO_REQUEST)),
-    i.PeerStuck: _rows({ANY - STOP_MODES - {Mode.FALLING_ASLEEP}: _peer_stuck}, Refuse(NO_REQUEST)),
-    i.SleptAs: _rows({frozenset({Mode.SLEEPING}): _slept_as}, Refuse("checked of a sleeper only")),
-    i.Ending: _rows({ANY - {Mode.FALLING_ASLEEP, Mode.GIVING_UP}: _ending}, Refuse(NO_REQUEST)),
-    i.WeightsStale: _rows(
-        {ANY - STOP_MODES - ASLEEP: _weights_stale}, Refuse("checked before a start, not in a stop")
-    ),
-    i.Cleared: _rows(
-        {ANY - STOP_MODES - {Mode.FALLING_ASLEEP}: _cleared},
-        Refuse("the gate is passed before a start, not in a stop"),
-    ),
+    # before the table, by their epoch). A request goes on from whatever mode what was seen
+    # meanwhile moved the lane to (an activation begins in any mode; an exit, a stop outside
+    # laned can come while an action runs), so most results act in every mode and their
+    # handler reads the mode; the rest act where their action runs, and where only a bug
+    # could bring them, are refused: the request then ends with the error (nobody hangs).
+    i.Preflighted: _rows({ANY: _preflighted}, Refuse("")),
+    i.PeerOff: _rows({ANY: _next}, Refuse("")),
+    i.PeerStuck: _rows({ANY: _peer_stuck}, Refuse("")),
+    i.SleptAs: _rows({ANY: _slept_as}, Refuse("")),  # not asleep any more: a cold start
+    i.Ending: _rows({ANY: _ending}, Refuse("")),
+    i.WeightsStale: _rows({ANY: _weights_stale}, Refuse("")),
+    i.Cleared: _rows({ANY: _cleared}, Refuse("")),  # a wake's gate: asleep, else cold
     i.WeightsUp: _rows(
         {frozenset({Mode.STARTING}): _weights_up},
-        Refuse("the daemon comes up just after the start began"),
+        Ignore("the run ended meanwhile and its exit was judged: the request waits on that"),
     ),
-    i.UnitStarted: _rows({ANY: _next}, Refuse("")),  # whatever moved it since, it ran
-    i.Drained: _rows({ANY: _next}, Refuse("")),
-    i.UnitStopped: _rows({STOP_MODES: _unit_stopped}, Refuse("a stop job runs in a stop")),
+    i.UnitStarted: _rows({ANY: _next}, Refuse("")),  # the last of a start: whatever moved it
+    i.Drained: _rows({ANY: _next}, Refuse("")),  # the stop or sleep goes on
+    i.UnitStopped: _rows(
+        {STOP_MODES | SETTLED: _unit_stopped},
+        Refuse("a stop job runs in a stop, and only an exit or a stop outside laned moves it"),
+    ),
     i.ContainerGone: _rows(
-        {frozenset({Mode.STOPPING}): _container_gone}, Refuse("confirmed in a stop")
+        {frozenset({Mode.STOPPING}) | SETTLED: _container_gone},
+        Refuse("confirmed in a stop, and only an exit or a stop outside laned moves it"),
     ),
     i.WeightsDown: _rows(
-        {ANY - {Mode.RESTART_STOPPING} - ASLEEP: _weights_down},
-        Refuse("the daemon stops at the end of a stop, or before a start"),
+        {ANY - ASLEEP: _weights_down},
+        Refuse("a sleeper is woken or stopped before its daemon stops"),
     ),
-    i.LevelChosen: _rows(
-        {SERVING_MODES | {Mode.FAILING}: _level_chosen}, Refuse("a sleep begins of a serving lane")
+    i.LevelChosen: _rows(  # a sleep of a lane that stopped serving meanwhile: stopped instead
+        {SLEEPS: _level_chosen, ANY - SLEEPS: _not_serving_now}, Refuse("")
     ),
-    i.Slept: _rows({frozenset({Mode.FALLING_ASLEEP}): _slept}, Refuse("only what fell asleep")),
-    i.Woken: _rows({frozenset({Mode.WAKING}): _woken}, Refuse("only what was waking")),
+    i.Slept: _rows(
+        {frozenset({Mode.FALLING_ASLEEP}): _slept, SETTLED: _gone_before_sleep},
+        Refuse("put to sleep in its sleep's mode; only its exit moves it from there"),
+    ),
+    i.Woken: _rows(
+        {frozenset({Mode.WAKING}): _woken},
+        Ignore("its run ended while it woke and its exit was judged: the request waits on that"),
+    ),
     i.Broken: _rows({ANY: _broken}, Refuse("")),  # any action breaks in whatever mode it runs
 }

@@ -87,7 +87,6 @@ class Admit(str, Enum):
 
     JOIN = "join"  # the same request is on its way: wait for it
     WAIT_READY = "wait-ready"  # nothing to do but wait until the lane is ready
-    ALONGSIDE = "alongside"  # run beside the current operation, which it does not contradict
     REPLACE = "replace"  # supersede the current operation (the newest request wins)
 
 
@@ -97,20 +96,6 @@ def admit_activate(lane: str, current: Current | None, state: LaneState, desired
         return Admit.JOIN
     if already_active(state, desired):
         return Admit.WAIT_READY  # a restart under way included: it ends with the lane ready
-    return Admit.REPLACE
-
-
-def admit_deactivate(lane: str, taken_off: bool) -> Admit:
-    """A deactivation replaces the lane's own operation, unless another lane's activation
-    takes this one off (`taken_off`): it is stopped alongside, that activation goes on."""
-    return Admit.ALONGSIDE if taken_off else Admit.REPLACE
-
-
-def admit_restart(lane: str, current: Current | None) -> Admit:
-    """A restart of a desired lane: an activation or restart of it on its way already ends
-    in a fresh ready run; a deactivation of it is replaced."""
-    if current is not None and current.lane == lane and current.kind is not OpKind.DEACTIVATE:
-        return Admit.JOIN
     return Admit.REPLACE
 
 

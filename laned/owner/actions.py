@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from laned.config.names import unit_name
 from laned.core import effects as fx
 from laned.core import inputs as i
 from laned.core import placement
 from laned.core.lanes import Desired, EventKind, LaneState
-from laned.errors import LanedError
+from laned.errors import Finding, LanedError
 from laned.owner.checkpoints import Checkpoints
+from laned.owner.prefetching import Prefetches
 from laned.owner.records import Records
 from laned.owner.seam import Beside, Refused, Seam
 from laned.owner.traffic import Traffic
@@ -48,26 +49,42 @@ class Actions:
         traffic: Traffic,
         weights: Weights,
         checkpoints: Checkpoints,
+        prefetches: Prefetches,
     ) -> None:
         self.records, self.seam, self.traffic = records, seam, traffic
-        self.weights, self.checkpoints = weights, checkpoints
+        self.weights, self.checkpoints, self.prefetches = weights, checkpoints, prefetches
         # Bound by the supervisor: the take-off of a peer (the interpreter's), the canary.
         self.take_off: Callable[[str, int, str, i.TakeOff], asyncio.Future[i.Result]] | None = None
         self.epoch: Callable[[], int] = lambda: 0
         self.canary: Callable[[str, str, str | None], object] | None = None
+        self._do: dict[type[fx.Action], Callable[..., Awaitable[i.Result]]] = {
+            fx.RunPreflight: self._run_preflight,
+            fx.TakePeerOff: self._take_peer_off,
+            fx.CheckSlept: self._check_slept,
+            fx.CheckEnding: self._check_ending,
+            fx.CheckWeights: self._check_weights,
+            fx.Gate: self._gate,
+            fx.StartWeights: self._start_weights,
+            fx.StartUnit: self._start_unit,
+            fx.Drain: self._drain,
+            fx.StopUnit: self._stop_unit,
+            fx.ConfirmContainerGone: self._confirm_container_gone,
+            fx.StopWeights: self._stop_weights,
+            fx.ChooseLevel: self._choose_level,
+            fx.PutToSleep: self._put_to_sleep,
+            fx.WakeUp: self._wake_up,
+        }
 
     async def do(self, lane: str, action: fx.Action, epoch: int) -> i.Result:
         """Do `action` for the lane's request `epoch`; its result."""
-        handler = getattr(self, "_" + type(action).__name__)
-        result: i.Result = await handler(lane, action, epoch)
-        return result
+        return await self._do[type(action)](lane, action, epoch)
 
     def _note(self, lane: str) -> Callable[[EventKind, str], None]:
         return functools.partial(self.records.book.note, lane)
 
     # --- an activation ------------------------------------------------------------------------
 
-    async def _RunPreflight(self, lane: str, action: fx.RunPreflight, epoch: int) -> i.Result:  # noqa: N802
+    async def _run_preflight(self, lane: str, action: fx.RunPreflight, epoch: int) -> i.Result:
         findings = await self.preflight(lane)
         errors = blocking(findings)
         said = None
@@ -76,7 +93,7 @@ class Actions:
             said = i.Refused(message, hint)
         return i.Preflighted(epoch, tuple(findings), len(errors), said)
 
-    async def preflight(self, lane: str) -> list[LanedError | object]:
+    async def preflight(self, lane: str) -> list[Finding]:
         """The lane's preflight findings as of now ([] without a host adapter)."""
         r = self.records
         status = r.book[lane]
@@ -85,12 +102,9 @@ class Actions:
         # The sleepers the activation stops for room keep nothing by the time it starts.
         off = r.evictions(lane).lanes
         sleepers = Sleepers() if asleep else Sleepers(r.sleepers(but=off), r.to_sleep(lane))
-        found: list[LanedError | object] = list(
-            await self.seam.preflight(r.config, lane, r.book.states(), status.image_id, sleepers)
-        )
-        return found
+        return await self.seam.preflight(r.config, lane, r.book.states(), status.image_id, sleepers)
 
-    async def _TakePeerOff(self, lane: str, action: fx.TakePeerOff, epoch: int) -> i.Result:  # noqa: N802
+    async def _take_peer_off(self, lane: str, action: fx.TakePeerOff, epoch: int) -> i.Result:
         r = self.records
         peer = action.peer
         spec = r.config.lanes[peer]
@@ -100,23 +114,23 @@ class Actions:
         assert self.take_off is not None
         return await self.take_off(lane, epoch, peer, event)
 
-    async def _CheckSlept(self, lane: str, action: fx.CheckSlept, epoch: int) -> i.Result:  # noqa: N802
+    async def _check_slept(self, lane: str, action: fx.CheckSlept, epoch: int) -> i.Result:
         r = self.records
         digest = render.lane_digest(r.config, lane, r.systemd_version)
         moved = await self.checkpoints.since(lane)
         return i.SleptAs(epoch, digest, None if moved is None else str(moved))
 
-    async def _CheckEnding(self, lane: str, action: fx.CheckEnding, epoch: int) -> i.Result:  # noqa: N802
+    async def _check_ending(self, lane: str, action: fx.CheckEnding, epoch: int) -> i.Result:
         r = self.records
         unit = unit_name(lane, r.engine_spec(lane))
         return i.Ending(epoch, await self.seam.still_ending(unit, r.snapshots.get(lane)))
 
     # --- a start --------------------------------------------------------------------------------
 
-    async def _CheckWeights(self, lane: str, action: fx.CheckWeights, epoch: int) -> i.Result:  # noqa: N802
+    async def _check_weights(self, lane: str, action: fx.CheckWeights, epoch: int) -> i.Result:
         return i.WeightsStale(epoch, await self.weights.stale(lane))
 
-    async def _Gate(self, lane: str, action: fx.Gate, epoch: int) -> i.Result:  # noqa: N802
+    async def _gate(self, lane: str, action: fx.Gate, epoch: int) -> i.Result:
         r = self.records
         spec = r.config.lanes[lane]
         if action.waking:
@@ -124,7 +138,7 @@ class Actions:
                 lane, spec, None, self._note(lane), r.recorder, waking=True,
                 sleepers=r.sleepers(),  # its own residual included: it is its own
             )  # fmt: skip
-            return i.Cleared(epoch, _refused(refused))
+            return i.Cleared(epoch, _refused(refused), waking=True)
         # The lane's own weight-cache daemon keeps its GPU memory through the gate, and so
         # do the lanes that run on beside it.
         exempt = await self.weights.exempt(lane)
@@ -163,48 +177,50 @@ class Actions:
                     room[gpu] = need
         return Beside(staying, room, tuple(names))
 
-    async def _StartWeights(self, lane: str, action: fx.StartWeights, epoch: int) -> i.Result:  # noqa: N802
+    async def _start_weights(self, lane: str, action: fx.StartWeights, epoch: int) -> i.Result:
         kind, refused = await self.weights.up(lane)
         return i.WeightsUp(epoch, kind, _refused(refused))
 
-    async def _StartUnit(self, lane: str, action: fx.StartUnit, epoch: int) -> i.Result:  # noqa: N802
+    async def _start_unit(self, lane: str, action: fx.StartUnit, epoch: int) -> i.Result:
         r = self.records
         if not self.weights.kept(lane):
             await self.checkpoints.record(lane)  # what the engine reads now (a lane that sleeps)
-        r.prefetches.at_start(lane)
+        self.prefetches.at_start(lane)
         await self.seam.start(unit_name(lane, r.config.lanes[lane]))
         return i.UnitStarted(epoch)
 
     # --- a stop ---------------------------------------------------------------------------------
 
-    async def _Drain(self, lane: str, action: fx.Drain, epoch: int) -> i.Result:  # noqa: N802
+    async def _drain(self, lane: str, action: fx.Drain, epoch: int) -> i.Result:
         r = self.records
         note = functools.partial(r.book.note, lane, EventKind.DRAIN)
         timeout = r.engine_spec(lane).drain_timeout
         await self.traffic.drain_before_stop(lane, timeout, action.force, note)
         return i.Drained(epoch)
 
-    async def _StopUnit(self, lane: str, action: fx.StopUnit, epoch: int) -> i.Result:  # noqa: N802
+    async def _stop_unit(self, lane: str, action: fx.StopUnit, epoch: int) -> i.Result:
         unit = unit_name(lane, self.records.engine_spec(lane))
         return i.UnitStopped(epoch, _refused(await self.seam.stop(unit)))  # the one confirmed stop
 
-    async def _ConfirmContainerGone(self, lane: str, action: fx.ConfirmContainerGone, epoch: int) -> i.Result:  # noqa: N802
+    async def _confirm_container_gone(
+        self, lane: str, action: fx.ConfirmContainerGone, epoch: int
+    ) -> i.Result:
         spec = self.records.engine_spec(lane)
         refused = await self.seam.container_gone(lane, spec, self._note(lane))
         return i.ContainerGone(epoch, _refused(refused))
 
-    async def _StopWeights(self, lane: str, action: fx.StopWeights, epoch: int) -> i.Result:  # noqa: N802
+    async def _stop_weights(self, lane: str, action: fx.StopWeights, epoch: int) -> i.Result:
         return i.WeightsDown(epoch, _refused(await self.weights.down(lane)))
 
     # --- sleep and wake (docs/sleep.md) -------------------------------------------------------
 
-    async def _ChooseLevel(self, lane: str, action: fx.ChooseLevel, epoch: int) -> i.Result:  # noqa: N802
+    async def _choose_level(self, lane: str, action: fx.ChooseLevel, epoch: int) -> i.Result:
         spec = self.records.engine_spec(lane)
         pinned = self.records.book[lane].pinned
         level, why = await asyncio.to_thread(self.seam.sleep_level_now, spec, pinned)
         return i.LevelChosen(epoch, level, why)
 
-    async def _PutToSleep(self, lane: str, action: fx.PutToSleep, epoch: int) -> i.Result:  # noqa: N802
+    async def _put_to_sleep(self, lane: str, action: fx.PutToSleep, epoch: int) -> i.Result:
         r = self.records
         spec = r.engine_spec(lane)
         # Its cgroup as systemd has it now (a unit's ControlGroup comes with no signal).
@@ -220,7 +236,7 @@ class Actions:
         digest = render.lane_digest(r.config, lane, r.systemd_version)
         return i.Slept(epoch, None, slept.pids, dict(slept.residual), digest)
 
-    async def _WakeUp(self, lane: str, action: fx.WakeUp, epoch: int) -> i.Result:  # noqa: N802
+    async def _wake_up(self, lane: str, action: fx.WakeUp, epoch: int) -> i.Result:
         r = self.records
         refused = await self.seam.wake(r.config.lanes[lane], action.level)
         if refused is None and self.canary is not None:  # the weights came back as they were?

@@ -1,18 +1,19 @@
 """Acceptance checks of a serving lane: kept, shown, exported; a lane that fails one is
 degraded and left serving (word salad, a broken tool parser: a restart would not fix them).
-A part of the owner (laned.owner.supervisor).
+A part of the owner (laned.owner.supervisor): what it finds reaches the lane as inputs of
+the lane machine (Checking, Checked), posted through the interpreter.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from laned.adapters import state
 from laned.config.model import GATES
+from laned.core import inputs as i
 from laned.core.lanes import EventKind, LaneState
-from laned.core.machine import Ev
 from laned.errors import LanedError, LaneNotRunning
 from laned.gates.acceptance import GateResult, merge_run
 from laned.owner.records import Records
@@ -27,6 +28,7 @@ class Checks:
 
     def __init__(self, records: Records, seam: Seam) -> None:
         self.records, self.seam = records, seam
+        self.post: Callable[[str, i.Input], object] = lambda lane, event: None  # bound
 
     async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
         """Run acceptance gates against the lane; keep, show and export the results.
@@ -45,21 +47,22 @@ class Checks:
         run = status.run
 
         def still_serving() -> bool:
-            return status.run == run and r.serving(lane)
+            return lane in r.statuses and r.statuses[lane].run == run and r.serving(lane)
 
         def on_result(result: GateResult) -> None:
             if still_serving():
                 verdict = "passed" if result.passed else f"failed: {result.reason}"
-                r.ledger.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
+                r.book.note(lane, EventKind.CHECK, f"{result.gate} {verdict}")
 
-        r.ledger.checking(lane, +1)  # busy: the scheduler does not take it for idle meanwhile
+        self.post(lane, i.Checking(+1))  # busy: the scheduler does not take it for idle meanwhile
         try:
             results = await self.seam.run_checks(spec, gates, status.last_cold_start, on_result)
         finally:
-            r.ledger.checking(lane, -1)
+            self.post(lane, i.Checking(-1))
         if not still_serving():
+            now = r.statuses[lane].state.value if lane in r.statuses else "removed"
             raise LaneNotRunning(
-                f"lane {lane} stopped serving while its gates ran ({status.state.value}): "
+                f"lane {lane} stopped serving while its gates ran ({now}): "
                 "the results are not kept",
                 f"run them again once it is ready: laned check {lane}",
             )
@@ -69,19 +72,17 @@ class Checks:
         r = self.records
         status = r.statuses[lane]
         digest = render.lane_digest(r.config, lane, r.systemd_version)
-        run = merge_run(lane, status.checks, digest, results, r.clock())
-        r.ledger.checked(lane, run)
+        run = merge_run(
+            lane, None if status.checks is None else dict(status.checks), digest, results, r.clock()
+        )
         try:
             state.save_checks(r.config.daemon.state_dir, lane, run)
         except LanedError as exc:
             log.error("cannot save the check results of %s: %s", lane, exc)
         failed = [result for result in results if not result.passed]
-        if failed:
-            # It serves, but not as it should (word salad, a broken tool parser...): a
-            # restart would not fix that, so a ready lane is degraded and left running.
-            r.fire(lane, Ev.CHECK_FAILED, f"check {failed[0].gate}: {failed[0].reason}")
-        else:
-            r.fire(lane, Ev.CHECK_PASSED, "the acceptance checks pass again")
+        # A failed one degrades a ready lane (the step's): it serves, but not as it should.
+        said = f"{failed[0].gate}: {failed[0].reason}" if failed else None
+        self.post(lane, i.Checked(status.run, run, said))
         return run
 
     async def after_activate(self, lane: str) -> None:
@@ -89,6 +90,6 @@ class Checks:
         try:
             await self.check(lane, self.records.config.lanes[lane].checks.after_activate)
         except LanedError as exc:
-            self.records.ledger.note(
+            self.records.book.note(
                 lane, EventKind.CHECK, f"checks after activation did not run: {exc.message}"
             )

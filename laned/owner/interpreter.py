@@ -18,15 +18,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from laned import errors
 from laned.core import effects as fx
 from laned.core import inputs as i
-from laned.core.lanes import Event, EventKind, LaneStatus
+from laned.core.lanes import Event, LaneStatus
 from laned.core.machine import Context, Step, step
 from laned.core.recorder import Recorder
 from laned.owner.book import Book, new_future
@@ -67,20 +66,19 @@ class _Sequence:
     ended: bool = False
 
 
-@dataclass
-class _Peer:
-    """An activation waiting for a peer it takes off."""
-
-    future: asyncio.Future[i.Result] = field(default_factory=lambda: new_future())  # type: ignore[arg-type]
-
-
 class Interpreter:
     """Posts inputs through the step and runs what it asks."""
 
     def __init__(
-        self, book: Book, actions: Acting, hands: Hands, recorder: Callable[[], Recorder]
+        self,
+        book: Book,
+        actions: Acting,
+        hands: Hands,
+        recorder: Callable[[], Recorder],
+        spawn: Callable[[Coroutine[object, object, None]], asyncio.Task[None]],
     ) -> None:
         self.book, self.actions, self.hands, self._recorder = book, actions, hands, recorder
+        self.spawn = spawn  # the owner's tasks (laned.owner.records): cancelled at close
         self.closing = False
         self._epoch = 0
         self._sequences: dict[str, _Sequence] = {}
@@ -91,7 +89,6 @@ class Interpreter:
         self.restarts: dict[str, asyncio.TimerHandle] = {}
         self.pokes: dict[str, asyncio.Event] = {}
         self.alarms: dict[str, asyncio.Event] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
 
     # --- the one way in ------------------------------------------------------------------------
 
@@ -107,14 +104,12 @@ class Interpreter:
         if record is None:
             return Step(LaneStatus(lane), ignored="no such lane (removed by a reload)")
         answer = step(record, event, self.hands.context(lane, self.epoch()))
-        if answer.refused:
+        if answer.refused:  # a pair only a bug brings: said, and its request ends (the step's)
             log.error("%s: %s refused in %s: %s", lane, type(event).__name__,
                       record.mode.value, answer.refused)  # fmt: skip
-            return answer
-        if answer.ignored:
+        elif answer.ignored:
             log.debug("%s: %s ignored in %s: %s", lane, type(event).__name__,
                       record.mode.value, answer.ignored)  # fmt: skip
-            return answer
         if answer.lane is not record:
             self.book.replace(lane, answer.lane)
         for effect in answer.effects:
@@ -181,9 +176,9 @@ class Interpreter:
         elif isinstance(effect, fx.Post):
             self._post(effect.lane, effect.input)
         elif isinstance(effect, fx.Poke):
-            self.pokes.setdefault(lane, asyncio.Event()).set()
+            self.poke(lane).set()
         elif isinstance(effect, fx.Alarm):
-            self.alarms.setdefault(lane, asyncio.Event()).set()
+            self.alarm(lane).set()
         elif isinstance(effect, fx.Prefetch):
             self.hands.prefetch(lane, effect.what, effect.taking_off)
         elif isinstance(effect, fx.Task):
@@ -238,7 +233,9 @@ class Interpreter:
             return
         self.post(lane, event)
 
-    def take_off(self, activator: str, epoch: int, peer: str, event: i.TakeOff) -> asyncio.Future[i.Result]:
+    def take_off(
+        self, activator: str, epoch: int, peer: str, event: i.TakeOff
+    ) -> asyncio.Future[i.Result]:
         """Post a take-off to `peer` for `activator`'s request `epoch`; a future of the
         peer's answer (at once when it is off already)."""
         future: asyncio.Future[i.Result] = asyncio.get_running_loop().create_future()
@@ -277,7 +274,9 @@ class Interpreter:
                 result = await self.actions.do(lane, action, seq.epoch)
                 if seq.ended:
                     return
-                self.post(lane, result)
+                answer = self.post(lane, result)
+                if answer.ignored or answer.refused:
+                    return  # the request waits on what the lane's mode waits for, or ended
         except asyncio.CancelledError:
             raise
         except errors.LanedError as exc:
@@ -306,14 +305,20 @@ class Interpreter:
     def _follow(self, lane: str) -> None:
         self._unfollow(lane)
         run = self.book.statuses[lane].run
-        task = asyncio.get_running_loop().create_task(self.hands.watch(lane, run))
-        task.add_done_callback(self._task_done)
-        self.follows[lane] = task
+        self.follows[lane] = self.spawn(self.hands.watch(lane, run))
 
     def _unfollow(self, lane: str) -> None:
         task = self.follows.pop(lane, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
+
+    def poke(self, lane: str) -> asyncio.Event:
+        """The lane's "look again now" for its readiness watcher."""
+        return self.pokes.setdefault(lane, asyncio.Event())
+
+    def alarm(self, lane: str) -> asyncio.Event:
+        """The lane's "its engine says it is dying" for its liveness watcher."""
+        return self.alarms.setdefault(lane, asyncio.Event())
 
     def watching(self, lane: str) -> bool:
         """A watcher follows the lane's run now."""
@@ -324,33 +329,8 @@ class Interpreter:
         """A restart after a failure waits for its backoff."""
         return lane in self.restarts
 
-    # --- tasks ----------------------------------------------------------------------------------
-
-    def spawn(self, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
-        """Run `coro` as the owner's task: kept until done, cancelled at close, a failure logged."""
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("supervisor task failed: %r", task.exception())
-
-    def cancel_all(self) -> list[asyncio.Task[None]]:
-        """Closing: every waiting restart, sequence, watcher and task cancelled; the tasks."""
+    def close(self) -> None:
+        """laned closes: no restart fires any more (the tasks are the owner's to cancel)."""
         self.closing = True
         for timer in self.restarts.values():
             timer.cancel()
-        tasks = [*self.tasks, *self.follows.values()]
-        for task in tasks:
-            task.cancel()
-        return tasks
-
-
-def monotonic() -> float:
-    return time.monotonic()
-
-
-__all__ = ["EventKind", "Interpreter"]

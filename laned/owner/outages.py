@@ -2,7 +2,8 @@
 or the user manager (re-executed, out of reach, killed and started again), journald, the
 state file. Each trouble is a notice (/healthz, GET /lanes, `laned status`, the status
 page) until it is over (`Records.trouble`); the lanes are caught up with the last request
-once systemd is seen again. A part of the owner (laned.owner.supervisor).
+once systemd is seen again (inputs of the lane machine, posted through the interpreter). A
+part of the owner (laned.owner.supervisor).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from collections.abc import Callable
 
 from laned import engines
 from laned.core import exits, resume
+from laned.core import inputs as i
 from laned.core.lanes import EventKind, LaneState
-from laned.core.machine import Ev
 from laned.core.phases import Seen
 from laned.core.resume import CatchUp
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import JournalUnavailable
 from laned.owner import watchers
+from laned.owner.interpreter import Interpreter
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
 from laned.owner.requests import Requests
@@ -34,10 +36,15 @@ class Outages:
     """Notices of what is away; catching the lanes up when systemd is back."""
 
     def __init__(
-        self, records: Records, seam: Seam, reactions: Reactions, requests: Requests
+        self,
+        records: Records,
+        seam: Seam,
+        reactions: Reactions,
+        requests: Requests,
+        interpreter: Interpreter,
     ) -> None:
         self.records, self.seam = records, seam
-        self.reactions, self.requests = reactions, requests
+        self.reactions, self.requests, self.interpreter = reactions, requests, interpreter
 
     # --- the user manager ----------------------------------------------------------------------
 
@@ -59,7 +66,7 @@ class Outages:
             status = r.statuses[lane]
             if previous.running or snap.running or status.state is not LaneState.INACTIVE:
                 where = f"{unit} is {snap.active_state} ({snap.sub_state})"
-                r.ledger.note(lane, EventKind.MANAGER, f"{why}: {where}")
+                r.book.note(lane, EventKind.MANAGER, f"{why}: {where}")
             if replaced and previous.running and not snap.running:
                 r.snapshots[lane] = snap
                 self.reactions.exited(lane, snap, exits.LOST_WITH_MANAGER)
@@ -69,24 +76,24 @@ class Outages:
 
     def _catch_up(self, why: str) -> None:
         """Each lane made to match the last request again (resume.plan_catch_up)."""
-        r = self.records
+        r, run = self.records, self.interpreter
         lanes = {}
         for lane, status in r.statuses.items():
-            busy = r.ops.of(lane) is not None or r.restart_waiting(lane) or r.watching(lane)
+            busy = status.op is not None or run.restart_waiting(lane) or run.watching(lane)
             running = r.snapshots.get(lane, UnitSnapshot("")).running
             lanes[lane] = resume.LaneNow(status.state, status.desired, running, busy)
         for lane, plan in resume.plan_catch_up(r.config, lanes).items():
             if plan is CatchUp.ADOPT:
-                r.fire(lane, Ev.ADOPT, f"adopted again after {why}")
+                run.post(lane, i.Adopt(f"adopted again after {why}"))
             elif plan is CatchUp.RESTART:  # at once, as a restart after a failure
-                r.fire(lane, Ev.RESTART_LATER, f"started again after {why}", delay=0)
+                run.post(lane, i.Lost(f"started again after {why}"))
             elif plan is CatchUp.ACTIVATE:
                 self.requests.spawn_activation(lane, f"activated again after {why}")
             elif plan is CatchUp.STOP:
                 log.info("%s: stopped again after %s (not desired, and its unit runs)", lane, why)
                 self.requests.deactivate(lane)
             elif plan is CatchUp.SETTLE:
-                r.fire(lane, Ev.FOUND_STOPPED, f"found stopped after {why}")
+                run.post(lane, i.FoundStopped(f"found stopped after {why}"))
 
     def _reader(self, unit: str) -> Callable[[str], Seen | None]:
         """How the engine of `unit`'s lane writes its start, and its dying, in its log

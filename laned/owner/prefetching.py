@@ -1,9 +1,10 @@
 """The next lane's weights read into the page cache while its swap waits (docs/prefetch.md).
-A part of the owner (laned.owner.supervisor), used by its requests' side
-(laned.owner.requests): `begin` when an activation has peers to take off the GPUs, `end` at
-the start (after the GPU-memory gate) or when the operation ends in any other way (done,
-failed, superseded); `at_start` records how much of the weights is resident as the engine
-starts, for the cold-start report.
+A part of the owner (laned.owner.supervisor), asked by the lane machine's effects
+(laned.core.effects.Prefetch): `begin` when an activation has peers to take off the GPUs,
+`end` at the start (after the GPU-memory gate) or when the activation ends in any other way
+(done, failed, superseded); `at_start`, by the unit's start (laned.owner.actions), records how
+much of the weights is resident as the engine starts, for the cold-start report (an input:
+WeightsAtStart).
 
 The read runs in a thread of its own and is stopped by a flag it looks at between blocks, so
 neither a stop nor a start ever waits for it. Its bounds, taken when it begins: no more than
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from laned.adapters.pagecache import Prefetched, Residency
-from laned.core.lanes import EventKind, LaneState
+from laned.core import inputs as i
+from laned.core.lanes import EventKind, LaneState, LaneStatus
+from laned.core.machine import Step
 from laned.owner.records import Records
 from laned.owner.seam import Seam
 from laned.preflight.facts import GIB, size
@@ -31,6 +34,7 @@ class Prefetches:
 
     def __init__(self, records: Records, seam: Seam) -> None:
         self.records, self.seam = records, seam
+        self.post: Callable[[str, i.Input], Step] = lambda lane, event: Step(LaneStatus(lane))
         self.running: dict[str, threading.Event] = {}  # lane -> the flag that stops its read
         self.last: dict[str, Prefetched] = {}  # each lane's last prefetch, for its start note
 
@@ -42,7 +46,7 @@ class Prefetches:
         if not settings.enabled or not config.lanes[lane].prefetch or lane in self.running:
             return
         status = self.records.statuses[lane]
-        if status.state is LaneState.SLEEPING and status.slept_level == 1:
+        if status.state is LaneState.SLEEPING and status.asleep and status.asleep.level == 1:
             return  # its weights wait in pinned host memory: the wake reads no file
         self.last.pop(lane, None)
         stop = self.running[lane] = threading.Event()
@@ -78,9 +82,9 @@ class Prefetches:
             done = self.last.pop(lane, None)
             if done is not None:
                 shown["prefetched_bytes"] = done.read_bytes
-            if not self.records.ledger.weights_at_start(lane, run, shown):
+            if self.post(lane, i.WeightsAtStart(run, shown)).ignored:
                 return  # a newer start owns the lane
-            self.records.ledger.note(
+            self.records.book.note(
                 lane,
                 EventKind.PREFETCH,
                 f"weights at the start: {size(found.resident_bytes)} of "
@@ -103,7 +107,7 @@ class Prefetches:
     ) -> Prefetched | None:
         config = self.records.config
         settings = config.daemon.prefetch
-        note = self.records.ledger.note
+        note = self.records.book.note
         models = [model_path(config.lanes[other]) for other in keep]
 
         seam = self.seam

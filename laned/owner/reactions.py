@@ -94,7 +94,9 @@ class Reactions:
         previous = r.snapshots.get(lane, UnitSnapshot(snap.name))
         r.snapshots[lane] = snap
         op = r.statuses[lane].op
-        by_laned = self.restart_waiting(lane) or (op is not None and op.kind != OpKind.DEACTIVATE.value)
+        by_laned = self.restart_waiting(lane) or (
+            op is not None and op.kind != OpKind.DEACTIVATE.value
+        )
         change = policy.judge_unit_change(previous, snap, r.statuses[lane].state, by_laned)
         if change is policy.UnitChange.EXITED:
             self.exited(lane, snap)
@@ -169,12 +171,16 @@ class Reactions:
             # Not a probe failure of three: the engine says it will serve no more (its
             # profile's HealthRule). Its exit, if one follows, is this same failure's end.
             reason = f"health {seen.status}: {seen.why}"
-            self.post(lane, i.Failing(run, reason, "health", RestartKind.HEALTH.value, "probe_failure"))
+            self.post(
+                lane, i.Failing(run, reason, "health", RestartKind.HEALTH.value, "probe_failure")
+            )
         elif isinstance(seen, watchers.Stalled):
             s = seen.sample
             load = "" if s is None else f"{s.running:g} running, {s.waiting:g} waiting"
             if seen.unanswered:
-                reason = f"stalled: /metrics unanswered for {seen.unanswered:.0f}s while /health answers"
+                reason = (
+                    f"stalled: /metrics unanswered for {seen.unanswered:.0f}s while /health answers"
+                )
                 reason += f" (last read: {load})" if load else ""
             else:
                 reason = f"stalled: {load} and no token for {seen.after:g}s"

@@ -143,7 +143,9 @@ class Records:
         if self.gpu_totals is None:
             return {}
         return {
-            name: placement.Footprint.asleep(name, dict(status.residual), self.config.lanes[name].port)
+            name: placement.Footprint.asleep(
+                name, dict(status.residual), self.config.lanes[name].port
+            )
             for name, status in sorted(self.statuses.items())
             if name != but
             and name in self.config.lanes

@@ -5,10 +5,10 @@ asks the pure policy (laned.core.schedule) and acts on its decision with an acti
 that fits beside the running ones starts without a swap. The proxy asks it whether a request
 goes now, waits, or is refused, and waits here for its turn.
 
-It acts only where no operation is under way on those lanes (an operator's request, or its
+It acts only where no request is under way on those lanes (an operator's request, or its
 own last swap, runs to its end first), and it decides again whenever something happens: a
 request begins to wait, a lane goes quiet (laned.owner.traffic), any lane event (the
-ledger), or a residency it waits for ends.
+book), or a residency it waits for ends.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Scheduler:
         self._dismissed: dict[str, tuple[float, str, str]] = {}
         self._cooling: dict[str, float] = {}  # a swap to it failed: no idle return till then
         traffic.news = self.news
-        records.ledger.listeners.append(self._event)
+        records.book.listeners.append(self._event)
 
     # --- news ---------------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class Scheduler:
         for lane in waiting:
             off = r.evictions(lane.name).lanes
             lanes = {lane.name, *off}
-            if reserved & lanes or r.ops.busy(lanes):
+            if reserved & lanes or r.busy(lanes):
                 reserved |= lanes
                 continue  # an operation runs to its end first, or an older lane comes first
             reserved |= lanes
@@ -209,7 +209,7 @@ class Scheduler:
             return None
         off = r.evictions(default).lanes
         lanes = {default, *off}
-        if not off or reserved & lanes or r.ops.busy(lanes):
+        if not off or reserved & lanes or r.busy(lanes):
             return None
         reserved |= lanes
         last = [t for n in lanes if (t := self.traffic.last_request(n)) is not None]
@@ -233,7 +233,7 @@ class Scheduler:
         """Act on a decision: the activation, noted and counted."""
         r, lane = self.records, decision.swap_to
         assert lane is not None
-        r.ledger.note(lane, EventKind.SCHEDULE, decision.reason)
+        r.book.note(lane, EventKind.SCHEDULE, decision.reason)
         r.recorder.schedule_swap(lane, decision.cause)
         activation = self.activate(lane, decision.reason)
         activation.add_done_callback(lambda done: self._activated(lane, done))

@@ -2,15 +2,17 @@
 
 Commands reach it as synchronous calls on its event loop (requests, systemd's unit changes,
 the watchers' observations, timers), each handled to its end before the next: the loop is
-the owner's queue (docs/decisions/0005-one-owner.md). Its parts share one `Records` (the
-ledger: the lane machine's runner, one record per lane, the events; the units as last
-seen, the operations under way) and only they change it, a lane's state only by firing an
-event of the lane machine (laned.core.machine); they act on the host through one seam
-(laned.owner.seam, given here):
+the owner's queue (docs/decisions/0005-one-owner.md). Every lane has one immutable record
+(laned.core.lanes.LaneStatus) in the owner's book (laned.owner.book); it changes only by the
+lane machine's pure step (laned.core.machine), run by one interpreter
+(laned.owner.interpreter), which replaces the record and runs the step's effects — the
+sequences of a request among them, whose actions (laned.owner.actions) act on the host
+through one seam (laned.owner.seam, given here). The parts post inputs and read records:
 
-- `Requests` (owner.requests): activate, deactivate, restart, as operations of a lane;
+- `Requests` (owner.requests): activate, deactivate, restart, planned across lanes;
 - `Reactions` (owner.reactions): a unit's change, an exit, what the watchers observe, the
   journal's startup phases, a peer rank out of reach;
+- `Weights` (owner.weights): the weight-cache daemons' units;
 - `Checks` (owner.checks): acceptance gates against a serving lane;
 - `Outages` (owner.outages): the user manager, journald, the state file away and back;
 - `BusKeeper` (owner.bus): the D-Bus connection and its resyncs;
@@ -18,7 +20,7 @@ event of the lane machine (laned.core.machine); they act on the host through one
   for, and each request's turn.
 
 Everyone else (the front, the proxy, the coordinator, the metrics) uses the methods below
-and reads what they return; nobody reaches into the parts.
+and reads what they return (the records are snapshots); nobody reaches into the parts.
 """
 
 from __future__ import annotations
@@ -31,21 +33,24 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from laned import engines
 from laned.adapters import state
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import unit_name
+from laned.core import inputs as i
 from laned.core import placement, policy, resume
-from laned.core.lanes import Desired, Event, EventKind, LaneStatus
+from laned.core.lanes import Event, EventKind, LaneStatus
 from laned.core.liveness import engine_summary
-from laned.core.machine import Ev
-from laned.core.policy import RestartKind
+from laned.core.machine import Context
 from laned.core.recorder import Recorder
 from laned.core.schedule import Admission
 from laned.errors import ConfigRefused, Finding, LanedError
+from laned.owner.actions import Actions
+from laned.owner.book import Book, Listener
 from laned.owner.bus import BusKeeper
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.checks import Checks
-from laned.owner.ledger import Listener
+from laned.owner.interpreter import Interpreter
 from laned.owner.outages import Outages
 from laned.owner.prefetching import Prefetches
 from laned.owner.reactions import Reactions
@@ -53,7 +58,6 @@ from laned.owner.records import Records
 from laned.owner.requests import Requests
 from laned.owner.scheduler import Scheduler
 from laned.owner.seam import Seam
-from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
 from laned.preflight.facts import HostFacts
@@ -62,6 +66,44 @@ from laned.render import plan as render
 
 log = logging.getLogger("laned.supervisor")
 GPU_REREAD = 60.0  # seconds between tries to read GPUs that laned could not read at its start
+
+
+class _Hands:
+    """What the interpreter runs beside the sequences (laned.owner.interpreter.Hands), by
+    the parts that do it."""
+
+    def __init__(
+        self, records: Records, reactions: Reactions, checks: Checks, weights: Weights,
+        prefetches: Prefetches,
+    ) -> None:  # fmt: skip
+        self.records, self.reactions, self.checks = records, reactions, checks
+        self.weights, self.prefetches = weights, prefetches
+
+    def watch(self, lane: str, run: int) -> Coroutine[object, object, None]:
+        return self.reactions.watch(lane, run)
+
+    def task(self, lane: str, what: str, reason: str) -> Coroutine[object, object, None] | None:
+        tasks: dict[str, Callable[[], Coroutine[object, object, None]]] = {
+            "after-activate": lambda: self.checks.after_activate(lane),
+            "weights-gone": lambda: self.weights.down_said(lane),
+            "stopped-outside": lambda: self.reactions.stopped_outside(lane, reason),
+        }
+        return tasks[what]()
+
+    def prefetch(self, lane: str, what: str, taking_off: tuple[str, ...]) -> None:
+        if what == "begin":
+            self.prefetches.begin(lane, taking_off)
+        else:
+            self.prefetches.end(lane)
+
+    def context(self, lane: str, epoch: int) -> Context:
+        r = self.records
+        spec = r.config.lanes.get(lane)
+        missed = None
+        if spec is not None and spec.weight_cache is not None:
+            cache = engines.for_lane(spec).weight_cache
+            missed = cache.missed if cache is not None else None
+        return Context(r.clock(), time.monotonic(), spec, epoch, missed)
 
 
 class Supervisor:
@@ -82,17 +124,25 @@ class Supervisor:
         self.checks = Checks(records, seam)
         checkpoints = Checkpoints(records, seam)
         self.weights = Weights(records, seam, checkpoints)
-        self.weights.restarts = self
-        self.reactions = Reactions(
-            records, seam, self.checks, restarts=self, weights=self.weights, checkpoints=checkpoints
-        )
-        sleeping = Sleeping(records, seam, self.traffic, self.reactions, checkpoints)
+        self.reactions = Reactions(records, seam, self.weights, checkpoints)
         self.prefetches = Prefetches(records, seam)
-        self.requests = Requests(
-            records, seam, self.traffic, sleeping, self.prefetches, self.weights, checkpoints
+        self.actions = Actions(
+            records, seam, self.traffic, self.weights, checkpoints, self.prefetches
         )
-        records.bind(self.reactions.watch, self.requests.restart_after_failure)
-        self.outages = Outages(records, seam, self.reactions, self.requests)
+        hands = _Hands(records, self.reactions, self.checks, self.weights, self.prefetches)
+        self.interpreter = run = Interpreter(
+            records.book, self.actions, hands, lambda: records.recorder, records.spawn
+        )
+        self.requests = Requests(records, run, self.actions)
+        # The parts post inputs through the interpreter, the one way a lane changes.
+        for part in (self.checks, self.weights, self.reactions, self.prefetches):
+            part.post = run.post
+        self.actions.take_off, self.actions.epoch = run.take_off, run.epoch
+        self.actions.canary = self.reactions.canary
+        self.reactions.started_outside = self.requests.started_outside
+        self.reactions.poke, self.reactions.alarm = run.poke, run.alarm
+        self.reactions.restart_waiting = run.restart_waiting
+        self.outages = Outages(records, seam, self.reactions, self.requests, run)
         self.scheduler = Scheduler(records, self.traffic, self.requests.activate)
         self.bus = BusKeeper(
             seam,
@@ -112,7 +162,11 @@ class Supervisor:
         if saved.problem is not None:
             log.warning("%s", saved.problem)
             r.notices["state.json at start"] = saved.problem
-        r.ledger.restore(saved, functools.partial(state.load_checks, r.config.daemon.state_dir))
+        # Restoring is an input like any other: each lane takes up what state.json kept.
+        r.book.restore_log(saved)
+        for lane in r.config.lanes:
+            checks = state.load_checks(r.config.daemon.state_dir, lane)
+            self.interpreter.post(lane, Book.restoring(saved, lane, checks))
         r.writer.start()
         if not await self.read_gpus():
             r.spawn(self._read_gpus_later())
@@ -149,6 +203,7 @@ class Supervisor:
     async def close(self) -> None:
         """Stop watching (the lanes keep running: they are systemd's units)."""
         self.prefetches.end_all()
+        self.interpreter.close()
         tasks = self.records.cancel_all()
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=10)
@@ -159,7 +214,7 @@ class Supervisor:
 
     async def reconcile(self, first: bool = False) -> None:
         """Adopt lanes that already run (never restart a healthy one); start the desired ones."""
-        r = self.records
+        r, run = self.records, self.interpreter
         running = []
         for unit, lane in r.units.items():
             r.snapshots[lane] = snap = await self.bus.snapshot(unit)
@@ -172,17 +227,15 @@ class Supervisor:
                 # Its processes, for the GPU-memory gate.
                 pids = await self.seam.engine_pids(lane, spec, snap.control_group)
                 digest = render.lane_digest(r.config, lane, r.systemd_version)
-                r.ledger.desire(lane, Desired.INACTIVE)
-                r.ledger.found_asleep(lane, digest, level or 0, frozenset(pids))
+                run.post(lane, i.FoundAsleep(digest, level or 0, frozenset(pids)))
             elif snap.running:
                 running.append(lane)
         for unit, lane in r.weights_units.items():
             self.weights.seen(lane, await self.bus.snapshot(unit))
         desired = {n: s.desired for n, s in r.statuses.items()}
-        plan = resume.plan_reconcile(r.config, running, desired, r.ledger.states(), first)
+        plan = resume.plan_reconcile(r.config, running, desired, r.book.states(), first)
         for lane in plan.adopt:
-            r.ledger.desire(lane, Desired.ACTIVE)
-            r.fire(lane, Ev.ADOPT, "adopted: already running")
+            run.post(lane, i.Adopt("adopted: already running"))
         for lane, reason in plan.start:
             self.requests.spawn_activation(lane, reason)
 
@@ -196,24 +249,25 @@ class Supervisor:
         config stays in force): removing or renaming the unit of a lane that runs or has an
         operation under way, or changing settings only a restart of laned applies."""
         r = self.records
-        under_way = {op.lane for op in r.ops.current.values()}
-        under_way |= set(r.restarts)
-        problems = policy.reload_problems(r.config, new, r.ledger.states(), under_way)
+        under_way = {n for n, status in r.statuses.items() if status.op is not None}
+        under_way |= set(self.interpreter.restarts)
+        problems = policy.reload_problems(r.config, new, r.book.states(), under_way)
         if problems:
             raise ConfigRefused(
                 "the new config cannot be applied while laned runs", "; ".join(problems)
             )
         # No await from the check to the switch: nothing can start a lane in between.
         changes = await self.seam.render(new, r.systemd_version)
-        restart_needed = policy.restart_needed(r.config, new, r.ledger.states())
+        restart_needed = policy.restart_needed(r.config, new, r.book.states())
         keys = policy.reload_changes(r.config, new)
         self.seam.use_podman(new)
         old, r.config = r.config, new
         r.name_units(new)
         for lane in old.lanes.keys() - new.lanes.keys():
-            r.ledger.drop(lane)
+            r.book.drop(lane)
+            self.interpreter.fail_waiters(lane, "removed from the config")
         for lane in new.lanes:
-            r.ledger.add(lane)
+            r.book.add(lane)
         r.writer.mark()
         await self.seam.reload()
         await self.bus.ref_units()
@@ -267,12 +321,12 @@ class Supervisor:
 
     def note(self, lane: str, kind: EventKind, text: str) -> None:
         """An event of the lane that changes no state (the coordinator's asks)."""
-        self.records.ledger.note(lane, kind, text)
+        self.records.book.note(lane, kind, text)
 
     def wait_ready(self, lane: str) -> asyncio.Future[LaneStatus]:
         """A future that resolves when the lane is ready, or fails with why it will not be."""
         self.spec(lane)
-        return self.records.ledger.wait_ready(lane)
+        return self.interpreter.wait_ready(lane)
 
     def admission(self, lane: str, arrived: float) -> Admission:
         """Whether a request for the lane goes to its engine now, waits, or is refused."""
@@ -303,17 +357,17 @@ class Supervisor:
 
     @property
     def statuses(self) -> Mapping[str, LaneStatus]:
-        """Every lane's status, read-only (the owner's parts change them, through the ledger)."""
-        return MappingProxyType(self.records.statuses)
+        """Every lane's record, read-only (each a snapshot: the lane machine replaces it)."""
+        return self.records.book.statuses
 
     @property
     def events(self) -> Sequence[Event]:
         """Recent events, oldest first."""
-        return self.records.ledger.events
+        return self.records.book.events
 
     def timeline(self, since: float) -> list[dict[str, Any]]:
         """Every transition since `since` (a day is kept, across laned's restarts)."""
-        return self.records.ledger.timeline(since)
+        return self.records.book.timeline(since)
 
     def placed(self) -> list[str]:
         """The lanes on the GPUs or on their way there (laned.core.placement)."""
@@ -403,10 +457,10 @@ class Supervisor:
 
     def listen(self, listener: Listener) -> None:
         """Call `listener` with every new event, until `unlisten`."""
-        self.records.ledger.listeners.append(listener)
+        self.records.book.listeners.append(listener)
 
     def unlisten(self, listener: Listener) -> None:
-        self.records.ledger.listeners.remove(listener)
+        self.records.book.listeners.remove(listener)
 
     @property
     def recorder(self) -> Recorder:
@@ -416,14 +470,3 @@ class Supervisor:
     @recorder.setter
     def recorder(self, recorder: Recorder) -> None:
         self.records.recorder = recorder
-
-    # --- the reactions' Restarts, answered by the requests' side --------------------------------
-
-    def restart_lane(self, lane: str, reason: str, kind: RestartKind, force: bool = False) -> None:
-        self.requests.restart_lane(lane, reason, kind, force)
-
-    def restart_after_failure(self, lane: str) -> None:
-        self.requests.restart_after_failure(lane)
-
-    def give_up(self, lane: str, run: int, reason: str) -> Coroutine[object, object, None]:
-        return self.requests.give_up(lane, run, reason)

@@ -155,7 +155,9 @@ class Weights:
         if shown == "ready" and previous.active_state != snap.active_state:
             r.spawn(self._held(lane))
         if previous.running and not snap.running and lane not in self.stopping:
-            reason = f"its weight-cache daemon exited ({snap.result}, status {snap.exec_main_status})"
+            reason = (
+                f"its weight-cache daemon exited ({snap.result}, status {snap.exec_main_status})"
+            )
             self.post(lane, i.WeightsDied(reason))
 
     async def _held(self, lane: str) -> None:
@@ -170,7 +172,9 @@ class Weights:
             return
         held, dropped = held_of(said, self.records.gpu_totals, gpu_indices(spec))
         for reason in dropped:  # never shown as held: said once, in the lane's events
-            self.records.book.note(lane, EventKind.WEIGHTS, f"weight-cache reading dropped: {reason}")
+            self.records.book.note(
+                lane, EventKind.WEIGHTS, f"weight-cache reading dropped: {reason}"
+            )
         if lane in self.records.statuses and self.records.statuses[lane].weights == "ready":
             self.post(lane, i.WeightsSeen("ready", held))
 

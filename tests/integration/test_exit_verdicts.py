@@ -87,7 +87,7 @@ async def ends_in_a_crash_loop(sup: Supervisor, lane: str, deaths: int) -> None:
     status = sup.statuses[lane]
     assert status.reason.startswith("crash-loop: 2 failures"), status.reason
     assert status.restarts == 1 and len(status.failures) == deaths == 2
-    assert not sup.records.restart_waiting(lane), "no restart may be pending after a crash loop"
+    assert not sup.interpreter.restart_waiting(lane), "no restart may be pending after a crash loop"
 
 
 def test_a_stop_during_a_slow_teardown_leaves_the_exit_a_failure_counted_once(

@@ -240,14 +240,14 @@ def test_a_crash_loop_ends_in_failed_without_further_restarts(
             assert (
                 status.restarts == 2 and status.last_exit is not None and status.last_exit.code == 3
             )
-            assert not sup.records.restart_waiting("a"), (
+            assert not sup.interpreter.restart_waiting("a"), (
                 "no restart may be pending after a crash loop"
             )
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
         # A new laned leaves the failed lane alone until it is activated again.
         async with supervising(harness, config) as sup:
             assert sup.statuses["a"].state is LaneState.FAILED
-            assert sup.records.ops.current == {} and not sup.records.restarts
+            assert not any(s.op for s in sup.statuses.values()) and not sup.interpreter.restarts
             assert harness.show(unit, "ActiveState")["ActiveState"] == "failed"
             # Deactivating acknowledges the failure.
             await sup.deactivate("a")
@@ -318,7 +318,7 @@ def test_memory_guard_stops_the_lane_when_memavailable_stays_low(
             assert last is not None and last.verdict is Verdict.FAILURE
             assert "seen first as memory-guard" in last.reason
             assert len(sup.statuses["a"].failures) == 1
-            assert not sup.records.restart_waiting("a")
+            assert not sup.interpreter.restart_waiting("a")
 
     run(scenario())
 
@@ -617,7 +617,7 @@ def test_a_restart_broken_by_a_lost_bus_is_caught_up(
             with bus_kept_away(sup, tmp_path):
                 restarted = sup.restart("a")  # resolves when the lane is ready again
                 await until(
-                    lambda: sup.records.ops.of("a") is None, 10, "the restart ended by the bus"
+                    lambda: sup.statuses["a"].op is None, 10, "the restart ended by the bus"
                 )
                 assert sup.statuses["a"].state is LaneState.RESTARTING
                 assert "user manager" in sup.notices

@@ -120,8 +120,10 @@ def test_a_weight_cache_lane_restarts_from_its_daemon_and_fails_with_it(
             def said() -> list[str]:
                 return [e.reason for e in sup.events if e.lane == "w"]
 
-            # The last restart's operation is over first (a restart under way is joined).
-            await until(lambda: not sup.records.ops.current, 10, "the last restart over")
+            # The last restart's request is over first (a restart under way is joined).
+            await until(
+                lambda: not any(s.op for s in sup.statuses.values()), 10, "the last restart over"
+            )
             await sup.restart("w")
             assert any("(model.safetensors) changed on disk" in r for r in said()), said()
             assert daemon_pid() not in (0, third) and status.start_kind == "cold"

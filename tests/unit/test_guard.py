@@ -266,9 +266,10 @@ class Listing:
         return sorted(self.config.lanes)
 
     def status(self, lane: str) -> Any:
-        from laned.core.lanes import LaneState, LaneStatus
+        from laned.core.lanes import LaneStatus
+        from laned.core.modes import Mode
 
-        return LaneStatus(lane, LaneState.READY if lane == "b" else LaneState.INACTIVE)
+        return LaneStatus(lane, Mode.READY if lane == "b" else Mode.INACTIVE)
 
 
 def test_v1_models_tells_laned_state_only_to_who_may_read_it() -> None:

@@ -35,14 +35,11 @@ from laned.core.checkpoint import Files, FileStat
 from laned.core.exits import ExitRecord
 from laned.core.lanes import Desired, EventKind, LaneState, Verdict
 from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
-from laned.core.machine import Ev
-from laned.core.phases import Seen
 from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
 from laned.errors import EngineBrokeOff, Finding
 from laned.gates.acceptance import GateResult
 from laned.owner import supervisor as owner_supervisor
-from laned.owner.ledger import JOURNAL_LAG, Ledger
 from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused, Seam
 from laned.owner.supervisor import Supervisor
 from laned.preflight.facts import NO_SLEEPERS, GpuReading, HostFacts, Sleepers
@@ -409,7 +406,9 @@ def test_a_crash_loop_ends_in_failed_and_nothing_is_left_pending(tmp_path: Path)
                 await until(lambda: sup.statuses["a"].state is not LaneState.READY, "a exited")
             await until(lambda: sup.statuses["a"].state is LaneState.FAILED, "a failed")
             assert sup.statuses["a"].reason.startswith("crash-loop")
-            assert not sup.records.restart_waiting("a") and sup.records.ops.current == {}
+            assert not sup.interpreter.restart_waiting("a") and not any(
+                s.op for s in sup.statuses.values()
+            )
             assert len(manager.started) == 3
 
     run(scenario)
@@ -423,9 +422,9 @@ def test_a_deactivate_wins_over_a_restart_waiting_in_its_backoff(tmp_path: Path)
         async with owner(cfg) as (sup, manager):
             await until(lambda: sup.statuses["a"].state is LaneState.READY, "a ready")
             manager.exit(unit_name("a", cfg.lanes["a"]), 1)
-            await until(lambda: sup.records.restart_waiting("a"), "a restart waiting")
+            await until(lambda: sup.interpreter.restart_waiting("a"), "a restart waiting")
             await sup.deactivate("a")
-            assert not sup.records.restart_waiting("a")
+            assert not sup.interpreter.restart_waiting("a")
             assert sup.statuses["a"].state is LaneState.INACTIVE
             assert len(manager.started) == 1
 
@@ -603,8 +602,8 @@ def test_random_requests_and_exits_keep_the_owners_invariants(
 
             def settled() -> bool:
                 return (
-                    not sup.records.ops.current
-                    and not sup.records.restarts
+                    not any(s.op for s in sup.statuses.values())
+                    and not sup.interpreter.restarts
                     and all(
                         s.state in (LaneState.READY, LaneState.INACTIVE, LaneState.FAILED)
                         for s in sup.statuses.values()
@@ -628,24 +627,6 @@ def test_random_requests_and_exits_keep_the_owners_invariants(
                     assert running or not active or status.state is LaneState.FAILED
 
     run(scenario)
-
-
-def test_start_lines_journald_stamps_after_the_engine_answered_are_still_this_starts() -> None:
-    """journald stamps a stream's line when it reads it: on a busy host a fast engine's whole
-    start can be stamped after it answered. Up to JOURNAL_LAG later, those lines are this
-    start's (at the moment it answered at the latest); later ones, or an earlier run's, not."""
-    now = [100.0]
-    ledger = Ledger(["a"], lambda: now[0])
-    assert ledger.fire("a", Ev.START, "asked")
-    assert ledger.phase_seen("a", Seen("loading model"), 100.2) is False
-    now[0] = 101.0
-    assert ledger.ready("a", "answers", None) == 1.0
-    assert ledger["a"].last_phases == {"loading model": 0.8}
-    ledger.phase_seen("a", Seen("loading weights"), 101.0 + JOURNAL_LAG - 0.5)  # read late
-    ledger.phase_seen("a", Seen("capturing CUDA graphs"), 101.0 + JOURNAL_LAG + 0.5)  # after
-    ledger.phase_seen("a", Seen("torch.compile"), 99.0)  # before this run began
-    assert ledger["a"].last_phases == {"loading model": 0.8, "loading weights": 0.0}
-    assert [name for name, _ in ledger["a"].phases] == ["loading model", "loading weights"]
 
 
 def test_gpus_not_read_at_start_are_read_again_until_they_are(

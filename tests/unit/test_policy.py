@@ -77,22 +77,6 @@ def test_an_activation_joins_its_twin_waits_when_running_and_else_replaces() -> 
     assert policy.admit_activate("a", peer, LaneState.INACTIVE, Desired.INACTIVE) is Admit.REPLACE
 
 
-@pytest.mark.parametrize("kind", list(OpKind))
-def test_a_deactivation_replaces_its_own_lanes_operation_whatever_it_is(kind: OpKind) -> None:
-    # Its own operation, whatever it is, or none: replaced. Another lane's activation that
-    # takes it off: stopped alongside.
-    assert policy.admit_deactivate("a", taken_off=False) is Admit.REPLACE
-    assert policy.admit_deactivate("a", taken_off=True) is Admit.ALONGSIDE
-
-
-def test_a_restart_joins_a_start_of_its_lane_and_replaces_anything_else() -> None:
-    assert policy.admit_restart("a", Current("a", OpKind.ACTIVATE)) is Admit.JOIN
-    assert policy.admit_restart("a", Current("a", OpKind.RESTART)) is Admit.JOIN
-    assert policy.admit_restart("a", Current("a", OpKind.DEACTIVATE)) is Admit.REPLACE
-    assert policy.admit_restart("a", Current("b", OpKind.ACTIVATE)) is Admit.REPLACE
-    assert policy.admit_restart("a", None) is Admit.REPLACE
-
-
 # --- unit changes ---------------------------------------------------------------------------
 
 RUNNING = UnitSnapshot("a.service", "active", "running")

@@ -14,7 +14,8 @@ from laned.adapters import secret_files
 from laned.adapters.gpus import held
 from laned.adapters.podman import parse_container
 from laned.config.load import LaneConfig, parse_config
-from laned.core.lanes import LaneState, LaneStatus, phase_durations
+from laned.core.lanes import LaneStatus, phase_durations
+from laned.core.modes import Mode
 from laned.errors import ConfigError, Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts, KeyFile, LaneFacts, blocking
 from laned.preflight.fit import fit
@@ -271,9 +272,7 @@ def test_startup_phases_and_prediction() -> None:
         ("FlashInfer autotune", 60.0),
         ("serving", 1.0),
     ]
-    status = LaneStatus(
-        "c", LaneState.STARTING, started_at=10.0, phases=marks, last_cold_start=120.0
-    )
+    status = LaneStatus("c", Mode.STARTING, started_at=10.0, phases=marks, last_cold_start=120.0)
     shown = status.startup(70.0)
     assert shown is not None and shown["remaining"] == 60.0 and shown["elapsed"] == 60.0
     assert LaneStatus("c").startup(70.0) is None

@@ -10,7 +10,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from laned.api.present import GAUGES, render_present
-from laned.core.lanes import Desired, LaneState, LaneStatus
+from laned.core.lanes import Desired, LaneStatus
+from laned.core.modes import Mode
 
 
 class Lanes:
@@ -18,10 +19,12 @@ class Lanes:
     that needs escaping) a head of a lane over two hosts, failed, no engine."""
 
     def __init__(self) -> None:
-        a = LaneStatus(name="a", state=LaneState.READY, desired=Desired.ACTIVE)
-        a.last_phases = {"loading weights": 12.5, 'odd "phase"\\': 1e-7}
-        a.checks = {"at": 1733370000.25, "gates": {"chat": {"passed": True}, "tools": {"passed": False}}}  # fmt: skip
-        b = LaneStatus(name='b"x', state=LaneState.FAILED)
+        a = LaneStatus(
+            name="a", mode=Mode.READY, desired=Desired.ACTIVE,
+            last_phases={"loading weights": 12.5, 'odd "phase"\\': 1e-7},
+            checks={"at": 1733370000.25, "gates": {"chat": {"passed": True}, "tools": {"passed": False}}},
+        )  # fmt: skip
+        b = LaneStatus(name='b"x', mode=Mode.FAILED)
         self.statuses = {"a": a, 'b"x': b}
 
     def engine_summary(self, lane: str) -> dict[str, float] | None:

@@ -8,6 +8,7 @@ from laned.api.proxy import model_names, route
 from laned.cli.client import table
 from laned.config.load import parse_config
 from laned.core.lanes import Desired, LaneState, LaneStatus
+from laned.core.modes import Mode
 from laned.owner.traffic import Traffic
 
 TEXT = """
@@ -35,7 +36,7 @@ CONFIG = parse_config(TEXT, "t.toml", {"HOME": "/home/op"})
 def statuses(**states: tuple[LaneState, Desired]) -> dict[str, LaneStatus]:
     out = {n: LaneStatus(n) for n in CONFIG.lanes}
     for name, (state, desired) in states.items():
-        out[name.replace("_", "-")] = LaneStatus(name.replace("_", "-"), state, desired)
+        out[name.replace("_", "-")] = LaneStatus(name.replace("_", "-"), Mode(state.value), desired)
     return out
 
 

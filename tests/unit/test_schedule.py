@@ -5,6 +5,7 @@ hypothesis draws (every request served, none waits past its bound, no lane starv
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -277,11 +278,30 @@ def test_two_agents_alternating_two_models_swap_less_under_laneds_policy_than_fi
     assert swaps["laned"] < swaps["fifo"], swaps
 
 
+def _ready(records: Any, lane: str, now: float) -> None:
+    """The lane started and ready at `now`, through the lane machine's step (as the owner's
+    interpreter would)."""
+    from laned.core import inputs as i
+    from laned.core.machine import Context, step
+
+    context = Context(now, now, records.config.lanes[lane])
+    for made in (lambda r: i.Adopt("start"), lambda r: i.Ready(r.run, "ready", None)):
+        record = records.statuses[lane]
+        records.book.replace(lane, step(record, made(record), context).lane)
+
+
+def _desire(records: Any, lane: str) -> None:
+    from laned.core import inputs as i
+    from laned.core.lanes import Desired
+    from laned.core.machine import Context, step
+
+    record, context = records.statuses[lane], Context(0.0, 0.0, records.config.lanes[lane])
+    records.book.replace(lane, step(record, i.Desire(Desired.ACTIVE), context).lane)
+
+
 def test_the_owners_scheduler_swaps_once_and_backs_off_a_failed_idle_return() -> None:
     import asyncio
 
-    from laned.core.lanes import Desired
-    from laned.core.machine import Ev
     from laned.errors import PreflightFailed
     from laned.owner.records import Records
     from laned.owner.scheduler import RETRY_AFTER, Scheduler
@@ -304,15 +324,13 @@ def test_the_owners_scheduler_swaps_once_and_backs_off_a_failed_idle_return() ->
             return done
 
         scheduler = Scheduler(records, Traffic(lambda: now[0]), refuse)  # type: ignore[arg-type]
-        records.ledger.desire("b", Desired.ACTIVE)
-        records.fire("b", Ev.START, "start")
-        records.ledger.ready("b", "ready", None)  # at 1000.0
+        _ready(records, "b", now[0])  # at 1000.0
         assert scheduler.decide() == 1002.0 and not asked  # idle_return: 2 s from now
         now[0] = 1002.0
         assert scheduler.decide() is None
         assert [lane for lane, _ in asked] == ["a"] and asked[0][1].startswith("back to the default lane a")  # fmt: skip
         await asyncio.sleep(0)  # the refusal reaches the scheduler
-        assert [e.reason for e in records.ledger.events if e.kind.value == "schedule"] == [asked[0][1]]  # fmt: skip
+        assert [e.reason for e in records.book.events if e.kind.value == "schedule"] == [asked[0][1]]  # fmt: skip
         # Refused: not asked again at every event, but after RETRY_AFTER.
         assert scheduler.decide() == 1002.0 + RETRY_AFTER and len(asked) == 1
         now[0] += RETRY_AFTER
@@ -354,8 +372,6 @@ command = ["vllm", "serve", "m"]
 def test_the_owners_scheduler_starts_a_lane_that_fits_beside_the_running_one_with_no_swap() -> None:
     import asyncio
 
-    from laned.core.lanes import Desired
-    from laned.core.machine import Ev
     from laned.owner.records import Records
     from laned.owner.scheduler import Scheduler
     from laned.owner.traffic import Traffic
@@ -371,13 +387,11 @@ def test_the_owners_scheduler_starts_a_lane_that_fits_beside_the_running_one_wit
 
         def activate(lane: str, reason: str) -> asyncio.Future[object]:
             asked.append((lane, reason))
-            records.ledger.desire(lane, Desired.ACTIVE)  # as an activation does at once
+            _desire(records, lane)  # as an activation does at once
             return asyncio.get_running_loop().create_future()
 
         scheduler = Scheduler(records, traffic, activate)  # type: ignore[arg-type]
-        records.ledger.desire("a", Desired.ACTIVE)
-        records.fire("a", Ev.START, "start")
-        records.ledger.ready("a", "ready", None)
+        _ready(records, "a", now[0])
         flight = traffic.enter("a")  # a is busy: it would keep its GPU against a swap
         # b (0.4) fits beside a (0.5) on GPU 0: started at once, nothing taken off.
         traffic.wait_begins("b")
@@ -387,8 +401,7 @@ def test_the_owners_scheduler_starts_a_lane_that_fits_beside_the_running_one_wit
         # c (0.6) fits beside b (0.4) but not beside a: it waits until a has paid for its swap
         # (its min residency, 30 s), busy as a is, and then takes a alone off.
         traffic.wait_begins("c")
-        records.fire("b", Ev.START, "start")
-        records.ledger.ready("b", "ready", None)
+        _ready(records, "b", now[0])
         assert records.evictions("c").lanes == ("a",)
         again = scheduler.decide()
         assert len(asked) == 1 and again is not None and again <= now[0] + 30.0

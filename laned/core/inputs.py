@@ -24,6 +24,7 @@ from laned.core.exits import ExitFacts
 from laned.core.lanes import Desired, LastExit
 from laned.core.liveness import EngineSample
 from laned.core.phases import Seen
+from laned.core.unit_state import UnitSnapshot
 from laned.errors import Finding
 
 
@@ -160,6 +161,13 @@ class Exited(Input):
 
 
 @dataclass(frozen=True)
+class UnitSeen(Input):
+    """The lane's unit as systemd shows it now (its signal, or a read after a reconnect)."""
+
+    unit: UnitSnapshot
+
+
+@dataclass(frozen=True)
 class StartedOutside(Input):
     """An operator started the lane's unit."""
 
@@ -281,10 +289,12 @@ class WeightsDied(Input):
 
 @dataclass(frozen=True)
 class WeightsSeen(Input):
-    """The lane's weight-cache daemon as its unit shows it, and what its ranks hold."""
+    """The lane's weight-cache daemon as its unit shows it (`unit`, when read), and what
+    its ranks hold."""
 
     shown: str | None
     held: int | None = None
+    unit: UnitSnapshot | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from laned.core.liveness import EngineSample
 from laned.core.modes import SERVING_MODES, STOP_MODES, LaneState, Mode
+from laned.core.unit_state import UnitSnapshot
 
 if TYPE_CHECKING:
     from laned.config.model import LaneConfig
@@ -209,9 +210,11 @@ class LaneStatus:
     asleep: Asleep | None = None  # while it sleeps
     residual: Mapping[int, int] = field(default_factory=frozen)  # GPU -> bytes, its last sleep
     # The lane's weight-cache daemon (docs/weight-cache.md): loading, ready, stopping,
-    # stopped, failed; None for a lane without one; and the bytes its ranks hold.
+    # stopped, failed; None for a lane without one; the bytes its ranks hold; its unit.
     weights: str | None = None
     weights_held: int | None = None
+    weights_unit: UnitSnapshot | None = None
+    unit: UnitSnapshot | None = None  # the lane's unit as systemd last showed it
     checking: int = 0  # acceptance checks running against it now (they keep it busy)
     samples: tuple[tuple[float, EngineSample], ...] = ()  # its /metrics over SAMPLES_KEPT
     op: Op | None = None  # the request under way

@@ -83,7 +83,7 @@ from laned.core.lanes import (
 )
 from laned.core.modes import SERVING_MODES, STARTING_MODES, STOP_MODES, LaneState, Mode
 from laned.core.phases import ALMOST_READY, DYING, add_mark
-from laned.core.policy import ExitAction, OpKind, RestartKind
+from laned.core.policy import ExitAction, OpKind, RestartKind, SwapResult
 
 JOURNAL_LAG = 30.0  # seconds journald may stamp a start's log line after the engine answered
 ANY = frozenset(Mode)
@@ -227,11 +227,11 @@ def _answer(
         else:
             out.append(Post(op.by, i.PeerStuck(op.reply, lane.name, i.Refused(error[1], error[2]))))
     if op.kind == OpKind.ACTIVATE.value:
-        result = (
-            "ready" if error is None else "superseded" if error[0] == "Superseded" else "failed"
-        )
+        result = SwapResult.READY
+        if error is not None:
+            result = SwapResult.SUPERSEDED if error[0] == "Superseded" else SwapResult.FAILED
         seconds = max(ctx.mono - op.started, 0.0)
-        out.append(Count("swap", (op.from_lane, lane.name, result, seconds)))
+        out.append(Count("swap", (op.from_lane, lane.name, result.value, seconds)))
         out.append(Prefetch("end"))  # whatever ended it, its prefetch has nothing to wait for
     epochs = (op.epoch, *op.also) if op.kind != TAKE_OFF else op.also
     if epochs:
@@ -381,8 +381,9 @@ def _preflighted(lane: LaneStatus, e: i.Preflighted, ctx: Context) -> Step:
         effects += [moved, FailWaiters(reason)]
     lane, ended = _ended(lane, ctx, ("PreflightFailed", refusal.reason, refusal.hint))
     # Its callers get the findings too.
-    ended = [dataclasses.replace(f, findings=e.findings) if isinstance(f, Answer) else f
-             for f in ended]  # fmt: skip
+    ended = [
+        dataclasses.replace(f, findings=e.findings) if isinstance(f, Answer) else f for f in ended
+    ]
     return Step(lane, (*effects, *ended))
 
 
@@ -770,7 +771,12 @@ def _weights_at_start(lane: LaneStatus, e: i.WeightsAtStart, ctx: Context) -> St
 
 def _weights_seen(lane: LaneStatus, e: i.WeightsSeen, ctx: Context) -> Step:
     held = e.held if e.held is not None or e.shown != "ready" else lane.weights_held
-    return Step(dataclasses.replace(lane, weights=e.shown, weights_held=held))
+    unit = e.unit if e.unit is not None else lane.weights_unit
+    return Step(dataclasses.replace(lane, weights=e.shown, weights_held=held, weights_unit=unit))
+
+
+def _unit_seen(lane: LaneStatus, e: i.UnitSeen, ctx: Context) -> Step:
+    return Step(dataclasses.replace(lane, unit=e.unit))
 
 
 def _checking(lane: LaneStatus, e: i.Checking, ctx: Context) -> Step:
@@ -1147,6 +1153,7 @@ TABLE: dict[type[i.Input], dict[Mode, Cell]] = {
         _rows({ENGINE_RUNS: _exited}, Ignore("no engine of the lane runs")),
         Mode.FAILED,
     ),
+    i.UnitSeen: _rows({ANY: _unit_seen}, Refuse("")),  # what systemd shows, kept in any mode
     i.StartedOutside: _rows({SETTLED: _started_outside}, Ignore("laned starts or runs it")),
     i.Adopt: _rows({ANY - ASLEEP: _adopt}, Ignore("asleep: found so, it stays so")),
     i.FoundAsleep: _rows(

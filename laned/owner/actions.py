@@ -32,8 +32,6 @@ from laned.preflight.facts import Sleepers, blocking
 from laned.preflight.rules import refusal
 from laned.render import plan as render
 
-Canary = Callable[[str, str, str | None], "asyncio.Future[Refused | None] | object"]
-
 
 def _refused(refused: Refused | None) -> i.Refused | None:
     return None if refused is None else i.Refused(refused.reason, refused.hint)
@@ -56,7 +54,7 @@ class Actions:
         # Bound by the supervisor: the take-off of a peer (the interpreter's), the canary.
         self.take_off: Callable[[str, int, str, i.TakeOff], asyncio.Future[i.Result]] | None = None
         self.epoch: Callable[[], int] = lambda: 0
-        self.canary: Callable[[str, str, str | None], object] | None = None
+        self.canary: Callable[[str, str, str | None], Awaitable[Refused | None]] | None = None
         self._do: dict[type[fx.Action], Callable[..., Awaitable[i.Result]]] = {
             fx.RunPreflight: self._run_preflight,
             fx.TakePeerOff: self._take_peer_off,
@@ -109,8 +107,9 @@ class Actions:
         peer = action.peer
         spec = r.config.lanes[peer]
         sleeps = bool(spec.sleep_level) and r.book[peer].serving
-        event = i.TakeOff(self.epoch(), lane, epoch, action.reason, action.force,
-                          action.asleep_too, sleeps)  # fmt: skip
+        event = i.TakeOff(
+            self.epoch(), lane, epoch, action.reason, action.force, action.asleep_too, sleeps
+        )
         assert self.take_off is not None
         return await self.take_off(lane, epoch, peer, event)
 
@@ -123,7 +122,7 @@ class Actions:
     async def _check_ending(self, lane: str, action: fx.CheckEnding, epoch: int) -> i.Result:
         r = self.records
         unit = unit_name(lane, r.engine_spec(lane))
-        return i.Ending(epoch, await self.seam.still_ending(unit, r.snapshots.get(lane)))
+        return i.Ending(epoch, await self.seam.still_ending(unit, r.statuses[lane].unit))
 
     # --- a start --------------------------------------------------------------------------------
 
@@ -135,18 +134,28 @@ class Actions:
         spec = r.config.lanes[lane]
         if action.waking:
             refused = await self.seam.clear_for_start(
-                lane, spec, None, self._note(lane), r.recorder, waking=True,
+                lane,
+                spec,
+                None,
+                self._note(lane),
+                r.recorder,
+                waking=True,
                 sleepers=r.sleepers(),  # its own residual included: it is its own
-            )  # fmt: skip
+            )
             return i.Cleared(epoch, _refused(refused), waking=True)
         # The lane's own weight-cache daemon keeps its GPU memory through the gate, and so
         # do the lanes that run on beside it.
         exempt = await self.weights.exempt(lane)
         beside = await self._beside(lane)
         refused = await self.seam.clear_for_start(
-            lane, spec, r.book[lane].image_id, self._note(lane), r.recorder,
-            sleepers=r.sleepers() | exempt, beside=beside,
-        )  # fmt: skip
+            lane,
+            spec,
+            r.book[lane].image_id,
+            self._note(lane),
+            r.recorder,
+            sleepers=r.sleepers() | exempt,
+            beside=beside,
+        )
         return i.Cleared(epoch, _refused(refused))
 
     async def _beside(self, lane: str) -> Beside:
@@ -240,5 +249,5 @@ class Actions:
         r = self.records
         refused = await self.seam.wake(r.config.lanes[lane], action.level)
         if refused is None and self.canary is not None:  # the weights came back as they were?
-            refused = await self.canary(lane, "wake", r.book[lane].image_id)  # type: ignore[misc]
+            refused = await self.canary(lane, "wake", r.book[lane].image_id)
         return i.Woken(epoch, _refused(refused))

@@ -35,6 +35,21 @@ def new_future() -> asyncio.Future[LaneStatus]:
     return future
 
 
+def _kept(status: LaneStatus) -> tuple[object, ...]:
+    """What state.json keeps of a lane (Book.saved)."""
+    failed = status.reason if status.state is LaneState.FAILED else None
+    return (
+        status.desired,
+        status.restarts,
+        status.last_exit,
+        status.last_cold_start,
+        status.last_starts,
+        status.last_phases,
+        status.image_id,
+        failed,
+    )
+
+
 class Book:
     """The configured lanes' records and events."""
 
@@ -109,9 +124,12 @@ class Book:
     # --- changing (the interpreter only) ------------------------------------------------------
 
     def replace(self, lane: str, record: LaneStatus) -> None:
-        """The lane's new record, as the lane machine's step made it."""
+        """The lane's new record, as the lane machine's step made it (state.json is written
+        again only when what it keeps of the lane changed)."""
+        was = self._statuses.get(lane)
         self._statuses[lane] = record
-        self.changed()
+        if was is None or _kept(was) != _kept(record):
+            self.changed()
 
     def add(self, lane: str) -> None:
         """A lane new in a reloaded config."""
@@ -123,8 +141,13 @@ class Book:
 
     def publish(self, event: Event) -> None:
         """A transition: logged, kept, heard."""
-        log.info("%s: %s -> %s (%s)", event.lane, event.from_state.value, event.to_state.value,
-                 event.reason)  # fmt: skip
+        log.info(
+            "%s: %s -> %s (%s)",
+            event.lane,
+            event.from_state.value,
+            event.to_state.value,
+            event.reason,
+        )
         self.history.append((event.at, event.lane, event.from_state.value, event.to_state.value))
         while self.history and self.history[0][0] < event.at - state.HISTORY_SECONDS:
             self.history.popleft()

@@ -104,12 +104,11 @@ class Interpreter:
         if record is None:
             return Step(LaneStatus(lane), ignored="no such lane (removed by a reload)")
         answer = step(record, event, self.hands.context(lane, self.epoch()))
+        said = (type(event).__name__, record.mode.value)
         if answer.refused:  # a pair only a bug brings: said, and its request ends (the step's)
-            log.error("%s: %s refused in %s: %s", lane, type(event).__name__,
-                      record.mode.value, answer.refused)  # fmt: skip
+            log.error("%s: %s refused in %s: %s", lane, *said, answer.refused)
         elif answer.ignored:
-            log.debug("%s: %s ignored in %s: %s", lane, type(event).__name__,
-                      record.mode.value, answer.ignored)  # fmt: skip
+            log.debug("%s: %s ignored in %s: %s", lane, *said, answer.ignored)
         if answer.lane is not record:
             self.book.replace(lane, answer.lane)
         for effect in answer.effects:
@@ -172,7 +171,7 @@ class Interpreter:
         elif isinstance(effect, fx.Answer):
             self._answer(lane, effect)
         elif isinstance(effect, fx.Count):
-            getattr(self._recorder(), effect.what)(*effect.args)
+            self._count(effect)
         elif isinstance(effect, fx.Post):
             self._post(effect.lane, effect.input)
         elif isinstance(effect, fx.Poke):
@@ -196,16 +195,39 @@ class Interpreter:
         else:
             raise errors.LanedError(f"{lane}: no way to run {effect!r}")
 
+    def _count(self, effect: fx.Count) -> None:
+        """A figure for laned's metrics, by the Recorder method the effect names."""
+        r = self._recorder()
+        methods: dict[str, Callable[..., None]] = {
+            "exit": r.exit,
+            "restart": r.restart,
+            "failure": r.failure,
+            "swap": r.swap,
+            "probe_failure": r.probe_failure,
+            "stall": r.stall,
+            "start": r.start,
+            "cold_start": r.cold_start,
+            "sleep_mode": r.sleep_mode,
+            "preflight_refused": r.preflight_refused,
+        }
+        methods[effect.what](*effect.args)
+
     def _fail_waiters(self, lane: str, effect: fx.FailWaiters) -> None:
         for waiter in self._waiters.pop(lane, []):
             if waiter.done():
                 continue
             if effect.superseded:
-                waiter.set_exception(errors.Superseded(
-                    f"lane {lane}: {effect.reason}", "the newest request for a group wins"))  # fmt: skip
+                waiter.set_exception(
+                    errors.Superseded(
+                        f"lane {lane}: {effect.reason}", "the newest request for a group wins"
+                    )
+                )
             else:
-                waiter.set_exception(errors.ActivationFailed(
-                    f"lane {lane}: {effect.reason}", f"see `laned logs {lane}`"))  # fmt: skip
+                waiter.set_exception(
+                    errors.ActivationFailed(
+                        f"lane {lane}: {effect.reason}", f"see `laned logs {lane}`"
+                    )
+                )
 
     def _answer(self, lane: str, effect: fx.Answer) -> None:
         record = self.book.statuses.get(lane)

@@ -62,13 +62,13 @@ class Outages:
             lane = r.units.get(unit)
             if lane is None:
                 continue
-            previous = r.snapshots.get(lane, UnitSnapshot(unit))
+            previous = r.statuses[lane].unit or UnitSnapshot(unit)
             status = r.statuses[lane]
             if previous.running or snap.running or status.state is not LaneState.INACTIVE:
                 where = f"{unit} is {snap.active_state} ({snap.sub_state})"
                 r.book.note(lane, EventKind.MANAGER, f"{why}: {where}")
             if replaced and previous.running and not snap.running:
-                r.snapshots[lane] = snap
+                self.interpreter.post(lane, i.UnitSeen(snap))
                 self.reactions.exited(lane, snap, exits.LOST_WITH_MANAGER)
             else:
                 self.reactions.apply(lane, snap)
@@ -80,7 +80,7 @@ class Outages:
         lanes = {}
         for lane, status in r.statuses.items():
             busy = status.op is not None or run.restart_waiting(lane) or run.watching(lane)
-            running = r.snapshots.get(lane, UnitSnapshot("")).running
+            running = status.unit is not None and status.unit.running
             lanes[lane] = resume.LaneNow(status.state, status.desired, running, busy)
         for lane, plan in resume.plan_catch_up(r.config, lanes).items():
             if plan is CatchUp.ADOPT:

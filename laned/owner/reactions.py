@@ -86,13 +86,13 @@ class Reactions:
         lane = r.units.get(unit)
         if lane is None or r.closing:
             return
-        self.apply(lane, r.snapshots.get(lane, UnitSnapshot(unit)).update(props))
+        self.apply(lane, (r.statuses[lane].unit or UnitSnapshot(unit)).update(props))
 
     def apply(self, lane: str, snap: UnitSnapshot) -> None:
         """Compare a lane unit's new state with the last one seen and report the difference."""
         r = self.records
-        previous = r.snapshots.get(lane, UnitSnapshot(snap.name))
-        r.snapshots[lane] = snap
+        previous = r.statuses[lane].unit or UnitSnapshot(snap.name)
+        self.post(lane, i.UnitSeen(snap))
         op = r.statuses[lane].op
         by_laned = self.restart_waiting(lane) or (
             op is not None and op.kind != OpKind.DEACTIVATE.value
@@ -119,7 +119,7 @@ class Reactions:
             stopping = await self.seam.system_state() == "stopping"
         except LanedError:
             stopping = True  # the manager is unreachable: most likely on its way down
-        snap = r.snapshots.get(lane)
+        snap = r.statuses[lane].unit if lane in r.statuses else None
         if lane not in r.statuses or r.closing or (snap is not None and snap.running):
             return  # gone from the config, laned is stopping, or it was started again meanwhile
         if stopping:

@@ -18,7 +18,6 @@ from laned.core import placement, policy
 from laned.core.footprints import footprints
 from laned.core.lanes import Desired, LaneState, LaneStatus
 from laned.core.recorder import Recorder
-from laned.core.unit_state import UnitSnapshot
 from laned.owner.book import Book
 from laned.render.wrapper import weights_digest
 
@@ -47,7 +46,6 @@ class Records:
         self.book = Book(config.lanes, clock, self.writer.mark)
         self._recorder = Recorder()
         self.notices: dict[str, str] = {}  # what laned itself meets, by source (/healthz)
-        self.snapshots: dict[str, UnitSnapshot] = {}  # each lane's unit, as last seen
         self.closing = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -108,10 +106,6 @@ class Records:
             if op is not None and (name in lanes or set(op.evicts) & set(lanes)):
                 return True
         return False
-
-    def evicting(self, lane: str) -> str | None:
-        """The lane whose activation under way takes `lane` off, if one does."""
-        return next((n for n, s in self.statuses.items() if s.op and lane in s.op.evicts), None)
 
     # --- the rules every part shares ----------------------------------------------------------
 

@@ -73,9 +73,13 @@ class _Hands:
     the parts that do it."""
 
     def __init__(
-        self, records: Records, reactions: Reactions, checks: Checks, weights: Weights,
+        self,
+        records: Records,
+        reactions: Reactions,
+        checks: Checks,
+        weights: Weights,
         prefetches: Prefetches,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.records, self.reactions, self.checks = records, reactions, checks
         self.weights, self.prefetches = weights, prefetches
 
@@ -217,7 +221,8 @@ class Supervisor:
         r, run = self.records, self.interpreter
         running = []
         for unit, lane in r.units.items():
-            r.snapshots[lane] = snap = await self.bus.snapshot(unit)
+            snap = await self.bus.snapshot(unit)
+            run.post(lane, i.UnitSeen(snap))
             if snap.running and await self.seam.asleep(r.config.lanes[lane]):
                 # Put to sleep by an earlier laned: it stays asleep, not desired, until woken.
                 # Taken to be asleep with the config laned starts with (which it cannot tell),
@@ -388,8 +393,9 @@ class Supervisor:
         """Which lane each process on the GPUs is an engine process of (pid -> lane): the
         lanes that run, from their units' cgroups (a container's own too)."""
         r, holders = self.records, {}
-        for lane, seen in list(r.snapshots.items()):
-            if lane not in r.config.lanes or not seen.running:
+        for lane, status in list(r.statuses.items()):
+            seen = status.unit
+            if lane not in r.config.lanes or seen is None or not seen.running:
                 continue
             spec = r.config.lanes[lane]
             try:  # its cgroup as systemd has it now (ControlGroup comes with no signal)

@@ -53,8 +53,7 @@ class Weights:
     def __init__(self, records: Records, seam: Seam, checkpoints: Checkpoints) -> None:
         self.records, self.seam, self.checkpoints = records, seam, checkpoints
         self.post: Post = lambda lane, event: None  # the interpreter's, bound by the supervisor
-        self.snapshots: dict[str, UnitSnapshot] = {}  # lane -> its daemon's unit, last seen
-        self.stopping: set[str] = set()  # lanes whose daemon laned is stopping
+        self.stopping: set[str] = set()  # lanes whose daemon laned is stopping right now
 
     def kept(self, lane: str) -> bool:
         """Whether the lane keeps its weights in a daemon (as configured now)."""
@@ -63,9 +62,14 @@ class Weights:
     def _spec(self, lane: str) -> LaneConfig:
         return self.records.config.lanes[lane]
 
+    def _unit(self, lane: str) -> UnitSnapshot | None:
+        """The daemon's unit as laned last saw it (the lane's record keeps it)."""
+        status = self.records.statuses.get(lane)
+        return None if status is None else status.weights_unit
+
     def running(self, lane: str) -> bool:
         """The daemon runs, as laned last saw its unit."""
-        snap = self.snapshots.get(lane)
+        snap = self._unit(lane)
         return snap is not None and snap.running
 
     # --- before the engine starts ----------------------------------------------------------
@@ -106,7 +110,7 @@ class Weights:
         "" for a lane without one."""
         if not self.kept(lane):
             return "", None
-        snap = self.snapshots.get(lane)
+        snap = self._unit(lane)
         if snap is not None and snap.active_state == ActiveState.ACTIVE.value:
             return START_WEIGHT_CACHE, None
         # Not running, or still loading (its start job is joined: the engine waits for it).
@@ -147,11 +151,10 @@ class Weights:
         lane = r.weights_units.get(unit)
         if lane is None or r.closing or lane not in r.statuses:
             return
-        previous = self.snapshots.get(lane, UnitSnapshot(unit))
+        previous = self._unit(lane) or UnitSnapshot(unit)
         snap = previous.update(props)
-        self.snapshots[lane] = snap
         shown = SHOWN.get(snap.active_state, snap.active_state)
-        self.post(lane, i.WeightsSeen(shown))
+        self.post(lane, i.WeightsSeen(shown, unit=snap))
         if shown == "ready" and previous.active_state != snap.active_state:
             r.spawn(self._held(lane))
         if previous.running and not snap.running and lane not in self.stopping:
@@ -180,8 +183,7 @@ class Weights:
 
     def seen(self, lane: str, snap: UnitSnapshot) -> None:
         """The daemon's unit as read (at start, after a resync)."""
-        self.snapshots[lane] = snap
         shown = SHOWN.get(snap.active_state, snap.active_state)
-        self.post(lane, i.WeightsSeen(shown))
+        self.post(lane, i.WeightsSeen(shown, unit=snap))
         if shown == "ready":
             self.records.spawn(self._held(lane))

@@ -120,7 +120,10 @@ def test_a_slow_lane_fails_speed_and_is_degraded_but_left_running(
             # on an idle machine, fewer on a busy one; either way below 1000.
             measured = speed["measured"]["decode_tok_s"]
             assert not speed["passed"] and 0 < measured < 1000, speed
-            assert f"{measured:.0f}" in status.reason or f"{measured:g}" in status.reason, status
+            # The reason says it to 0.1, the results keep it to 0.01 (201.946 is said 201.9
+            # and kept 201.95): the same figure, each as written.
+            said = float(status.reason.split("decodes at ")[1].split()[0])
+            assert abs(said - measured) <= 0.06, (said, measured)
             assert status.checks["gates"]["chat"]["passed"]  # type: ignore[index]
             assert status.restarts == 0, "a failed check is no reason to restart"
             # Liveness keeps probing the degraded lane (each probe adds a metrics sample) ...

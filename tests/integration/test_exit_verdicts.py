@@ -18,6 +18,7 @@ import httpx
 
 from laned.api.metrics import LanedMetrics
 from laned.core.lanes import EventKind, LaneState, LastExit, Verdict
+from laned.core.unit_state import UnitSnapshot
 from laned.owner.supervisor import Supervisor
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
@@ -115,7 +116,9 @@ def test_a_stop_during_a_slow_teardown_leaves_the_exit_a_failure_counted_once(
                 # laned's stop reaches the wrapper during the clean-up.
                 await until(lambda: Path(f"{gate}.waiting").exists(), 20, "the clean-up")
                 await until(
-                    lambda: sup.records.snapshots["c"].active_state == "deactivating",
+                    lambda: (
+                        (sup.statuses["c"].unit or UnitSnapshot("")).active_state == "deactivating"
+                    ),
                     20,
                     "laned's stop after the failed probes",
                 )

@@ -273,8 +273,7 @@ def test_a_lanes_record_is_changed_by_the_machines_step_alone() -> None:
                 first = ast.unparse(node.args[0]) if node.args else ""
                 if any(word in first for word in ("lane", "status", "record")):
                     made.append(f"{name}:{node.lineno}: {first}")
-            if node.func.attr == "replace" and called.endswith("book.replace"):
-                if name != "laned.owner.interpreter":
-                    put.append(f"{name}:{node.lineno}")
+            if called.endswith("book.replace") and name != "laned.owner.interpreter":
+                put.append(f"{name}:{node.lineno}")
     assert made == [], f"a record made outside the step: {made}"
     assert put == [], f"a record put in the book outside the interpreter: {put}"

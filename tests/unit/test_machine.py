@@ -50,7 +50,7 @@ def test_every_pair_of_mode_and_input_is_listed_and_says_why_when_it_does_not_ac
 
 
 REQUEST_ROWS = {"Activate", "Deactivate", "Restart", "Superseded", "Desire"}
-RUN_RECORDS = {"PhaseSeen", "WeightsAtStart", "WeightsSeen", "Checking", "Checked"}
+RUN_RECORDS = {"PhaseSeen", "WeightsAtStart", "WeightsSeen", "Checking", "Checked", "UnitSeen"}
 
 
 def test_few_inputs_act_in_every_mode_and_what_is_seen_is_refused_or_ignored_somewhere() -> None:

@@ -234,6 +234,27 @@ class Gpus:
     how: str
 
 
+PYTHON = re.compile(r"^(?:.*/)?python[0-9.]*$")
+
+
+def program_words(words: Sequence[str]) -> list[str]:
+    """The words of a command before its first option: the program and its subcommands and
+    positionals, a Python interpreter's own options and `-m MODULE` counted as the program
+    (`python3 -u -m vllm.entrypoints.cli.main serve M` -> all but nothing after M)."""
+    words = list(words)
+    start = 0
+    if words and PYTHON.match(words[0]):
+        start = 1
+        while start < len(words) and words[start].startswith("-"):
+            if words[start] == "-m":
+                start += 2
+                break
+            start += 1
+    rest = words[start:]
+    end = next((i for i, w in enumerate(rest) if w.startswith("-")), len(rest))
+    return words[: start + end]
+
+
 def last_given(
     words: Sequence[str], names: Sequence[str], *, equals: bool = True, underscores: bool = False
 ) -> tuple[str, str] | None:

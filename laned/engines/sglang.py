@@ -70,6 +70,7 @@ from laned.engines.profile import (
     last_value,
     openai_tokenize,
     port_line,
+    program_words,
     served_line,
     size,
 )
@@ -110,7 +111,7 @@ def model_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Model | None:
     words = list(words)
     flag = last_given(words, ("--model-path", "--model"))
     named, how = (flag[1], f"its {flag[0]}") if flag else (None, "")
-    command = words[: next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
+    command = program_words(words)
     if named is None and "serve" in command[:-1]:
         named, how = command[command.index("serve") + 1], "the model `sglang serve` names"
     if named is None:

@@ -48,6 +48,7 @@ from laned.engines.profile import (
     last_value,
     openai_tokenize,
     port_line,
+    program_words,
     served_line,
     size,
 )
@@ -239,7 +240,7 @@ def model_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Model | None:
     words = list(words)
     flag = last_given(words, ("--model",), underscores=True)
     named, how = (flag[1], "its --model") if flag else (None, "")
-    command = words[: next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
+    command = program_words(words)
     if named is None and "serve" in command[:-1]:
         named, how = command[command.index("serve") + 1], "the model `serve` names"
     elif named is None and len(command) == 1 and not PROGRAMS.match(command[0]):

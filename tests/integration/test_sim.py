@@ -357,7 +357,7 @@ def test_engine_death_ends_at_the_watchdogs_next_look_or_stays_when_told(start_s
     with kept.client() as client:
         client.post("/sim/fault", json={"kind": "engine-dead"})
         client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]})
-        wait_until(lambda: "Engine core proc" in kept.log(), 5, "the death logged")
+        wait_until(lambda: "engine core exited unexpectedly" in kept.log(), 5, "the death logged")
         assert kept.process.poll() is None and client.get("/health").status_code == 503
 
 

@@ -17,7 +17,8 @@ from tests.helpers import free_port, wait_until
 from tests.integration.conftest import Harness
 from tests.reliability.conftest import figures, unit_property
 
-# A stand-in engine: /health answers by FLAP (1 = 200, 0 = 503, in turn), /v1/models lists
+# A stand-in engine: /health answers by FLAP (1 = 200, 0 = 500, in turn; not 503, which a vLLM
+# lane's health rule takes for its engine's death: laned.engines.vllm HEALTH), /v1/models lists
 # the served name unless MODELS=none. It takes the flags laned appends (--port, --served-model-name).
 ENGINE = """
 import http.server, itertools, json, os, sys
@@ -27,7 +28,7 @@ flap = itertools.cycle(os.environ.get("FLAP", "1").split(","))
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
-            self.send_response(200 if next(flap) == "1" else 503); self.end_headers()
+            self.send_response(200 if next(flap) == "1" else 500); self.end_headers()
         elif self.path == "/v1/models" and os.environ.get("MODELS") != "none":
             body = json.dumps({"data": [{"id": name}]}).encode()
             self.send_response(200); self.send_header("Content-Length", str(len(body)))

@@ -109,6 +109,8 @@ MODELS = [
     (engines.VLLM, "serve --model m -tp 2", {}, ("m", "m")),
     (engines.VLLM, "serve -tp 2 --model=m", {}, ("m", "m")),
     (engines.VLLM, "vllm serve m", {}, ("m", "m")),
+    (engines.VLLM, "python3 -u -m vllm.entrypoints.cli.main serve m", {}, ("m", "m")),
+    (engines.VLLM, "/usr/bin/python3 -m laned sim serve /models/a --port 1", {}, ("/models/a",) * 2),
     (engines.VLLM, "python3 -m vllm.entrypoints.openai.api_server --model m", {}, ("m", "m")),
     (engines.VLLM, "python3 -m vllm.entrypoints.openai.api_server", {}, None),
     (engines.VLLM, "serve -tp 2", {}, None),

@@ -159,8 +159,9 @@ class Op:
     from_lane: str = "none"  # the lane it swaps from (laned_swaps_total)
     desired_before: Mapping[str, Desired] = field(default_factory=frozen)  # put back if refused
     started: float = 0.0  # monotonic, for the swap's duration
-    by: str = ""  # a take-off: the lane whose activation takes this one off ...
-    reply: int = 0  # ... and the epoch of that activation, which waits for the answer
+    # A take-off: the activations that take this lane off, each (lane, epoch), waiting for
+    # the answer (several when concurrent activations need the same lane off).
+    takers: tuple[tuple[str, int], ...] = ()
     also: tuple[int, ...] = ()  # other requests' callers answered with this one (joined)
 
 

@@ -221,11 +221,11 @@ def _answer(
     if op is None:
         return []
     out: list[Effect] = []
-    if op.by:  # an activation taking the lane off waits for this answer
+    for by, reply in op.takers:  # each activation taking the lane off waits for this answer
         if error is None or op.kind == GIVE_UP:  # given up: stopped, off its GPUs all the same
-            out.append(Post(op.by, i.PeerOff(op.reply, lane.name)))
+            out.append(Post(by, i.PeerOff(reply, lane.name)))
         else:
-            out.append(Post(op.by, i.PeerStuck(op.reply, lane.name, i.Refused(error[1], error[2]))))
+            out.append(Post(by, i.PeerStuck(reply, lane.name, i.Refused(error[1], error[2]))))
     if op.kind == OpKind.ACTIVATE.value:
         result = SwapResult.READY
         if error is not None:
@@ -404,9 +404,9 @@ def _deactivate(lane: LaneStatus, e: i.Deactivate, ctx: Context) -> Step:
     current = lane.op
     lane = dataclasses.replace(lane, desired=Desired.INACTIVE)
     op = Op(OpKind.DEACTIVATE.value, e.epoch, reason=e.reason, force=e.force)
-    if current is not None and current.by:  # the take-off's activator hears when it is off
-        op = dataclasses.replace(op, by=current.by, reply=current.reply, also=current.also)
-        current = dataclasses.replace(current, by="", also=())
+    if current is not None and current.takers:  # the take-off's activators hear when it is off
+        op = dataclasses.replace(op, takers=current.takers, also=current.also)
+        current = dataclasses.replace(current, takers=(), also=())
         lane = dataclasses.replace(lane, op=current)
     lane, effects = _replace_op(lane, op, ctx, f"superseded by deactivate {lane.name}")
     if current is not None and current.kind == OpKind.ACTIVATE.value:
@@ -438,12 +438,14 @@ def _restart(lane: LaneStatus, e: i.Restart, ctx: Context) -> Step:
 def _take_off(lane: LaneStatus, e: i.TakeOff, ctx: Context) -> Step:
     """Off its GPUs for another lane's activation (`by`): asleep where it can sleep, else
     stopped; a sleeper stays asleep unless what it keeps is in the way. `by` hears when it
-    is off (PeerOff), or why not. A stop under way (an operator's, giving up) goes on, and
-    `by` hears when it ends."""
-    if lane.op is not None and lane.op.kind in (OpKind.DEACTIVATE.value, GIVE_UP):
-        op = dataclasses.replace(lane.op, by=e.by, reply=e.reply)
+    is off (PeerOff), or why not. A stop or take-off under way (an operator's, giving up,
+    another activation's) goes on, and `by` hears when it ends, as its first taker does."""
+    taker = (e.by, e.reply)
+    if lane.op is not None and lane.op.kind in (OpKind.DEACTIVATE.value, GIVE_UP, TAKE_OFF):
+        # Another activation's take-off or a stop is under way: this one waits for it too.
+        op = dataclasses.replace(lane.op, takers=(*lane.op.takers, taker))
         return Step(dataclasses.replace(lane, op=op, desired=Desired.INACTIVE))
-    op = Op(TAKE_OFF, e.epoch, reason=e.reason, force=e.force, by=e.by, reply=e.reply)
+    op = Op(TAKE_OFF, e.epoch, reason=e.reason, force=e.force, takers=(taker,))
     lane, effects = _replace_op(lane, op, ctx, f"taken off for activate {e.by}")
     lane = dataclasses.replace(lane, desired=Desired.INACTIVE)
     if lane.mode is Mode.SLEEPING and not e.asleep_too:
@@ -470,7 +472,9 @@ def _desire(lane: LaneStatus, e: i.Desire, ctx: Context) -> Step:
     if e.holding_only:
         # A request of its own may be under way (it decides); laned's take-off or its
         # finishing of a stop may not.
-        own = lane.op is None or (lane.op.kind in STARTS_IT and lane.op.by != e.unless_by)
+        own = lane.op is None or (
+            lane.op.kind in STARTS_IT and e.unless_by not in (by for by, _ in lane.op.takers)
+        )
         if lane.state not in policy.HOLDING_STATES or not own:
             return Step(lane, ignored="not holding its GPUs, or being taken off or stopped")
     dropped = lane.desired is Desired.ACTIVE and e.desired is Desired.INACTIVE
@@ -933,7 +937,14 @@ def _cleared(lane: LaneStatus, e: i.Cleared, ctx: Context) -> Step:
         lane = dataclasses.replace(lane, asleep=None)
         return Step(lane, tuple(started[:2]))  # watched once awake (Woken)
     lane, started = _start(lane, _start_reason(lane), ctx)
-    return Step(lane, (*effects, *started))
+    # Watched once its unit started (UnitStarted): a worker rank shows nothing but its unit
+    # running, and a port that answers before its unit runs is not this run's.
+    return Step(lane, (*effects, *(e for e in started if not isinstance(e, Follow))))
+
+
+def _unit_started(lane: LaneStatus, e: i.UnitStarted, ctx: Context) -> Step:
+    """Its unit runs: the run is watched (readiness, then liveness)."""
+    return Step(lane, (Follow(),) if lane.mode is Mode.STARTING else ())
 
 
 def _start_reason(lane: LaneStatus) -> str:
@@ -1207,7 +1218,7 @@ TABLE: dict[type[i.Input], dict[Mode, Cell]] = {
         {frozenset({Mode.STARTING}): _weights_up},
         Ignore("the run ended meanwhile and its exit was judged: the request waits on that"),
     ),
-    i.UnitStarted: _rows({ANY: _next}, Refuse("")),  # the last of a start: whatever moved it
+    i.UnitStarted: _rows({ANY: _unit_started}, Refuse("")),  # the last of a start
     i.Drained: _rows({ANY: _next}, Refuse("")),  # the stop or sleep goes on
     i.UnitStopped: _rows(
         {STOP_MODES | SETTLED: _unit_stopped},

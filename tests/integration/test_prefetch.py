@@ -131,7 +131,7 @@ def test_a_superseded_swap_stops_its_prefetch_and_a_slow_one_never_delays_the_st
             back = sup.activate("old")  # supersedes the swap while `old` is still stopping
             await until(lambda: any(n.startswith("prefetch stopped") for n in notes(sup, "new")), 10, "the prefetch stopped")  # fmt: skip
             await asyncio.gather(back, swap, return_exceptions=True)
-            assert sup.requests.prefetches.running == {}
+            assert sup.prefetches.running == {}
             assert residency(files).fraction < 0.5
             # A slow prefetch is stopped at the start: the lane is ready long before it
             # could have read its weights at 1 MiB/s.

@@ -138,14 +138,14 @@ def test_a_sleeping_lane_is_found_asleep_by_the_next_laned(
         pid = main_pid(harness, units, "a")
         sup = await supervise(harness, config)
         try:
-            a, b = sup.statuses["a"], sup.statuses["b"]
+            a = sup.statuses["a"]
             assert (a.state, a.desired, a.reason) == (
                 LaneState.SLEEPING,
                 Desired.INACTIVE,
                 "found asleep",
             )
-            await until(lambda: b.state is LaneState.READY, 20, "b adopted")
-            assert b.desired is Desired.ACTIVE
+            await until(lambda: sup.statuses["b"].state is LaneState.READY, 20, "b adopted")
+            assert sup.statuses["b"].desired is Desired.ACTIVE
             # Woken at the level the engine says it sleeps at (2: the weights reloaded), not
             # its config's: the same process answers as before, no canary difference.
             assert (await sup.activate("a")).state is LaneState.READY

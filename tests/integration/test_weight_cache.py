@@ -16,7 +16,7 @@ import httpx
 
 from laned.config.load import parse_config
 from laned.config.names import weights_unit_name
-from laned.core.lanes import LaneState
+from laned.core.lanes import LaneState, LaneStatus
 from laned.engines.vllm_preload import WC_MAPPED
 from laned.sim.weightwire import hash_checkpoint
 from tests.helpers import free_port
@@ -58,34 +58,37 @@ def test_a_weight_cache_lane_restarts_from_its_daemon_and_fails_with_it(
 
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
-            status = sup.statuses["w"]
+
+            def status() -> LaneStatus:  # the lane's record now (the machine replaces it)
+                return sup.statuses["w"]
+
             ready = await sup.activate("w")
             assert ready.state is LaneState.READY
             # The daemon came first, and its start job ended with its /health answering 200.
             assert harness.show(daemon, "ActiveState")["ActiveState"] == "active"
             assert httpx.get(f"http://127.0.0.1:{health}/health", timeout=5).status_code == 200
-            assert status.weights == "ready" and status.start_kind == "cold"
-            await until(lambda: status.weights_held == GIB // 2, 10, "what the daemon holds")
-            await until(lambda: WC_MAPPED in status.notes, 10, "the engine mapped the weights")
+            assert status().weights == "ready" and status().start_kind == "cold"
+            await until(lambda: status().weights_held == GIB // 2, 10, "what the daemon holds")
+            await until(lambda: WC_MAPPED in status().notes, 10, "the engine mapped the weights")
             first = daemon_pid()
 
             # The engine dies (exit 0, as vLLM's API server when its engine dies): the engine
             # alone restarts, and maps the daemon's weights again.
             httpx.post(f"{engine}/sim/fault", json={"kind": "engine-dead"}, timeout=10)
-            await until(lambda: status.restarts == 1 and status.state is LaneState.READY, 30, "the engine's restart")  # fmt: skip
+            await until(lambda: status().restarts == 1 and status().state is LaneState.READY, 30, "the engine's restart")  # fmt: skip
             assert daemon_pid() == first
-            assert status.start_kind == "weight-cache"
-            assert set(status.last_starts) == {"cold", "weight-cache"}
-            await until(lambda: WC_MAPPED in status.notes, 10, "mapped at the restart")
+            assert status().start_kind == "weight-cache"
+            assert set(status().last_starts) == {"cold", "weight-cache"}
+            await until(lambda: WC_MAPPED in status().notes, 10, "mapped at the restart")
 
             # The daemon dies: the lane's failure, counted once; both restart.
             harness.systemctl("kill", "--signal=SIGKILL", daemon)
-            await until(lambda: status.restarts == 2 and status.state is LaneState.READY, 30, "both restarted")  # fmt: skip
+            await until(lambda: status().restarts == 2 and status().state is LaneState.READY, 30, "both restarted")  # fmt: skip
             assert daemon_pid() not in (0, first)
-            assert status.start_kind == "cold"
+            assert status().start_kind == "cold"
             reasons = [e.reason for e in sup.events if e.lane == "w"]
             assert any("weight-cache daemon exited" in r for r in reasons), reasons
-            assert len(status.failures) == 2  # the engine's death, then the daemon's
+            assert len(status().failures) == 2  # the engine's death, then the daemon's
 
             # A change the daemon does not load (--max-num-seqs): the engine alone restarts.
             second = daemon_pid()
@@ -93,7 +96,7 @@ def test_a_weight_cache_lane_restarts_from_its_daemon_and_fails_with_it(
             changed = lane_config(harness, units, tmp_path, lanes, config.lanes["w"].port)
             await sup.reload(changed)
             await sup.restart("w")
-            assert daemon_pid() == second and status.start_kind == "weight-cache"
+            assert daemon_pid() == second and status().start_kind == "weight-cache"
             # One it does (--dtype): both.
             lanes["w"] = lanes["w"].replace(
                 '"--max-num-seqs", "4"', '"--max-num-seqs", "4", "--dtype", "float16"'
@@ -101,7 +104,7 @@ def test_a_weight_cache_lane_restarts_from_its_daemon_and_fails_with_it(
             changed = lane_config(harness, units, tmp_path, lanes, config.lanes["w"].port)
             await sup.reload(changed)
             await sup.restart("w")
-            assert daemon_pid() not in (0, second) and status.start_kind == "cold"
+            assert daemon_pid() not in (0, second) and status().start_kind == "cold"
             reasons = [e.reason for e in sup.events if e.lane == "w"]
             assert any("what the weight cache loads changed" in r for r in reasons), reasons
 
@@ -126,13 +129,13 @@ def test_a_weight_cache_lane_restarts_from_its_daemon_and_fails_with_it(
             )
             await sup.restart("w")
             assert any("(model.safetensors) changed on disk" in r for r in said()), said()
-            assert daemon_pid() not in (0, third) and status.start_kind == "cold"
-            assert status.weights == "ready"
+            assert daemon_pid() not in (0, third) and status().start_kind == "cold"
+            assert status().weights == "ready"
 
             # A deactivate stops both.
             await sup.deactivate("w")
             assert harness.show(daemon, "ActiveState")["ActiveState"] in ("inactive", "failed")
-            assert status.weights in ("stopped", "failed")
+            assert status().weights in ("stopped", "failed")
 
     run(scenario())
 

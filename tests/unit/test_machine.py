@@ -132,8 +132,12 @@ def test_an_activation_runs_preflight_then_its_peers_then_its_own_start() -> Non
     lane = step(then.lane, i.WeightsStale(1, None), ctx()).lane
     started = step(lane, i.Cleared(1, None), ctx())
     assert started.lane.mode is Mode.STARTING and started.lane.run == 1
-    assert any(isinstance(e, fx.Follow) for e in started.effects)
-    ready = step(started.lane, i.Ready(1, "health 200", "img"), ctx(101.5))
+    # Watched once its unit runs, not before (a worker rank shows nothing else).
+    assert not any(isinstance(e, fx.Follow) for e in started.effects)
+    up = step(started.lane, i.WeightsUp(1, "", None), ctx())
+    unit = step(up.lane, i.UnitStarted(1), ctx())
+    assert any(isinstance(e, fx.Follow) for e in unit.effects)
+    ready = step(unit.lane, i.Ready(1, "health 200", "img"), ctx(101.5))
     assert ready.lane.mode is Mode.READY and ready.lane.op is None
     assert ready.lane.last_cold_start == 1.5 and ready.lane.image_id == "img"
     answers = [e for e in ready.effects if isinstance(e, fx.Answer)]
@@ -164,6 +168,20 @@ def test_a_newer_request_supersedes_the_one_under_way_and_its_results_go_stale()
     answers = [e for e in off.effects if isinstance(e, fx.Answer)]
     assert answers[0].epochs == (1,) and answers[0].error == "Superseded"
     assert step(off.lane, i.Preflighted(1, (), 0, None), ctx()).ignored
+
+
+def test_activations_that_take_one_lane_off_together_each_hear_it_is_off() -> None:
+    lane = LaneStatus("a", mode=Mode.READY, run=1, desired=Desired.ACTIVE)
+    first = step(lane, i.TakeOff(5, "b", 11, "swap to b", False, False, False), ctx()).lane
+    both = step(first, i.TakeOff(6, "c", 12, "swap to c", False, False, False), ctx())
+    assert not any(isinstance(e, fx.Answer) for e in both.effects)  # nobody's refused
+    stopping = step(both.lane, i.Ending(5, True), ctx()).lane
+    for result in (i.Drained(5), i.UnitStopped(5, None), i.ContainerGone(5, None)):
+        stopping = step(stopping, result, ctx()).lane
+    done = step(stopping, i.WeightsDown(5, None), ctx())
+    assert done.lane.mode is Mode.INACTIVE
+    told = [(e.lane, e.input) for e in done.effects if isinstance(e, fx.Post)]
+    assert told == [("b", i.PeerOff(11, "a")), ("c", i.PeerOff(12, "a"))]
 
 
 def test_a_stop_cancels_a_waiting_restart_unfollows_and_is_no_failure() -> None:

@@ -1,14 +1,14 @@
 """The adapter behind `laned validate --engine-flags`: runs the engine's own argument parser
 in a lane's Python or image (vLLM, SGLang), or its program's --help (llama-server), and reads
-the flags it accepts (laned.config.engine_flags judges them; laned.engines say how)."""
+the flags it accepts (laned.validation.engine_flags judges them; laned.engines say how)."""
 
 from __future__ import annotations
 
 import os
 
 from laned.adapters import commands
-from laned.config.engine_flags import KnownFlags, Source, parse_probe
 from laned.errors import CommandFailed, EngineParserFailed
+from laned.validation.engine_flags import KnownFlags, Source, parse_probe
 
 # Importing vLLM imports torch: seconds on a warm page cache, a minute on a cold one.
 PROBE_TIMEOUT = 300.0

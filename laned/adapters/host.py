@@ -26,8 +26,7 @@ from laned.adapters.podman import Podman
 from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
 from laned.config.sleep import LOOPBACK
-from laned.errors import PodmanError
-from laned.preflight.facts import (
+from laned.core.facts import (
     GIB,
     NO_SLEEPERS,
     GpuReading,
@@ -35,6 +34,7 @@ from laned.preflight.facts import (
     LaneFacts,
     Sleepers,
 )
+from laned.errors import PodmanError
 from laned.preflight.rules import generation_config_path, model_path, paths_to_check
 
 

@@ -40,7 +40,7 @@ def _exactly(conn: socket.socket, size: int) -> bytes:
 def held_said(directory: str, pattern: str) -> dict[str, object] | None:
     """What each of the daemon's sockets in `directory` that match `pattern` says its rank
     holds on its GPU (`memory_bytes`, as it came: whatever answers on a socket there may say
-    anything, and laned.core.footprints.held_of judges it), by the socket's name; None where
+    anything, and laned.engines.footprints.held_of judges it), by the socket's name; None where
     none answers (no daemon, or not ready yet)."""
     said: dict[str, object] = {}
     for path in sorted(glob.glob(os.path.join(directory, pattern))):

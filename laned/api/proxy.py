@@ -34,8 +34,8 @@ from laned.api.budget import Claim
 from laned.api.front import Front
 from laned.api.limits import BUDGET_KEY
 from laned.api.loading import EVERY, Progress, error_event, progress_line
+from laned.config.listener import api_address
 from laned.config.model import Config
-from laned.config.rules import api_address
 from laned.core import policy
 from laned.core.lanes import Desired, LaneStatus
 from laned.core.recorder import Recorder

@@ -303,7 +303,7 @@ def config_path(args: argparse.Namespace) -> str:
 def client(args: argparse.Namespace) -> Client:
     from laned.adapters.secret_files import read_token
     from laned.cli.client import Client
-    from laned.config.load import load_config
+    from laned.validation.load import load_config
 
     url, token_file = args.url, args.token_file
     if url is None or token_file is None:

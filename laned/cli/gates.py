@@ -20,8 +20,8 @@ def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig
     from laned import engines
     from laned.adapters.engine_api import EngineClient
     from laned.adapters.secret_files import read_api_key
-    from laned.config.load import load_config
     from laned.config.model import ChecksConfig
+    from laned.validation.load import load_config
 
     if args.base_url:
         if not args.model:

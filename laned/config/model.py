@@ -1,7 +1,7 @@
 """The config model: validated, immutable pydantic models of laned's TOML file.
 
-Parsing (TOML, every problem at once with its key path) is `laned.config.load`; semantic rules
-that span keys are `laned.config.rules`. This module knows neither, so both can build on it.
+Parsing (TOML, every problem at once with its key path) is `laned.validation.load`; semantic rules
+that span keys are `laned.validation.rules`. This module knows neither, so both can build on it.
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ from laned.errors import Finding, UnknownLane
 
 
 def _context(info: ValidationInfo) -> dict[str, Any]:
-    """What laned.config.load hands the model: the environment (`env`) and this host's name
+    """What laned.validation.load hands the model: the environment (`env`) and this host's name
     (`hostname`). The model reads neither itself."""
     context = info.context or {}
     if "env" not in context or "hostname" not in context:
-        raise ValueError("the config is read by laned.config.load, which passes env and hostname")
+        raise ValueError(
+            "the config is read by laned.validation.load, which passes env and hostname"
+        )
     return context
 
 

@@ -4,7 +4,8 @@ SGLang, llama.cpp's llama-server. Pure: data and pure functions.
 A lane names its engine (`engine = "vllm" | "sglang" | "llamacpp"`), or laned reads it from
 the lane's command or image where it is obvious, vLLM by default: `for_lane(spec)`.
 Adding an engine is one module here, its entry in ENGINES, its simulator face and its tests
-(docs/architecture.md, "Add an engine").
+(docs/architecture.md, "Add an engine"). `footprints`: each lane's share of its GPUs, by its
+engine's rule, for laned.core.placement.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def inferred(words: Sequence[str]) -> EngineProfile | None:
 
 def for_lane(spec: LaneConfig) -> EngineProfile:
     """The profile of the lane's engine: its `engine`, else the one its command names, else
-    vLLM. (An unknown `engine` is refused by laned.config.rules before anything asks.)"""
+    vLLM. (An unknown `engine` is refused by laned.validation.rules before anything asks.)"""
     if spec.engine is not None:
         return ENGINES.get(spec.engine, DEFAULT)
     return inferred(program_words(spec)) or DEFAULT

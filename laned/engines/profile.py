@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from laned.config.model import LaneConfig
+from laned.core.facts import LaneFacts
 from laned.core.phases import DYING, Seen
 from laned.errors import Finding
-from laned.preflight.facts import LaneFacts
 
 Line = tuple[str | None, list[str]]  # (why, argv words on one line of the wrapper)
 

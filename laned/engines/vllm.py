@@ -27,6 +27,7 @@ from typing import Any
 from laned.config.model import LaneConfig
 from laned.config.names import CACHE_MOUNT
 from laned.config.sleep import LOOPBACK, loopback
+from laned.core.facts import LaneFacts
 from laned.core.phases import BAR, CACHE_HIT, Phase, read_with
 from laned.engines.profile import (
     Caches,
@@ -53,7 +54,6 @@ from laned.engines.profile import (
 )
 from laned.engines.vllm_preload import WC_MAPPED, WC_MISSED, WEIGHT_CACHE
 from laned.errors import Finding, Severity
-from laned.preflight.facts import LaneFacts
 
 # (pattern, phase or None, note or None), first match wins; sources in docs/simulator.md.
 PHASES: list[tuple[re.Pattern[str], Phase | None, str | None]] = [

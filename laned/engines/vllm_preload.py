@@ -23,9 +23,9 @@ from typing import Any
 from laned.config.model import LaneConfig
 from laned.config.names import AF_UNIX_MAX, WEIGHTS_SOCKETS_MOUNT, weights_sockets_dir
 from laned.config.sleep import LOOPBACK
+from laned.core.facts import LaneFacts
 from laned.engines.profile import Line, WeightCacheApi
 from laned.errors import Finding, Severity
-from laned.preflight.facts import LaneFacts
 
 WC_MAPPED = "weights mapped from the weight cache"
 WC_MISSED = "weight cache missed: weights read from disk"

@@ -19,10 +19,10 @@ import threading
 from collections.abc import Collection
 
 from laned.adapters.pagecache import Prefetched, Residency
+from laned.core.facts import GIB, size
 from laned.core.lanes import EventKind, LaneState
 from laned.owner.records import Records
 from laned.owner.seam import Seam
-from laned.preflight.facts import GIB, size
 from laned.preflight.rules import model_path
 
 

@@ -17,11 +17,11 @@ from laned.adapters import state
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
 from laned.core import placement, policy
-from laned.core.footprints import footprints
 from laned.core.lanes import Desired, LaneState, LaneStatus
 from laned.core.machine import SERVING_MODES, Ev
 from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
+from laned.engines.footprints import footprints
 from laned.owner.ledger import Ledger
 from laned.owner.operations import Operations
 from laned.render.wrapper import weights_digest

@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 
 from laned.config.names import unit_name
 from laned.core import placement, policy
+from laned.core.facts import Sleepers, blocking
 from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus
 from laned.core.machine import Ev
 from laned.core.policy import Admit, OpKind, RestartKind
@@ -38,7 +39,6 @@ from laned.owner.seam import Beside, Refused, Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
-from laned.preflight.facts import Sleepers, blocking
 from laned.preflight.rules import refusal
 
 log = logging.getLogger("laned.supervisor")

@@ -43,6 +43,7 @@ from laned.config.names import (
 from laned.core import canary, policy
 from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord, parse_exit_record
+from laned.core.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.core.lanes import EventKind, LaneState
 from laned.core.liveness import EngineSample, Unanswered
 from laned.core.recorder import Recorder
@@ -50,7 +51,6 @@ from laned.core.unit_state import UnitSnapshot
 from laned.errors import Finding, LanedError, NotAContainer, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
 from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused
-from laned.preflight.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
 from laned.preflight.rules import evaluate, model_path, not_held
 from laned.render.plan import Action

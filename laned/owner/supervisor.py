@@ -35,6 +35,7 @@ from laned.adapters import state
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import unit_name
 from laned.core import placement, policy, resume
+from laned.core.facts import HostFacts
 from laned.core.lanes import Desired, Event, EventKind, LaneStatus
 from laned.core.liveness import engine_summary
 from laned.core.machine import Ev
@@ -56,7 +57,6 @@ from laned.owner.seam import Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
-from laned.preflight.facts import HostFacts
 from laned.preflight.rules import model_path
 from laned.render import plan as render
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from laned import engines
 from laned.config.model import LaneConfig
+from laned.core.facts import GIB
 from laned.core.liveness import UNANSWERED, EngineSample, MemoryFloor, StallDetector
 from laned.core.phases import Seen
 from laned.owner.seam import Seam
-from laned.preflight.facts import GIB
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from typing import Any
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
-from laned.core import footprints
+from laned.core.facts import GIB, GpuReading, HostFacts, blocking, findings_json
 from laned.core.placement import Footprint
+from laned.engines import footprints
 from laned.errors import Finding, Severity
-from laned.preflight.facts import GIB, GpuReading, HostFacts, blocking, findings_json
 
 
 def lane_gpus(spec: LaneConfig, host: HostFacts) -> list[GpuReading]:

@@ -21,8 +21,8 @@ from typing import Any
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
+from laned.core.facts import KeyFile, LaneFacts, blocking, findings_json, size
 from laned.errors import Finding, Severity
-from laned.preflight.facts import KeyFile, LaneFacts, blocking, findings_json, size
 from laned.preflight.fit import beside_sleepers, fit, sleep_fit
 
 GRACEFUL_STOP_MIN = 30.0  # seconds an engine's core and workers need to exit and free memory

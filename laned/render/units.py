@@ -20,8 +20,8 @@ from laned.config.names import (
     weights_wrapper_path,
     wrapper_path,
 )
-from laned.core.footprints import never_peers
 from laned.core.unit_state import systemd_restarts as restarts_itself
+from laned.engines.footprints import never_peers
 
 Section = tuple[str, Sequence[tuple[str, str]]]
 

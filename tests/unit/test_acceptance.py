@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from laned.adapters.engine_api import Timed
-from laned.config.load import parse_config
 from laned.gates.acceptance import (
     buried_prompt,
     judge_chat,
@@ -20,6 +19,7 @@ from laned.gates.acceptance import (
 )
 from laned.gates.bench import context_sizes, decode_rate
 from laned.render import plan as render
+from laned.validation.load import parse_config
 
 
 def chat(message: dict[str, Any], finish: str = "stop", completion: int = 10) -> Timed:

@@ -14,12 +14,12 @@ import pytest
 from laned import engines
 from laned.cli.main import main
 from laned.config import paths
-from laned.config.load import parse_config
 from laned.errors import BadImport
 from laned.importer.cmdline import CommandLineError
 from laned.importer.toml_out import render_import
 from laned.importer.translate import import_run
 from laned.render.wrapper import cache_env, engine_argv
+from laned.validation.load import parse_config
 from tests.helpers import ROOT
 
 SEEDS = ROOT / "tests" / "seeds"
@@ -379,9 +379,9 @@ def test_every_example_config_validates_and_renders(example: str) -> None:
 
 
 def test_the_seed_001_lane_is_the_recipe_and_fit_says_what_a_small_host_lacks() -> None:
-    from laned.config.load import load_config
-    from laned.preflight.facts import GIB, GpuReading, HostFacts
+    from laned.core.facts import GIB, GpuReading, HostFacts
     from laned.preflight.fit import fit_report
+    from laned.validation.load import load_config
 
     config = load_config(str(ROOT / "config" / "seed-001-4x-rtx-pro-6000.toml"), ENV)
     spec = config.lanes["dsv41-tp4"]

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from laned.config.applied import Applied, applied_of
 from laned.config.groups import groups, port_sharers
-from laned.config.load import Config, parse_config
 from laned.config.model import DaemonConfig, LaneConfig
 from laned.core import exits, policy, resume
 from laned.core.exits import ExitFacts, ExitRecord
@@ -16,6 +15,7 @@ from laned.core.lanes import Desired, LaneState, Verdict
 from laned.core.liveness import EngineSample, MemoryFloor, tokens_per_second
 from laned.core.policy import Admit, Current, ExitAction, OpKind, UnitChange
 from laned.core.unit_state import CLD_EXITED, CLD_KILLED, UnitSnapshot
+from laned.validation.load import Config, parse_config
 
 
 def config(extra: str = "", default_lane: str = "") -> Config:

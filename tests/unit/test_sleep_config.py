@@ -10,14 +10,14 @@ import pytest
 from laned.adapters.gpus import held
 from laned.adapters.kernel import cgroup_of, cgroup_pids
 from laned.adapters.pagecache import weights_gib
-from laned.config.load import parse_config
 from laned.core import canary, resume
+from laned.core.facts import GIB, GpuReading, HostFacts
 from laned.core.lanes import Desired, LaneState
 from laned.errors import ConfigError, Finding, Severity
-from laned.preflight.facts import GIB, GpuReading, HostFacts
 from laned.preflight.fit import beside_sleepers, sleep_fit, sleep_level_for
 from laned.render.units import lane_unit
 from laned.render.wrapper import engine_argv, render_wrapper
+from laned.validation.load import parse_config
 
 ENV = {"HOME": "/home/op"}
 

@@ -23,7 +23,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 def check_env(base: str, lane: LaneConfig) -> Iterator[Finding]:
     """Each variable's name and value as a unit and an argv can carry them (whether one is
-    a secret: laned.config.secret_rules)."""
+    a secret: laned.validation.secret_rules)."""
     tables = [(f"{base}.env", lane.env)]
     tables += [(f"{base}.rank.{rank}.env", r.env) for rank, r in lane.rank.items()]
     for table, env in tables:

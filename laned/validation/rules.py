@@ -12,9 +12,8 @@ import re
 from collections.abc import Iterator
 
 from laned import engines
-from laned.config.engine_rules import CONTROL, check_argv, check_container, check_env
 from laned.config.groups import check_groups
-from laned.config.listener import BODY_COPIES
+from laned.config.listener import BODY_COPIES, parse_listen
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import (
     AF_UNIX_MAX,
@@ -24,11 +23,12 @@ from laned.config.names import (
     weights_sockets_dir,
     wrapper_name,
 )
-from laned.config.secret_rules import check_secrets
 from laned.config.sleep import check_sleep
-from laned.core.footprints import footprints
 from laned.core.placement import never
+from laned.engines.footprints import footprints
 from laned.errors import Finding, Severity
+from laned.validation.engine_rules import CONTROL, check_argv, check_container, check_env
+from laned.validation.secret_rules import check_secrets
 
 LANE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -61,7 +61,7 @@ def check_config(config: Config) -> list[Finding]:
 def check_socket_paths(config: Config, runtime_dir: str, podman_socket: str) -> list[Finding]:
     """Every AF_UNIX path laned renders or connects to, against the longest one a program can
     bind (laned.config.names.AF_UNIX_MAX), with the user's runtime directory `runtime_dir`
-    (which laned.config.load reads): each weight-cache lane's daemon sockets (its engine's
+    (which laned.validation.load reads): each weight-cache lane's daemon sockets (its engine's
     profile knows their names), and the podman API's socket where a lane runs in a container."""
     problems: list[Finding] = []
     for name, lane in sorted(config.lanes.items()):
@@ -153,28 +153,6 @@ def _check_daemon(config: Config) -> Iterator[Finding]:
         close = difflib.get_close_matches(daemon.default_lane, list(config.lanes), n=1)
         hint = f"did you mean {close[0]!r}?" if close else "name one of the [lanes.*] tables"
         yield Finding("daemon.default_lane", f"no lane named {daemon.default_lane!r}", hint)
-
-
-def parse_listen(listen: str) -> tuple[str, int] | None:
-    """Split "host:port" / "[v6]:port" into (host, port); None when malformed."""
-    match = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([A-Za-z0-9.-]+):(\d{1,5})", listen)
-    if not match:
-        return None
-    host = match.group(1) or match.group(3)
-    port = int(match.group(2) or match.group(4))
-    return (host, port) if 0 < port < 65536 else None
-
-
-def api_address(listen: str) -> str:
-    """Where a command on this host reaches laned's API, for hints (`curl -s ADDRESS/...`):
-    `localhost:PORT` for a loopback or wildcard listen, else the host as configured."""
-    parsed = parse_listen(listen)
-    if parsed is None:
-        return listen
-    host, port = parsed
-    if host in ("0.0.0.0", "::", "localhost") or host.startswith("127.") or host == "::1":
-        return f"localhost:{port}"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _check_path(key: str, value: str) -> Iterator[Finding]:

@@ -166,7 +166,7 @@ class Front:
         return {
             "rank": rank,
             "head": rank == 0,
-            "headless": spec.headless(),
+            "headless": engines.headless(spec),
             "nodes": nodes,
             "peers": peers,  # on the head: what it last saw of each worker
         }
@@ -180,7 +180,7 @@ class Front:
         targets = []
         for name, status in sorted(sup.statuses.items()):
             spec = sup.engine_spec(name)
-            if status.state not in policy.RUNNING_STATES or spec.headless():
+            if status.state not in policy.RUNNING_STATES or engines.headless(spec):
                 continue  # a worker rank has no /metrics: the head's engine speaks for the lane
             labels = {
                 "lane": name,

@@ -392,13 +392,6 @@ class LaneConfig(_Model):
         return self.secrets_file or self.api_key_file
 
     @property
-    def required_secrets(self) -> tuple[str, ...]:
-        """The names the secrets file must define: `secrets`, and VLLM_API_KEY for a file
-        named by `api_key_file`."""
-        legacy = ("VLLM_API_KEY",) if self.api_key_file and not self.secrets_file else ()
-        return tuple(dict.fromkeys((*legacy, *self.secrets)))
-
-    @property
     def secrets_key(self) -> str:
         """The config key that names the secrets file (for messages)."""
         return "api_key_file" if self.api_key_file and not self.secrets_file else "secrets_file"
@@ -433,10 +426,6 @@ class LaneConfig(_Model):
         if given or (self.exec is None and self.container is None):
             return "args"
         return "exec.command" if self.exec is not None else "container.command"
-
-    def headless(self) -> bool:
-        """A worker rank of a lane over several hosts: it serves no API (docs/multinode.md)."""
-        return "--headless" in self.engine_args()
 
     def engine_arg(self, flag: str) -> str | None:
         """The value of `flag` in the engine arguments (`--flag VALUE` or `--flag=VALUE`),

@@ -20,7 +20,6 @@ from laned.errors import SecretsFileError
 # Names that are secrets wherever they appear.
 SECRET_NAMES = frozenset(
     {
-        "VLLM_API_KEY",
         "HF_TOKEN",
         "HUGGING_FACE_HUB_TOKEN",
         "HUGGINGFACE_TOKEN",

@@ -24,7 +24,7 @@ from laned.config.model import LaneConfig
 from laned.config.names import AF_UNIX_MAX, WEIGHTS_SOCKETS_MOUNT, weights_sockets_dir
 from laned.config.sleep import LOOPBACK
 from laned.core.facts import LaneFacts
-from laned.engines.profile import Line, WeightCacheApi
+from laned.engines.profile import Line, WeightCacheApi, Wire
 from laned.errors import Finding, Severity
 
 WC_MAPPED = "weights mapped from the weight cache"
@@ -141,6 +141,25 @@ class _PlainOnly(pickle.Unpickler):
 def wc_read(payload: bytes) -> Any:
     """A message's pickle, read back as plain data (pickle.UnpicklingError otherwise)."""
     return _PlainOnly(io.BytesIO(payload)).load()
+
+
+def wc_answer(payload: bytes) -> Any:
+    """An answer's pickle as plain data; ValueError for one refused or cut short."""
+    try:
+        return wc_read(payload)
+    except (pickle.UnpicklingError, EOFError) as exc:
+        raise ValueError(f"not an answer of plain data: {exc}") from exc
+
+
+def wc_held(answer: Any) -> tuple[bool, object]:
+    """get_memory's answer (daemon.py): `{"status": "ok", "memory_bytes": N}`."""
+    if isinstance(answer, dict) and answer.get("status") == "ok":
+        return True, answer.get("memory_bytes")
+    return False, None
+
+
+# What laned asks a rank (daemon.py `get_memory`), and how it reads the answer.
+WIRE = Wire(wc_message({"cmd": "get_memory"}), WC_LENGTH, WC_MAX, wc_answer, wc_held)
 
 
 def preload_command(words: Sequence[str]) -> list[str] | None:
@@ -410,4 +429,12 @@ WEIGHT_CACHE = WeightCacheApi(
     findings=weight_cache_findings,
     preflight=weight_cache_preflight,
     sockets=socket_findings,
+    daemon="vllm preload",
+    subcommand="preload",
+    since="vLLM 0.32",
+    mark=("--load-format", "ipc_cache"),
+    engine_flags=("--load-format", "--model-loader-extra-config"),
+    socket_name=SOCKET_NAME,
+    socket_name_max=SOCKET_NAME_MAX,
+    wire=WIRE,
 )

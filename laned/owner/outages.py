@@ -75,7 +75,9 @@ class Outages:
             busy = r.ops.of(lane) is not None or r.restart_waiting(lane) or r.watching(lane)
             running = r.snapshots.get(lane, UnitSnapshot("")).running
             lanes[lane] = resume.LaneNow(status.state, status.desired, running, busy)
-        for lane, plan in resume.plan_catch_up(r.config, lanes).items():
+        for lane, plan in resume.plan_catch_up(
+            r.config, lanes, workers=engines.workers(r.config.lanes)
+        ).items():
             if plan is CatchUp.ADOPT:
                 r.fire(lane, Ev.ADOPT, f"adopted again after {why}")
             elif plan is CatchUp.RESTART:  # at once, as a restart after a failure

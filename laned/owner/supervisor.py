@@ -31,6 +31,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from laned import engines
 from laned.adapters import state
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import unit_name
@@ -179,7 +180,10 @@ class Supervisor:
         for unit, lane in r.weights_units.items():
             self.weights.seen(lane, await self.bus.snapshot(unit))
         desired = {n: s.desired for n, s in r.statuses.items()}
-        plan = resume.plan_reconcile(r.config, running, desired, r.ledger.states(), first)
+        workers = engines.workers(r.config.lanes)
+        plan = resume.plan_reconcile(
+            r.config, running, desired, r.ledger.states(), first, workers=workers
+        )
         for lane in plan.adopt:
             r.ledger.desire(lane, Desired.ACTIVE)
             r.fire(lane, Ev.ADOPT, "adopted: already running")

@@ -178,7 +178,7 @@ class Weights:
         if cache is None:
             return
         path = weights_digest_path(self.records.config, lane)
-        said = await self.seam.weights_held(path, cache.socket_glob)
+        said = await self.seam.weights_held(path, cache)
         if said is None or spec is None:
             return
         held, dropped = held_of(said, self.records.gpu_totals, gpu_indices(spec))

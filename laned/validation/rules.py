@@ -200,15 +200,15 @@ def _check_engine(base: str, lane: LaneConfig) -> Iterator[Finding]:
             (f"did you mean {close[0]!r}? " if close else "")
             + "one of: "
             + ", ".join(repr(name) for name in engines.ENGINES)
-            + " (unset, laned reads it from the command, vLLM by default)",
+            + f" (unset, laned reads it from the command, {engines.DEFAULT.title} by default)",
         )
         return
-    profile = engines.for_lane(lane)
-    if lane.api_key_file and not lane.secrets_file and profile is not engines.VLLM:
+    profile, default = engines.for_lane(lane), engines.DEFAULT
+    if lane.api_key_file and not lane.secrets_file and profile is not default:
         yield Finding(
             f"{base}.api_key_file",
-            f"is the older name of secrets_file, for vLLM lanes (VLLM_API_KEY); this lane "
-            f"runs {profile.title}",
+            f"is the older name of secrets_file, for {default.title} lanes "
+            f"({default.api_key_env}); this lane runs {profile.title}",
             f"rename it secrets_file, with the line {profile.api_key_env}=... in that file",
         )
     if lane.sleep_level and (profile.sleep is None or lane.sleep_level not in profile.sleep.levels):
@@ -224,10 +224,14 @@ def _check_engine(base: str, lane: LaneConfig) -> Iterator[Finding]:
     yield from profile.findings(lane, base)
     if lane.weight_cache is not None:
         if profile.weight_cache is None:
+            daemons = " or ".join(
+                f"{p.title}'s weight-cache daemon (`{p.weight_cache.daemon}`)"
+                for p in engines.LISTED
+                if p.weight_cache is not None
+            )
             yield Finding(
                 f"{base}.weight_cache",
-                f"keeps the weights in vLLM's weight-cache daemon (`vllm preload`); this lane "
-                f"runs {profile.title}, which has none",
+                f"keeps the weights in {daemons}; this lane runs {profile.title}, which has none",
                 "remove weight_cache from this lane",
             )
         else:
@@ -311,7 +315,8 @@ def _check_text(base: str, lane: LaneConfig) -> Iterator[Finding]:
         yield Finding(
             f"{base}.api_key_file",
             "is the older name of secrets_file: the lane has one secrets file",
-            f"write VLLM_API_KEY=... in {lane.secrets_file} and remove api_key_file",
+            f"write {engines.for_lane(lane).api_key_env}=... in {lane.secrets_file} and remove "
+            "api_key_file",
         )
 
 

@@ -483,5 +483,5 @@ def test_the_engines_flags_are_read_from_its_command_too() -> None:
         'served_model_name = "m"', 'served_model_name = "m"\nargs = ["--tp", "2"]'
     )
     lane = parse_config(text, "t", ENV).lanes["a"]
-    assert lane.engine_args() == ["--headless", "--tp", "2"] and lane.headless()
+    assert lane.engine_args() == ["--headless", "--tp", "2"] and engines.headless(lane)
     assert lane.arg_words() == ["--tp", "2"] and lane.engine_arg("--tp") == "2"

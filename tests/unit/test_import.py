@@ -213,7 +213,7 @@ def test_api_keys_leave_every_argv_and_never_reach_the_output() -> None:
     config, lane = lane_config(text)
     spec = config.lanes[lane]
     assert spec.secrets_file == "/home/op/.config/laned/m.env" and spec.api_key_file is None
-    assert spec.required_secrets == ("VLLM_API_KEY",)
+    assert engines.required_secrets(spec) == ("VLLM_API_KEY",)
     assert "--api-key" not in engine_argv(config, lane)
 
 
@@ -233,7 +233,7 @@ def test_a_secret_in_any_spelling_of_e_leaves_the_argv_and_the_next_option_stays
     config, lane = lane_config(text)
     spec = config.lanes[lane]
     assert spec.container is not None and spec.container.image == "img"
-    assert set(spec.required_secrets) == {"HF_TOKEN", "VLLM_API_KEY"}
+    assert set(engines.required_secrets(spec)) == {"HF_TOKEN", "VLLM_API_KEY"}
     argv = engine_argv(config, lane)
     assert not any(a.startswith(("--api", "--hf")) for a in argv), argv
     assert "8000:8000" in spec.container.podman_args

@@ -39,6 +39,7 @@ from laned.core.machine import Ev
 from laned.core.phases import Seen
 from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
+from laned.engines.profile import WeightCacheApi
 from laned.errors import EngineBrokeOff, Finding
 from laned.gates.acceptance import GateResult
 from laned.owner import supervisor as owner_supervisor
@@ -160,7 +161,7 @@ class FakeHost:
     def weights_digest(self, path: str) -> str | None:
         return self.digests.get(path)
 
-    async def weights_held(self, path: str, pattern: str) -> Mapping[str, object] | None:
+    async def weights_held(self, path: str, cache: WeightCacheApi) -> Mapping[str, object] | None:
         return None
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:

@@ -30,6 +30,7 @@ from laned.engines.footprints import held_of
 from laned.engines.vllm_preload import (
     SOCKET_NAME_MAX,
     WC_LENGTH,
+    WEIGHT_CACHE,
     daemon_env,
     daemon_flags,
     preload_command,
@@ -261,7 +262,7 @@ def test_a_weight_cache_reading_past_the_gpus_size_is_dropped_with_the_reason() 
             planted(Path(short), "vllm_weight_cache_other.sock", "lots\n\x1b[2J"),
         ]
         try:
-            said = held_said(short, "vllm_weight_cache_*[!t].sock")
+            said = held_said(short, WEIGHT_CACHE)
         finally:
             for server in servers:
                 server.close()

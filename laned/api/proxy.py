@@ -47,9 +47,13 @@ from laned.owner.traffic import Flight
 # Request headers that travel to the engine; hop-by-hop ones and Host do not. The answer's
 # body passes as the engine sent it, so its encoding travels back with it.
 FORWARDED = (
-    "authorization", "content-type", "accept", "accept-encoding",
-    "openai-organization", "openai-project",
-)  # fmt: skip
+    "authorization",
+    "content-type",
+    "accept",
+    "accept-encoding",
+    "openai-organization",
+    "openai-project",
+)
 FORWARDED_NAMES = frozenset(name.encode() for name in FORWARDED)  # as the server hands them
 # A body with a length keeps it (no chunked encoding added on the way); a chunked one stays so.
 RETURNED = frozenset((b"content-type", b"content-encoding", b"content-length"))

@@ -212,6 +212,12 @@ class SecretFlag:
         return self.names[0]
 
 
+def words(text: str) -> frozenset[str]:
+    """A set of names (flags, methods) written as a block of words, a table as people read
+    one: the formatter keeps a string as it is written."""
+    return frozenset(text.split())
+
+
 def secret_flag(flags: Sequence[SecretFlag], word: str) -> SecretFlag | None:
     """The flag of `flags` that the argv word `word` gives, in any spelling its engine's parser
     takes: its option strings, an abbreviation where the parser takes one (`--api-k`), `_` for

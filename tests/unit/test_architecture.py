@@ -22,6 +22,7 @@ Modules are sized by their one job, not by a line cap.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "laned"
@@ -315,3 +316,85 @@ def test_a_lanes_record_is_changed_by_the_machines_runner_alone() -> None:
                 ):
                     found.append(f"{name}:{node.lineno}: {ast.unparse(target)}")
     assert found == [], "a lane's record changed outside its runner:\n" + "\n".join(found)
+
+
+# --- engines behind their profiles ---------------------------------------------------------
+
+# An engine's names, in a string of code: its program and module names (`vllm serve`,
+# `sglang.launch_server`, `llama-server`, `llamacpp`) and its variables (VLLM_*, SGLANG_*,
+# LLAMA_*). Case counts: "vLLM" and "SGLang" in a sentence are the engines' names for people,
+# not a name the engine reads.
+ENGINE_WORDS = re.compile(r"vllm|sglang|llama|\b(?:VLLM|SGLANG|LLAMA)_")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_.-]*[a-z0-9]")
+# Flags that the engines' modules name but that are no one engine's: laned's own (`--config`,
+# `laned status --fit`), other programs' (`systemctl --user`, podman's `--device`), and those
+# every program takes (`--help`).
+NOT_ENGINE_FLAGS = {"--config", "--fit", "--user", "--device", "--help", "--model"}
+# Where an engine's name is data about a file, not knowledge the code acts on: `laned init`
+# says what to edit in each of laned's example configs in the examples' own words (seed 000's
+# lanes run vLLM, keyed by VLLM_API_KEY; seed 001's image is named for vLLM).
+NAMES_ALLOWED = {"laned.cli.setup": {"VLLM_", "vllm"}}
+
+
+def code_strings(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module's code (docstrings left out), with their lines."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def engine_flags() -> set[str]:
+    """The flags laned/engines/ names in its code: each engine's own vocabulary."""
+    return {
+        flag
+        for name, path in modules().items()
+        if folder(name) == "engines"
+        for _line, text in code_strings(path)
+        for flag in FLAG.findall(text)
+    } - NOT_ENGINE_FLAGS
+
+
+def test_no_engine_is_named_outside_its_profile() -> None:
+    """No engine's flag, variable or program name in a string of code outside laned/engines/
+    (and the simulator, which plays the engines): config, validation, render, preflight,
+    importer, adapters, the owner and the edges ask the lane's profile (laned.engines)."""
+    flags = engine_flags()
+    found = []
+    for name, path in sorted(modules().items()):
+        if folder(name) in {"engines", "sim"}:
+            continue
+        for line, text in code_strings(path):
+            named = set(ENGINE_WORDS.findall(text)) | (set(FLAG.findall(text)) & flags)
+            named = sorted(named - NAMES_ALLOWED.get(name, set()))
+            if named:
+                found.append(f"{name}:{line}: {', '.join(named)}: {text[:60]!r}")
+    assert found == [], "engines named outside laned/engines/:\n" + "\n".join(found)
+
+
+# `# fmt: skip` keeps the formatter off a table of data (one row a line, aligned); anywhere
+# else the formatter's output is the code's form.
+FMT_SKIPS = 10
+
+
+def test_fmt_skip_only_on_tables_at_most_ten_outside_the_simulator() -> None:
+    skips = [
+        f"{name}:{number}"
+        for name, path in sorted(modules().items())
+        if folder(name) != "sim"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "# fmt: skip" in line
+    ]
+    assert len(skips) <= FMT_SKIPS, f"{len(skips)} `# fmt: skip` (at most {FMT_SKIPS}): {skips}"

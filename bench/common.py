@@ -51,9 +51,9 @@ def supervisor_on(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
     from laned.adapters import rendered
     from laned.adapters.probes import Probe
     from laned.adapters.systemd import Systemd
-    from laned.config.load import parse_config
     from laned.owner.steps import HostSeam
     from laned.owner.supervisor import Supervisor
+    from laned.validation.load import parse_config
 
     config = parse_config(text, "bench", {"HOME": tmp})
     rendered.apply(config)

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, LanedServe, free_port, harness_env, sim_lane
 from laned.adapters import rendered
 from laned.adapters.probes import parse_engine_metrics
-from laned.config.load import parse_config
 from laned.sim.metrics import Metrics
+from laned.validation.load import parse_config
 
 PROBE_INTERVAL = 5.0  # probe.interval's default: one scrape per interval per running lane
 

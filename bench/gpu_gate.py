@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from laned.adapters.gpus import Nvml, held, wait_released
-from laned.preflight.facts import GIB
+from laned.core.facts import GIB
 
 HOLDER = """
 import sys, time, torch

@@ -51,13 +51,13 @@ from laned.adapters.gpus import Nvml
 from laned.adapters.host import Host
 from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
-from laned.config.load import parse_config
 from laned.config.model import LaneConfig
+from laned.core.facts import GIB
 from laned.core.recorder import Recorder
 from laned.owner.reactions import canary_check
 from laned.owner.seam import Refused
 from laned.owner.steps import HostSeam
-from laned.preflight.facts import GIB
+from laned.validation.load import parse_config
 
 PORT = 18101
 

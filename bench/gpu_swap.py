@@ -43,7 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from laned.adapters.gpus import Nvml, wait_released
-from laned.preflight.facts import GIB
+from laned.core.facts import GIB
 
 LIMIT = 1.0 * GIB  # gpu_gate.max_used_gib's default
 INTERVAL = 0.25  # gpu_gate.interval's default

@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, LanedServe, free_port, harness_env, pct, sim_lane
 from laned.adapters import rendered
 from laned.adapters.systemd import Systemd
-from laned.config.load import parse_config
+from laned.validation.load import parse_config
 
 PROBE = 'probe = { start_interval_min = "5s", start_interval_max = "5s" }\n'
 IMAGE = "localhost/laned-sim:latest"

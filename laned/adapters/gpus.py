@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from laned.preflight.facts import GIB, GpuReading
+from laned.core.facts import GIB, GpuReading
 
 
 def held(

@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Collection, Mapping
 
+from laned import engines
 from laned.adapters import secret_files
 from laned.adapters.gpus import GateResult, Nvml, SimGpus, wait_released
 from laned.adapters.kernel import cgroup_of, cgroup_pids, disk_total_gib, meminfo, port_busy
@@ -25,9 +26,7 @@ from laned.adapters.pagecache import (
 from laned.adapters.podman import Podman
 from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
-from laned.config.sleep import LOOPBACK
-from laned.errors import PodmanError
-from laned.preflight.facts import (
+from laned.core.facts import (
     GIB,
     NO_SLEEPERS,
     GpuReading,
@@ -35,16 +34,8 @@ from laned.preflight.facts import (
     LaneFacts,
     Sleepers,
 )
+from laned.errors import PodmanError
 from laned.preflight.rules import generation_config_path, model_path, paths_to_check
-
-
-def engine_host(spec: LaneConfig) -> str:
-    """The address the engine binds: its `--host`; else loopback for a lane that sleeps
-    (laned renders it, laned.config.sleep), else vLLM's default 0.0.0.0."""
-    host = spec.engine_arg("--host")
-    if host is None:
-        return LOOPBACK if spec.sleep_level else "0.0.0.0"
-    return host
 
 
 class Host:
@@ -117,7 +108,9 @@ class Host:
                 disk_total_gib, model or config.daemon.state_dir
             ),
             key_file=secret_files.key_file(spec.secrets_path) if spec.secrets_path else None,
-            port_busy=await asyncio.to_thread(port_busy, spec.port, engine_host(spec)),
+            port_busy=await asyncio.to_thread(
+                port_busy, spec.port, engines.for_lane(spec).host(spec)
+            ),
             port_peer=port_peer,
             lanes_known=lanes_known,
             command_found=command_found,

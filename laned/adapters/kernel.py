@@ -9,7 +9,7 @@ import errno
 import os
 import socket
 
-from laned.preflight.facts import GIB
+from laned.core.facts import GIB
 
 
 def meminfo() -> dict[str, float]:

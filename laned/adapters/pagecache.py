@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laned.core.checkpoint import Files, FileStat
-from laned.preflight.facts import GIB
+from laned.core.facts import GIB
 
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # What else of a model's directory the engine reads at its start and a weight-cache daemon

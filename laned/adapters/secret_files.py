@@ -11,8 +11,8 @@ import pwd
 import stat
 
 from laned.config import secrecy
+from laned.core.facts import KeyFile
 from laned.errors import SecretFileRefused, SecretsFileError
-from laned.preflight.facts import KeyFile
 
 
 def read_token(path: str | None, key: str = "daemon.token_file") -> str | None:

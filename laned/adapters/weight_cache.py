@@ -1,30 +1,29 @@
-"""A lane's weight-cache daemon (vLLM's `vllm preload`), asked over its sockets: how much GPU
-memory its ranks hold (get_memory, vllm/model_executor/model_loader/weight_cache/daemon.py).
-One socket per GPU in the lane's socket directory; the wire is laned.engines.vllm's (a length,
-then a pickle: laned writes a plain dict and reads the answer back as plain data only).
-Blocking: call it off the loop."""
+"""A lane's weight-cache daemon (its engine's: vLLM's `vllm preload`), asked over its sockets
+how much GPU memory its ranks hold. One socket per GPU in the lane's socket directory; the
+wire is the engine profile's (laned.engines.profile.Wire: vLLM's is a length, then a pickle,
+which laned writes of plain data and reads back as plain data only). Blocking: call it off
+the loop."""
 
 from __future__ import annotations
 
 import glob
 import os
-import pickle
 import socket
 
-from laned.engines.vllm_preload import WC_LENGTH, WC_MAX, wc_message, wc_read
+from laned.engines.profile import WeightCacheApi, Wire
 
-TIMEOUT = 2.0  # seconds per rank: a daemon answers get_memory at once
+TIMEOUT = 2.0  # seconds per rank: a daemon answers at once
 
 
-def _ask(path: str, message: dict[str, object]) -> object:
+def _ask(path: str, wire: Wire) -> object:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(TIMEOUT)
         conn.connect(path)
-        conn.sendall(wc_message(message))
-        (length,) = WC_LENGTH.unpack(_exactly(conn, WC_LENGTH.size))
-        if length > WC_MAX:
+        conn.sendall(wire.ask)
+        (length,) = wire.header.unpack(_exactly(conn, wire.header.size))
+        if length > wire.largest:
             raise ValueError(f"an answer of {length} bytes")
-        return wc_read(_exactly(conn, length))
+        return wire.read(_exactly(conn, length))
 
 
 def _exactly(conn: socket.socket, size: int) -> bytes:
@@ -37,17 +36,17 @@ def _exactly(conn: socket.socket, size: int) -> bytes:
     return bytes(buffer)
 
 
-def held_said(directory: str, pattern: str) -> dict[str, object] | None:
-    """What each of the daemon's sockets in `directory` that match `pattern` says its rank
-    holds on its GPU (`memory_bytes`, as it came: whatever answers on a socket there may say
-    anything, and laned.core.footprints.held_of judges it), by the socket's name; None where
-    none answers (no daemon, or not ready yet)."""
+def held_said(directory: str, cache: WeightCacheApi) -> dict[str, object] | None:
+    """What each of the daemon's sockets in `directory` (`cache.socket_glob`) says its rank
+    holds on its GPU (as it came: whatever answers on a socket there may say anything, and
+    laned.engines.footprints.held_of judges it), by the socket's name; None where none
+    answers (no daemon, or not ready yet)."""
     said: dict[str, object] = {}
-    for path in sorted(glob.glob(os.path.join(directory, pattern))):
+    for path in sorted(glob.glob(os.path.join(directory, cache.socket_glob))):
         try:
-            answer = _ask(path, {"cmd": "get_memory"})
-        except (OSError, ValueError, EOFError, pickle.UnpicklingError):
+            answered, held = cache.wire.held(_ask(path, cache.wire))
+        except (OSError, ValueError):
             continue
-        if isinstance(answer, dict) and answer.get("status") == "ok":
-            said[os.path.basename(path)] = answer.get("memory_bytes")
+        if answered:
+            said[os.path.basename(path)] = held
     return said or None

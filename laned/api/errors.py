@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from laned import errors
-from laned.preflight.facts import findings_json
+from laned.core.facts import findings_json
 
 # Most specific first: the first class an error is an instance of decides its status.
 STATUS: tuple[tuple[type[errors.LanedError], int], ...] = (

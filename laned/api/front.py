@@ -14,19 +14,19 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from laned import engines
-from laned.config.load import load_config
 from laned.config.model import GATES, Config, LaneConfig, gpu_indices
 from laned.config.names import unit_name, weights_unit_name
 from laned.config.ranks import rank_here
 from laned.core import policy
+from laned.core.facts import blocking
 from laned.core.lanes import Event, LaneState, LaneStatus
 from laned.core.schedule import Admission
 from laned.errors import BusUnavailable, PreflightFailed
 from laned.owner.supervisor import Supervisor
 from laned.owner.traffic import Traffic
-from laned.preflight.facts import blocking
 from laned.preflight.fit import fit_report
 from laned.preflight.rules import refusal, report
+from laned.validation.load import load_config
 
 if TYPE_CHECKING:
     from laned.owner.coordinator import Coordinator
@@ -166,7 +166,7 @@ class Front:
         return {
             "rank": rank,
             "head": rank == 0,
-            "headless": spec.headless(),
+            "headless": engines.headless(spec),
             "nodes": nodes,
             "peers": peers,  # on the head: what it last saw of each worker
         }
@@ -180,7 +180,7 @@ class Front:
         targets = []
         for name, status in sorted(sup.statuses.items()):
             spec = sup.engine_spec(name)
-            if status.state not in policy.RUNNING_STATES or spec.headless():
+            if status.state not in policy.RUNNING_STATES or engines.headless(spec):
                 continue  # a worker rank has no /metrics: the head's engine speaks for the lane
             labels = {
                 "lane": name,

@@ -34,8 +34,8 @@ from laned.api.budget import Claim
 from laned.api.front import Front
 from laned.api.limits import BUDGET_KEY
 from laned.api.loading import EVERY, Progress, error_event, progress_line
+from laned.config.listener import api_address
 from laned.config.model import Config
-from laned.config.rules import api_address
 from laned.core import policy
 from laned.core.lanes import Desired, LaneStatus
 from laned.core.recorder import Recorder
@@ -47,9 +47,13 @@ from laned.owner.traffic import Flight
 # Request headers that travel to the engine; hop-by-hop ones and Host do not. The answer's
 # body passes as the engine sent it, so its encoding travels back with it.
 FORWARDED = (
-    "authorization", "content-type", "accept", "accept-encoding",
-    "openai-organization", "openai-project",
-)  # fmt: skip
+    "authorization",
+    "content-type",
+    "accept",
+    "accept-encoding",
+    "openai-organization",
+    "openai-project",
+)
 FORWARDED_NAMES = frozenset(name.encode() for name in FORWARDED)  # as the server hands them
 # A body with a length keeps it (no chunked encoding added on the way); a chunked one stays so.
 RETURNED = frozenset((b"content-type", b"content-encoding", b"content-length"))

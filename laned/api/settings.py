@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 from laned.adapters.secret_files import read_token
 from laned.api.guard import ApiSettings
+from laned.config.listener import parse_listen
 from laned.config.model import Config
-from laned.config.rules import parse_listen
 from laned.config.sleep import loopback
 from laned.errors import UnsafeApi
 

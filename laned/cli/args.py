@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from laned.config.model import GATES
-from laned.engines import ENGINES
+from laned.engines import DEFAULT, ENGINES, LISTED
 from laned.errors import LanedError
 
 if TYPE_CHECKING:
@@ -16,6 +16,17 @@ if TYPE_CHECKING:
 
 # 0 ok, 1 the operation failed (or, with --check, files differ), 2 bad usage or a bad config.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+# The engines whose own parser `laned validate --engine-flags` builds in a Python, and those
+# whose help it reads (laned.engines: FlagProbe).
+PYTHON_ENGINES = [p.title for p in LISTED if p.flag_probe.script is not None]
+PYTHON_PARSERS = [f"{title}'s" for title in PYTHON_ENGINES]
+HELP_PARSERS = [
+    f"{p.flag_probe.program}'s {' '.join(p.flag_probe.help)}"
+    for p in LISTED
+    if p.flag_probe.script is None
+]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,15 +48,16 @@ def parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--engine-flags",
         action="store_true",
-        help="also check each lane's flags against its engine's own argument parser: vLLM's "
-        "and SGLang's in the lane's Python (exec lanes) or image (podman, never pulled), "
-        "llama-server's --help; unknown flags are warnings, with the nearest known flag",
+        help="also check each lane's flags against its engine's own argument parser: "
+        f"{' and '.join(PYTHON_PARSERS)} in the lane's Python (exec lanes) or image (podman, "
+        f"never pulled), {', '.join(HELP_PARSERS)}; unknown flags are warnings, with the "
+        "nearest known flag",
     )
     validate.add_argument(
         "--python",
         metavar="PATH",
-        help="with --engine-flags: the interpreter whose vLLM or SGLang to ask, for every "
-        "lane of that engine",
+        help=f"with --engine-flags: the interpreter whose {' or '.join(PYTHON_ENGINES)} to "
+        "ask, for every lane of that engine",
     )
     render = sub.add_parser(
         "render",
@@ -251,13 +263,14 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         command.add_argument("--model", help="with --base-url: the served model name")
         command.add_argument(
             "--api-key-file",
-            help="with --base-url: a file with the engine's key (VLLM_API_KEY=..., "
-            "SGLANG_API_KEY=..., LLAMA_API_KEY=...; never argv)",
+            help="with --base-url: a file with the engine's key ("
+            + ", ".join(f"{p.api_key_env}=..." for p in LISTED)
+            + "; never argv)",
         )
         command.add_argument(
             "--engine",
             choices=sorted(ENGINES),
-            default="vllm",
+            default=DEFAULT.name,
             help="with --base-url: the server's engine (how its tokenizer counts, its key's name)",
         )
         if name == "check":
@@ -303,7 +316,7 @@ def config_path(args: argparse.Namespace) -> str:
 def client(args: argparse.Namespace) -> Client:
     from laned.adapters.secret_files import read_token
     from laned.cli.client import Client
-    from laned.config.load import load_config
+    from laned.validation.load import load_config
 
     url, token_file = args.url, args.token_file
     if url is None or token_file is None:

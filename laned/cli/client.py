@@ -239,7 +239,9 @@ def placement_lines(placement: dict[str, Any]) -> list[str]:
             left = f"; {g['left_bytes'] / gib:.1f} GiB left" if g["left_bytes"] is not None else ""
             lines.append(f"  {where}{size}: {who or 'nothing'}{left}")
     if placement["pairs"]:
-        unknown = "" if placement["gpus_known"] else " (GPU memory not read here: shares add up, GiB sizes cannot)"  # fmt: skip
+        unknown = ""
+        if not placement["gpus_known"]:
+            unknown = " (GPU memory not read here: shares add up, GiB sizes cannot)"
         lines.append(f"which lanes may run together{unknown}:")
         for pair in placement["pairs"]:
             verdict = "together" if pair["together"] else "apart"

@@ -20,8 +20,8 @@ def _engine_target(args: argparse.Namespace) -> tuple[EngineClient, ChecksConfig
     from laned import engines
     from laned.adapters.engine_api import EngineClient
     from laned.adapters.secret_files import read_api_key
-    from laned.config.load import load_config
     from laned.config.model import ChecksConfig
+    from laned.validation.load import load_config
 
     if args.base_url:
         if not args.model:
@@ -85,6 +85,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import json
     import time
 
+    from laned import engines
     from laned.gates.bench import run_bench, table
 
     try:
@@ -109,7 +110,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if window <= 0:
                 raise EngineRefused(
                     f"{engine.base_url}/v1/models gives no window (max_model_len)",
-                    "is --engine right for it? (vllm, sglang or llamacpp)",
+                    "is --engine right for it? ("
+                    + ", ".join(p.name for p in engines.LISTED[:-1])
+                    + f" or {engines.LISTED[-1].name})",
                 )
             return await run_bench(
                 engine,

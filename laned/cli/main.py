@@ -31,7 +31,7 @@ def _print_warnings(config_source: str, warnings: Sequence[object]) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """`laned validate`."""
-    from laned.config.load import load_config
+    from laned.validation.load import load_config
 
     config = load_config(config_path(args))
     _print_warnings(config.source, config.warnings)
@@ -45,7 +45,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{config.source}: valid ({len(config.lanes)} lane(s): {lanes}{suffix})")
     if len(config.lanes) > 1:
         from laned.cli.client import placement_lines
-        from laned.core.footprints import report
+        from laned.engines.footprints import report
 
         print("\n".join(placement_lines(report(config.lanes, _gpu_totals()))))
     return EXIT_OK
@@ -69,7 +69,7 @@ def _engine_flags(config: Config, python: str | None) -> list[Finding]:
     """Each lane's flags against its engine's own parser (read once per interpreter,
     program or image); what could not be read is a warning too, never a reason to fail."""
     from laned.adapters.engine_parser import read_flags
-    from laned.config import engine_flags
+    from laned.validation import engine_flags
 
     found: list[Finding] = []
     known: dict[engine_flags.Source, engine_flags.KnownFlags | LanedError] = {}
@@ -115,8 +115,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     """`laned render [--check]`."""
     from laned.adapters import rendered
     from laned.adapters.systemd import installed_version
-    from laned.config.load import load_config
     from laned.render import plan as render
+    from laned.validation.load import load_config
 
     config = load_config(config_path(args))
     _print_warnings(config.source, config.warnings)
@@ -151,8 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from laned.config.load import load_config
     from laned.daemon import serve
+    from laned.validation.load import load_config
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: a line per probe, every few seconds per lane, for
@@ -201,10 +201,10 @@ def _local(args: argparse.Namespace, what: str) -> dict[str, Any]:
 
     from laned.adapters.host import Host
     from laned.adapters.podman import Podman
-    from laned.config.load import load_config
     from laned.config.names import podman_socket
     from laned.preflight.fit import fit_report
     from laned.preflight.rules import evaluate, report
+    from laned.validation.load import load_config
 
     config = load_config(config_path(args))
     host = Host(Podman(podman_socket(config, os.environ, os.getuid())))
@@ -275,8 +275,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
     """`laned reload`: POST /reload (what SIGHUP and `systemctl --user reload laned` do);
     what was applied, deferred or refused. Exit 1 when laned refused it, 2 for a bad config."""
     from laned.config.applied import reload_lines
-    from laned.config.load import load_config
     from laned.errors import ApiRefused
+    from laned.validation.load import load_config
 
     if args.url is None or args.token_file is None:
         # The file names laned's address and token: a broken one is said here, not sent.
@@ -349,7 +349,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     import asyncio
 
     from laned.cli.install import install
-    from laned.config.load import load_config
+    from laned.validation.load import load_config
 
     path = config_path(args)
     config = load_config(path)
@@ -360,10 +360,10 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """`laned import [--name LANE] [--set NAME=VALUE]... [--cwd DIR] [FILE | -]`."""
-    from laned.config.load import parse_config
     from laned.errors import CommandLineError
     from laned.importer.toml_out import render_import
     from laned.importer.translate import import_run
+    from laned.validation.load import parse_config
 
     path = args.file or args.source or "-"
     values = dict(item.partition("=")[::2] for item in args.set)

@@ -43,8 +43,8 @@ def examples_dir() -> Path:
 
 def cmd_init(args: argparse.Namespace) -> int:
     """`laned init [--example NAME] [--force]`: write a starter config, say what to edit."""
-    from laned.config.load import load_config
     from laned.errors import ConfigError
+    from laned.validation.load import load_config
 
     source = examples_dir() / EXAMPLES[args.example]
     target = Path(config_path(args))
@@ -88,8 +88,8 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def cmd_lanes(args: argparse.Namespace) -> int:
     """`laned _lanes`: the configured lane names, one a line (nothing when the config does not
     load: completion must stay quiet)."""
-    from laned.config.load import load_config
     from laned.errors import LanedError
+    from laned.validation.load import load_config
 
     try:
         config = load_config(config_path(args), os.environ)

@@ -1,1 +1,2 @@
-"""The config: the model, its loading and every rule over it (pure)."""
+"""The config: the model, its names, paths and value types, and the rules that need no engine
+(groups, sleep, ranks). Loading and the rules that ask each engine are laned.validation (pure)."""

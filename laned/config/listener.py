@@ -1,7 +1,10 @@
-"""`[daemon.limits]`: what one request may send laned's listener, how long it may take, and
-how many connections may be open (laned.api.limits applies them; docs/configuration.md)."""
+"""laned's listener: its address (`daemon.listen`, read as HOST:PORT) and `[daemon.limits]`, what
+one request may send it, how long it may take, and how many connections may be open
+(laned.api.limits applies them; docs/configuration.md)."""
 
 from __future__ import annotations
+
+import re
 
 from pydantic import ConfigDict, Field
 
@@ -30,3 +33,25 @@ class LimitsConfig(StrictModel):
     # (laned.api.budget). A request that finds no room waits this long, then gets 503.
     request_memory_mib: float | None = Field(default=None, gt=0)
     request_memory_wait: Duration = 5.0
+
+
+def parse_listen(listen: str) -> tuple[str, int] | None:
+    """Split "host:port" / "[v6]:port" into (host, port); None when malformed."""
+    match = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([A-Za-z0-9.-]+):(\d{1,5})", listen)
+    if not match:
+        return None
+    host = match.group(1) or match.group(3)
+    port = int(match.group(2) or match.group(4))
+    return (host, port) if 0 < port < 65536 else None
+
+
+def api_address(listen: str) -> str:
+    """Where a command on this host reaches laned's API, for hints (`curl -s ADDRESS/...`):
+    `localhost:PORT` for a loopback or wildcard listen, else the host as configured."""
+    parsed = parse_listen(listen)
+    if parsed is None:
+        return listen
+    host, port = parsed
+    if host in ("0.0.0.0", "::", "localhost") or host.startswith("127.") or host == "::1":
+        return f"localhost:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,7 +1,7 @@
 """The config model: validated, immutable pydantic models of laned's TOML file.
 
-Parsing (TOML, every problem at once with its key path) is `laned.config.load`; semantic rules
-that span keys are `laned.config.rules`. This module knows neither, so both can build on it.
+Parsing (TOML, every problem at once with its key path) is `laned.validation.load`; semantic rules
+that span keys are `laned.validation.rules`. This module knows neither, so both can build on it.
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ from laned.errors import Finding, UnknownLane
 
 
 def _context(info: ValidationInfo) -> dict[str, Any]:
-    """What laned.config.load hands the model: the environment (`env`) and this host's name
+    """What laned.validation.load hands the model: the environment (`env`) and this host's name
     (`hostname`). The model reads neither itself."""
     context = info.context or {}
     if "env" not in context or "hostname" not in context:
-        raise ValueError("the config is read by laned.config.load, which passes env and hostname")
+        raise ValueError(
+            "the config is read by laned.validation.load, which passes env and hostname"
+        )
     return context
 
 
@@ -390,13 +392,6 @@ class LaneConfig(_Model):
         return self.secrets_file or self.api_key_file
 
     @property
-    def required_secrets(self) -> tuple[str, ...]:
-        """The names the secrets file must define: `secrets`, and VLLM_API_KEY for a file
-        named by `api_key_file`."""
-        legacy = ("VLLM_API_KEY",) if self.api_key_file and not self.secrets_file else ()
-        return tuple(dict.fromkeys((*legacy, *self.secrets)))
-
-    @property
     def secrets_key(self) -> str:
         """The config key that names the secrets file (for messages)."""
         return "api_key_file" if self.api_key_file and not self.secrets_file else "secrets_file"
@@ -431,10 +426,6 @@ class LaneConfig(_Model):
         if given or (self.exec is None and self.container is None):
             return "args"
         return "exec.command" if self.exec is not None else "container.command"
-
-    def headless(self) -> bool:
-        """A worker rank of a lane over several hosts: it serves no API (docs/multinode.md)."""
-        return "--headless" in self.engine_args()
 
     def engine_arg(self, flag: str) -> str | None:
         """The value of `flag` in the engine arguments (`--flag VALUE` or `--flag=VALUE`),

@@ -1,7 +1,7 @@
 """podman run's options, read as podman reads them (cobra over spf13/pflag). Pure.
 
 The one reader of podman options in laned: the config's rules over a container lane's
-`podman_args` (laned.config.engine_rules, laned.config.secret_rules) and `laned import` of a
+`podman_args` (laned.validation.engine_rules, laned.validation.secret_rules) and `laned import` of a
 recipe's `docker run` line (laned.importer.run_options; Docker's CLI is cobra and pflag too).
 
 pflag's grammar (github.com/spf13/pflag, flag.go: `parseArgs`, `parseLongArg`,

@@ -6,7 +6,7 @@ A lane's secrets live in one file of `NAME=VALUE` lines, mode 0600 (`secrets_fil
 lane, `-e NAME` for a container), so no value is ever in an argv, a unit, a wrapper or a
 config that laned writes. What looks secret: a name (looks_secret), a NAME=VALUE by its name
 or its value (holds_secret), and a value by the shape of a well-known token (token_kind),
-wherever it stands. `laned validate` refuses each in a lane (laned.config.secret_rules), and
+wherever it stands. `laned validate` refuses each in a lane (laned.validation.secret_rules), and
 `laned import` turns each into a line to write in the file.
 """
 
@@ -20,7 +20,6 @@ from laned.errors import SecretsFileError
 # Names that are secrets wherever they appear.
 SECRET_NAMES = frozenset(
     {
-        "VLLM_API_KEY",
         "HF_TOKEN",
         "HUGGING_FACE_HUB_TOKEN",
         "HUGGINGFACE_TOKEN",

@@ -1,6 +1,6 @@
 """Which lanes may run together, and which an activation must take off (docs/placement.md).
 
-Pure: footprints and the host's GPUs in, decisions out (laned.core.footprints reads the
+Pure: footprints and the host's GPUs in, decisions out (laned.engines.footprints reads the
 footprints from the config; this module imports neither it nor pydantic, so that
 bench/gpu_placement.py runs it on a GPU machine). A lane's footprint is what its engine
 takes of each of its GPUs by the engine's own rule (laned.engines, `gpu_share`: vLLM's
@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from laned.preflight.facts import GIB
+from laned.core.facts import GIB
 
 Totals = Mapping[int, int]  # GPU index -> its memory in bytes, as NVML reads it
 EVERY = -1  # "every GPU" of a host whose GPUs are not known

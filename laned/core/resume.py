@@ -6,7 +6,7 @@ acts on the answers (`Supervisor.reconcile`, `Outages._catch_up`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -38,7 +38,9 @@ class LaneNow:
     busy: bool  # an operation of its group, a pending restart or a watch is under way
 
 
-def plan_catch_up(config: Config, lanes: Mapping[str, LaneNow]) -> dict[str, CatchUp]:
+def plan_catch_up(
+    config: Config, lanes: Mapping[str, LaneNow], *, workers: Collection[str]
+) -> dict[str, CatchUp]:
     """After the user bus came back or the manager was re-executed or replaced: what each
     lane needs to match the last request. Busy lanes carry on by themselves. An operation
     the lost bus broke left its lanes in between (restarting with the unit still running,
@@ -46,11 +48,12 @@ def plan_catch_up(config: Config, lanes: Mapping[str, LaneNow]) -> dict[str, Cat
     followed again if its unit runs, started again if it does not (activated, stopping its
     peers, unless it held the GPUs itself); a lane not desired is stopped if its unit runs
     (unless a peer's activation stops it anyway, or it sleeps) and marked inactive if not. A failed lane
-    stays failed until activated; a worker rank of a lane over several hosts is its head's."""
+    stays failed until activated; a worker rank of a lane over several hosts (`workers`:
+    laned.engines.headless) is its head's."""
     plans: dict[str, CatchUp] = {}
     for lane, now in lanes.items():
         plan = CatchUp.NOTHING
-        if now.busy or config.lanes[lane].headless():
+        if now.busy or lane in workers:
             pass
         elif now.desired is not Desired.ACTIVE:
             if now.running and now.state is LaneState.SLEEPING:
@@ -90,11 +93,14 @@ def plan_reconcile(
     desired: Mapping[str, Desired],
     states: Mapping[str, LaneState],
     first: bool,
+    *,
+    workers: Collection[str],
 ) -> Reconcile:
     """Adopt the lanes that run (never restart a healthy one); start desired lanes that do
     not (a failed one stays failed until activated); on a first start, the default lane.
-    A worker rank of a lane over several hosts is never started here: its head's laned
-    starts it when the head says the lane is desired (docs/multinode.md)."""
+    A worker rank of a lane over several hosts (`workers`: laned.engines.headless) is never
+    started here: its head's laned starts it when the head says the lane is desired
+    (docs/multinode.md)."""
     adopt = tuple(sorted(running))
     start = [
         (lane, "restore the desired lane")
@@ -102,9 +108,9 @@ def plan_reconcile(
         if desired.get(lane) is Desired.ACTIVE
         and lane not in adopt
         and states.get(lane) is not LaneState.FAILED
-        and not config.lanes[lane].headless()
+        and lane not in workers
     ]
     default = config.daemon.default_lane
-    if first and not adopt and default and not config.lanes[default].headless():
+    if first and not adopt and default and default not in workers:
         start.append((default, "default lane"))
     return Reconcile(adopt, tuple(start))

@@ -4,12 +4,13 @@ SGLang, llama.cpp's llama-server. Pure: data and pure functions.
 A lane names its engine (`engine = "vllm" | "sglang" | "llamacpp"`), or laned reads it from
 the lane's command or image where it is obvious, vLLM by default: `for_lane(spec)`.
 Adding an engine is one module here, its entry in ENGINES, its simulator face and its tests
-(docs/architecture.md, "Add an engine").
+(docs/architecture.md, "Add an engine"). `footprints`: each lane's share of its GPUs, by its
+engine's rule, for laned.core.placement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from laned.config.command import program_start
 from laned.config.model import LaneConfig
@@ -25,6 +26,9 @@ ENGINES: dict[str, EngineProfile] = {p.name: p for p in (SGLANG, LLAMACPP, VLLM)
 # The engine of a lane that names none and whose command names none: every config written
 # before laned knew other engines keeps its meaning.
 DEFAULT: EngineProfile = VLLM
+
+# As messages list them: the default first.
+LISTED: tuple[EngineProfile, ...] = (DEFAULT, *(p for p in ENGINES.values() if p is not DEFAULT))
 
 
 def program_words(spec: LaneConfig) -> list[str]:
@@ -54,15 +58,36 @@ def inferred(words: Sequence[str]) -> EngineProfile | None:
 
 def for_lane(spec: LaneConfig) -> EngineProfile:
     """The profile of the lane's engine: its `engine`, else the one its command names, else
-    vLLM. (An unknown `engine` is refused by laned.config.rules before anything asks.)"""
+    vLLM. (An unknown `engine` is refused by laned.validation.rules before anything asks.)"""
     if spec.engine is not None:
         return ENGINES.get(spec.engine, DEFAULT)
     return inferred(program_words(spec)) or DEFAULT
 
 
+def headless(spec: LaneConfig) -> bool:
+    """A worker rank of a lane over several hosts: its engine serves no API, only its share
+    of the model (its engine's worker switch, vLLM's --headless; docs/multinode.md)."""
+    nodes = for_lane(spec).nodes
+    return nodes is not None and bool(nodes.worker) and nodes.worker in spec.engine_args()
+
+
+def workers(lanes: Mapping[str, LaneConfig]) -> frozenset[str]:
+    """The lanes that are worker ranks here (`headless`)."""
+    return frozenset(name for name, spec in lanes.items() if headless(spec))
+
+
+def required_secrets(spec: LaneConfig) -> tuple[str, ...]:
+    """The names the lane's secrets file must define: `secrets`, and its engine's key
+    variable for a file named by `api_key_file` (the older name of secrets_file, from when
+    every lane ran the default engine, whose file held its key alone)."""
+    legacy = (for_lane(spec).api_key_env,) if spec.api_key_file and not spec.secrets_file else ()
+    return tuple(dict.fromkeys((*legacy, *spec.secrets)))
+
+
 __all__ = [
     "DEFAULT",
     "ENGINES",
+    "LISTED",
     "LLAMACPP",
     "SGLANG",
     "VLLM",
@@ -70,5 +95,8 @@ __all__ = [
     "Gpus",
     "Model",
     "for_lane",
+    "headless",
     "inferred",
+    "required_secrets",
+    "workers",
 ]

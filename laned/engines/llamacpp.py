@@ -306,4 +306,5 @@ LLAMACPP = EngineProfile(
     caches=CACHES,
     secret_flags=SECRET_FLAGS,
     health=HEALTH,
+    launch="llama-server (`-m FILE`, `-hf OWNER/REPO[:QUANT]`, `-mu URL`)",
 )

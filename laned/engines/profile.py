@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from laned.config.model import LaneConfig
+from laned.config.sleep import LOOPBACK
+from laned.core.facts import LaneFacts
 from laned.core.phases import DYING, Seen
 from laned.errors import Finding
-from laned.preflight.facts import LaneFacts
 
 Line = tuple[str | None, list[str]]  # (why, argv words on one line of the wrapper)
 
@@ -51,6 +53,13 @@ class Call:
         return f"{self.method} {self.path}"
 
 
+def as_asked(
+    level: int, weights_gib: float | None, available_gib: float | None, pinned: bool
+) -> tuple[int, str]:
+    """An engine that sleeps at the level asked, whatever the host's memory."""
+    return level, ""
+
+
 @dataclass(frozen=True)
 class SleepApi:
     """How an engine sleeps and wakes (its process stays; its GPU memory goes).
@@ -60,7 +69,12 @@ class SleepApi:
     alone says); `after_wake[level]`: the calls that make a wake at that level answer rightly;
     `is_sleeping` and `asleep(answer)`: the engine's own word on whether it sleeps (None:
     it has none, and laned's record decides); `level_in_metrics(page)`: the level its
-    /metrics say it sleeps at. `missing`: the hint when the sleep routes answer 404."""
+    /metrics say it sleeps at. `missing`: the hint when the sleep routes answer 404;
+    `unreleased`: the hint when a sleep released no GPU memory (the switch that gives the
+    engine its sleep). `platforms`: where its sleep runs, for a host where laned sees no GPU.
+    `level_now(level, weights_gib, available_gib, pinned)`: the level it sleeps at on this
+    host now, and why where that is not `level` (vLLM's level 1 pins the weights in host RAM:
+    with too little, level 2); as asked by default."""
 
     levels: tuple[int, ...]
     sleep: Callable[[int], Call]
@@ -71,6 +85,25 @@ class SleepApi:
     asleep: Callable[[Any], bool]
     level_in_metrics: Callable[[str], int | None]
     missing: str
+    unreleased: str = ""
+    platforms: str = ""
+    level_now: Callable[[int, float | None, float | None, bool], tuple[int, str]] = as_asked
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How laned asks a weight-cache daemon, over one of its sockets, what its rank holds:
+    `ask`, the message as sent (framed); each answer is a `header` (a struct of one field,
+    the length of the body, taken up to `largest`), then a body that `read` takes back as
+    plain data only (ValueError for one it refuses); `held(answer)`: whether the rank
+    answered, and the bytes it says it holds as they came (laned.engines.footprints.held_of
+    judges them)."""
+
+    ask: bytes
+    header: struct.Struct
+    largest: int
+    read: Callable[[bytes], Any]
+    held: Callable[[Any], tuple[bool, object]]
 
 
 @dataclass(frozen=True)
@@ -90,7 +123,14 @@ class WeightCacheApi:
     GPU); `findings(spec, base)`: what is wrong with a lane that keeps its weights, seen
     without running it; `preflight(lane, spec, facts)`: what is, on this host;
     `sockets(lane, spec, runtime_dir)`: its sockets' paths that AF_UNIX cannot take, with
-    the user's runtime directory `runtime_dir`."""
+    the user's runtime directory `runtime_dir`.
+
+    `daemon`: its command in words (messages, its unit's description), its own flags after
+    `subcommand`; `since`: the engine's first release that has it; `mark`: the flag and value
+    by which an engine's command maps its weights (`laned import` reads a recipe's);
+    `engine_flags`: the flags laned gives the engine for it (`engine_lines`'), which the
+    daemon never gets and a lane's args must not give; `socket_name`: its longest socket's
+    name, `socket_name_max` bytes; `wire`: how laned asks it what it holds."""
 
     command: Callable[[Sequence[str]], list[str] | None]
     flags: Callable[[Sequence[str]], list[bool]]
@@ -102,6 +142,14 @@ class WeightCacheApi:
     findings: Callable[[LaneConfig, str], list[Finding]]
     preflight: Callable[[str, LaneConfig, LaneFacts], list[Finding]]
     sockets: Callable[[str, LaneConfig, str], list[Finding]]
+    daemon: str
+    subcommand: str
+    since: str
+    mark: tuple[str, str]
+    engine_flags: tuple[str, ...]
+    socket_name: str
+    socket_name_max: int
+    wire: Wire
 
 
 @dataclass(frozen=True)
@@ -113,13 +161,15 @@ class FlagProbe:
     `read_help(text)` reads (version, flags) from what it prints. `program`: the command
     word that is the engine (`vllm`, `sglang`, `llama-server`; a Python before `-m` runs a
     script engine). `loose`: the engine reads `--a_b` as `--a-b`, `--a.b` as a key of `--a`
-    and `-O3` as `--optimization-level 3` (vLLM's FlexibleArgumentParser)."""
+    and `-O3` as `--optimization-level 3` (vLLM's FlexibleArgumentParser). `env`: variables
+    that keep the probe quiet, the engine's own (vLLM's usage report)."""
 
     program: str
     script: str | None = None
     help: tuple[str, ...] = ("--help",)
     read_help: Callable[[str], tuple[str, frozenset[str]]] | None = None
     loose: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -160,6 +210,12 @@ class SecretFlag:
     def flag(self) -> str:
         """Its name in messages: its long option string."""
         return self.names[0]
+
+
+def words(text: str) -> frozenset[str]:
+    """A set of names (flags, methods) written as a block of words, a table as people read
+    one: the formatter keeps a string as it is written."""
+    return frozenset(text.split())
 
 
 def secret_flag(flags: Sequence[SecretFlag], word: str) -> SecretFlag | None:
@@ -393,6 +449,42 @@ class Caches:
 
 
 @dataclass(frozen=True)
+class Nodes:
+    """How the engine runs one model over several hosts: `count`, its flag for how many
+    (--nnodes); `worker`, its switch for a rank that serves no API, only its share of the
+    model (vLLM's --headless; "" where it has none), and why, for that rank's args."""
+
+    count: str
+    worker: str = ""
+    why: str = ""
+
+
+def bound_host(spec: LaneConfig) -> str:
+    """The address the engine binds, for preflight's look at its port: its --host (every
+    engine laned knows takes it), else loopback for a lane that sleeps (laned renders it so:
+    laned.config.sleep), else the wildcard, where a listener on any address is found."""
+    host = spec.engine_arg("--host")
+    if host is None:
+        return LOOPBACK if spec.sleep_level else "0.0.0.0"
+    return host
+
+
+def no_generation_config(spec: LaneConfig) -> str | None:
+    """An engine that takes its sampling defaults from no flag of its own."""
+    return None
+
+
+def no_shutdown(spec: LaneConfig) -> float | None:
+    """An engine whose flags set no graceful shutdown."""
+    return None
+
+
+def may_pin(spec: LaneConfig) -> tuple[str, str] | None:
+    """An engine that may pin host memory (--cap-add IPC_LOCK may serve it)."""
+    return None
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """One engine.
 
@@ -435,7 +527,17 @@ class EngineProfile:
     - `secret_flags`: its flags whose value is a secret (SecretFlag), each with the name it
       goes by in the lane's secrets file instead;
     - `health`: which of its health answers mean it is dead once it serves, and its log lines
-      that announce it (HealthRule).
+      that announce it (HealthRule);
+    - `nodes`: how it runs over several hosts (None: on one only, as laned knows it);
+    - `host(spec)`: the address it binds;
+    - `generation_config(spec)`: where the lane's own flags take its sampling defaults from
+      (vLLM's --generation-config: `auto`, `vllm` or a directory), None where they say nothing;
+    - `shutdown(spec)`: the seconds its graceful shutdown takes by its flags (None: not set);
+    - `pins_nothing(spec)`: (what, why) where the lane's engine pins no host memory, so that
+      --cap-add IPC_LOCK serves nothing (vLLM's engram-disk mode without KV offloading);
+    - `gate_hints`: what to check where an acceptance gate fails (`reasoning`, `tools`): the
+      flags that make its answers carry reasoning apart and tool calls;
+    - `launch`: its launch line as `laned import` reads it, for a hint.
     """
 
     name: str
@@ -478,3 +580,15 @@ class EngineProfile:
     caches: Caches | None = None
     secret_flags: tuple[SecretFlag, ...] = ()
     health: HealthRule = HealthRule()
+    nodes: Nodes | None = None
+    host: Callable[[LaneConfig], str] = bound_host
+    generation_config: Callable[[LaneConfig], str | None] = no_generation_config
+    shutdown: Callable[[LaneConfig], float | None] = no_shutdown
+    pins_nothing: Callable[[LaneConfig], tuple[str, str] | None] = may_pin
+    gate_hints: Mapping[str, str] = field(default_factory=dict)
+    launch: str = ""
+
+    @property
+    def unreleased(self) -> str:
+        """The hint where its sleep released no GPU memory (SleepApi.unreleased)."""
+        return "" if self.sleep is None else self.sleep.unreleased

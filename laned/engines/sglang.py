@@ -60,6 +60,7 @@ from laned.engines.profile import (
     Line,
     MetricNames,
     Model,
+    Nodes,
     SecretFlag,
     Share,
     SleepApi,
@@ -217,6 +218,8 @@ SLEEP = SleepApi(
     asleep=lambda answer: False,
     level_in_metrics=lambda page: None,
     missing="the engine serves no memory routes: is --enable-memory-saver in its wrapper?",
+    unreleased="is --enable-memory-saver in its wrapper? (laned render)",
+    platforms="SGLang's needs CUDA: torch_memory_saver",
 )
 
 
@@ -333,4 +336,7 @@ SGLANG = EngineProfile(
     caches=CACHES,
     secret_flags=SECRET_FLAGS,
     health=HEALTH,
+    nodes=Nodes("--nnodes"),
+    gate_hints={"reasoning": "check --reasoning-parser", "tools": "check --tool-call-parser"},
+    launch="SGLang (`python3 -m sglang.launch_server --model-path M`)",
 )

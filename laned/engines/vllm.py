@@ -26,7 +26,9 @@ from typing import Any
 
 from laned.config.model import LaneConfig
 from laned.config.names import CACHE_MOUNT
+from laned.config.secrecy import engine_flag
 from laned.config.sleep import LOOPBACK, loopback
+from laned.core.facts import LaneFacts
 from laned.core.phases import BAR, CACHE_HIT, Phase, read_with
 from laned.engines.profile import (
     Caches,
@@ -38,6 +40,7 @@ from laned.engines.profile import (
     Line,
     MetricNames,
     Model,
+    Nodes,
     SecretFlag,
     Share,
     SleepApi,
@@ -54,7 +57,6 @@ from laned.engines.profile import (
 )
 from laned.engines.vllm_preload import WC_MAPPED, WC_MISSED, WEIGHT_CACHE
 from laned.errors import Finding, Severity
-from laned.preflight.facts import LaneFacts
 
 # (pattern, phase or None, note or None), first match wins; sources in docs/simulator.md.
 PHASES: list[tuple[re.Pattern[str], Phase | None, str | None]] = [
@@ -202,6 +204,44 @@ def level_in_metrics(page: str) -> int | None:
     return None
 
 
+SLEEP_MARGIN_GIB = 8.0  # host RAM a level-1 sleep leaves free, beyond the weights it pins
+
+
+PINNED_ROUNDING = 2.0  # torch rounds each pinned host block up to a power of two: at most 2x
+
+
+def level_now(
+    level: int,
+    weights_gib: float | None,
+    mem_available_gib: float | None,
+    pinned: bool = False,
+) -> tuple[int, str]:
+    """The level a lane sleeps at now, and why when it is not its own: level 1 pins the
+    weights in host RAM (vllm/device_allocator/cumem.py), so it needs MemAvailable, less
+    SLEEP_MARGIN_GIB, to hold them; else level 2 (the weights dropped, read again at the
+    wake). Unknown sizes leave the lane's level as it is.
+
+    What level 1 pins is more than the weights: cumem.py asks torch for a pinned buffer per
+    allocation, and torch's caching host allocator rounds each up to a power of two (on the
+    H200, a 40 GiB buffer took 64.9 GiB of MemAvailable): up to PINNED_ROUNDING times the
+    weights, the bound laned checks. Those buffers stay with the engine (`pinned`): cumem.py
+    drops them at the wake into that cache, which vLLM empties only at shutdown
+    (vllm/distributed/parallel_state.py), and the next sleep gets them back without pinning
+    anew (a second pin of 40 GiB took 53 µs, the first 34.9 s). An engine that holds them
+    sleeps at level 1 again whatever MemAvailable says: they are out of it already."""
+    if level != 1 or weights_gib is None or mem_available_gib is None or pinned:
+        return level, ""
+    need = weights_gib * PINNED_ROUNDING
+    room = mem_available_gib - SLEEP_MARGIN_GIB
+    if need <= room:
+        return 1, ""
+    return 2, (
+        f"level 1 would pin up to {need:.1f} GiB of host RAM for {weights_gib:.1f} GiB of "
+        f"weights (each buffer rounded up to a power of two); {mem_available_gib:.1f} GiB is "
+        f"available, less a {SLEEP_MARGIN_GIB:g} GiB margin"
+    )
+
+
 SLEEP = SleepApi(
     levels=(1, 2),
     # `wait` lets a request still in flight end (laned drained them first; vLLM's default,
@@ -219,6 +259,9 @@ SLEEP = SleepApi(
     asleep=_field("is_sleeping", True),
     level_in_metrics=level_in_metrics,
     missing="the engine serves no sleep routes: is VLLM_SERVER_DEV_MODE=1 in its wrapper?",
+    unreleased="is --enable-sleep-mode in its wrapper? (laned render)",
+    platforms="vLLM's runs on CUDA, ROCm and XPU only: vllm/platforms/interface.py",
+    level_now=level_now,
 )
 
 
@@ -300,8 +343,63 @@ def gpus_of(words: Sequence[str], env: Mapping[str, str] = {}) -> Gpus:
 
 def findings(spec: LaneConfig, base: str) -> list[Finding]:
     """What vLLM would refuse or expose, seen in the config: its dev mode on a reachable
-    host, a --gpu-memory-utilization it refuses."""
-    return [*_dev_mode(spec, base), *_utilization(spec, base)]
+    host, a --gpu-memory-utilization it refuses, engram-disk mode under CUDA graphs."""
+    return [*_dev_mode(spec, base), *_utilization(spec, base), *_engram_eager(spec, base)]
+
+
+ENGRAM_DISK = "DSV41_ENGRAM_DISK"
+
+
+def _engram_disk(spec: LaneConfig) -> str | None:
+    """Seed 000's engram-disk switch, when on. Only the EXL3 pack's own variable: its plugin's
+    NVMe reads cannot be captured in CUDA graphs. Other builds differ: seed 001's
+    VLLM_MOET_ENGRAM_DISK=1 runs with CUDA graphs and pins its KV offload region."""
+    var = spec.env.get(ENGRAM_DISK)
+    return ENGRAM_DISK if var is not None and var.value == "1" else None
+
+
+def _engram_eager(spec: LaneConfig, base: str) -> list[Finding]:
+    """Engram-disk mode needs --enforce-eager, given anywhere the engine's flags are: `args`,
+    a rank's, its command."""
+    disk = _engram_disk(spec)
+    if disk is None:
+        return []
+    words = [a.flag for a in spec.args] + [a.flag for r in spec.rank.values() for a in r.args]
+    words += spec.command_words()
+    if any(engine_flag(word) == "--enforce-eager" for word in words):
+        return []
+    return [
+        Finding(
+            f"{base}.args",
+            f"{disk}=1 needs --enforce-eager",
+            "CUDA graphs cannot capture the NVMe reads of engram-disk mode; add --enforce-eager",
+        )
+    ]
+
+
+def pins_nothing(spec: LaneConfig) -> tuple[str, str] | None:
+    """Engram-disk mode without --kv-offloading-size pins no host memory: --cap-add IPC_LOCK
+    serves nothing there."""
+    disk = _engram_disk(spec)
+    if disk is None or spec.engine_arg("--kv-offloading-size") is not None:
+        return None
+    return f"{disk}=1", "engram-disk mode pins nothing (the pinned mode is unused)"
+
+
+def generation_config(spec: LaneConfig) -> str | None:
+    """--generation-config: `auto` (the model's generation_config.json), `vllm` (vLLM's own
+    defaults) or a directory whose generation_config.json is read instead."""
+    return spec.engine_arg("--generation-config")
+
+
+def shutdown(spec: LaneConfig) -> float | None:
+    """--shutdown-timeout: the seconds vLLM drains its requests for at a SIGTERM, and ~10 s
+    more for its engine core and workers to exit and free their memory."""
+    text = spec.engine_arg("--shutdown-timeout")
+    try:
+        return None if text is None else float(text) + 10
+    except ValueError:
+        return None
 
 
 def _utilization(spec: LaneConfig, base: str) -> list[Finding]:
@@ -542,7 +640,7 @@ VLLM = EngineProfile(
     preflight=preflight,
     findings=findings,
     owned={"--port": "port", "--served-model-name": "served_model_name"},
-    flag_probe=FlagProbe("vllm", script=FLAG_SCRIPT, loose=True),
+    flag_probe=FlagProbe("vllm", script=FLAG_SCRIPT, loose=True, env={"VLLM_NO_USAGE_STATS": "1"}),
     default_port=8000,  # vllm/entrypoints/openai/cli_args.py: --port's default
     weight_cache=WEIGHT_CACHE,  # laned/engines/vllm_preload.py
     gpu_share=gpu_share,
@@ -550,4 +648,15 @@ VLLM = EngineProfile(
     caches=CACHES,
     secret_flags=SECRET_FLAGS,
     health=HEALTH,
+    nodes=Nodes(
+        "--nnodes", "--headless", "a worker rank: no API server, vLLM's runtime on this host"
+    ),
+    generation_config=generation_config,
+    shutdown=shutdown,
+    pins_nothing=pins_nothing,
+    gate_hints={
+        "reasoning": "check --reasoning-parser",
+        "tools": "check --enable-auto-tool-choice and --tool-call-parser",
+    },
+    launch="vLLM (`vllm serve MODEL`, `--model M`)",
 )

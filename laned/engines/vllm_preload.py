@@ -23,9 +23,9 @@ from typing import Any
 from laned.config.model import LaneConfig
 from laned.config.names import AF_UNIX_MAX, WEIGHTS_SOCKETS_MOUNT, weights_sockets_dir
 from laned.config.sleep import LOOPBACK
-from laned.engines.profile import Line, WeightCacheApi
+from laned.core.facts import LaneFacts
+from laned.engines.profile import Line, WeightCacheApi, Wire, words
 from laned.errors import Finding, Severity
-from laned.preflight.facts import LaneFacts
 
 WC_MAPPED = "weights mapped from the weight cache"
 WC_MISSED = "weight cache missed: weights read from disk"
@@ -42,60 +42,64 @@ WC_MISSED = "weight cache missed: weights read from disk"
 # Flags of `vllm serve` that `vllm preload` refuses: the API server's (preload's parser is
 # EngineArgs' alone, preload.py add_cli_args). Read off vLLM 0.32's two parsers: serve's option
 # strings less preload's; tests/vllm/test_weight_cache_flags.py reads them again.
-SERVER_ONLY = frozenset({
-    "--allow-credentials", "--allowed-headers", "--allowed-methods", "--allowed-origins",
-    "--anthropic-disabled-thinking-effort", "--api-key", "--api-server-count", "--chat-template",
-    "--chat-template-content-format", "--cohere-format", "--cohere-is-reasoning-model", "--config",
-    "--data-parallel-supervisor-port", "--default-chat-template-kwargs",
-    "--disable-access-log-for-endpoints", "--disable-fastapi-docs", "--disable-uvicorn-access-log",
-    "--dp-supervisor-probe-failure-threshold", "--dp-supervisor-probe-interval-s",
-    "--dp-supervisor-probe-timeout-s", "--enable-auto-tool-choice", "--enable-flash-late-interaction",
-    "--enable-force-include-usage", "--enable-log-deltas", "--enable-log-outputs",
-    "--enable-log-requests", "--enable-offline-docs", "--enable-per-request-metrics",
-    "--enable-prompt-tokens-details", "--enable-request-id-headers", "--enable-scale-out",
-    "--enable-server-load-tracking", "--enable-ssl-refresh", "--enable-tokenizer-info-endpoint",
-    "--exclude-tools-when-tool-choice-none", "--fingerprint-mode", "--fingerprint-value", "--grpc",
-    "--grpc-port", "--h11-max-header-count", "--h11-max-incomplete-event-size", "--headless",
-    "--host", "--log-error-stack", "--lora-modules", "--max-log-len", "--middleware", "--port",
-    "--response-role", "--return-tokens-as-token-ids", "--root-path", "--sse-keep-alive-interval",
-    "--ssl-ca-certs", "--ssl-cert-reqs", "--ssl-certfile", "--ssl-ciphers", "--ssl-keyfile",
-    "--tokens-only", "--tool-call-parser", "--tool-parser-plugin", "--tool-server",
-    "--tool-strict-level", "--trust-request-chat-template", "--trust-request-mm-kwargs", "--uds",
-    "--uvicorn-log-level",
-})  # fmt: skip
+SERVER_ONLY = words(
+    """
+    --allow-credentials --allowed-headers --allowed-methods --allowed-origins
+    --anthropic-disabled-thinking-effort --api-key --api-server-count --chat-template
+    --chat-template-content-format --cohere-format --cohere-is-reasoning-model --config
+    --data-parallel-supervisor-port --default-chat-template-kwargs
+    --disable-access-log-for-endpoints --disable-fastapi-docs --disable-uvicorn-access-log
+    --dp-supervisor-probe-failure-threshold --dp-supervisor-probe-interval-s
+    --dp-supervisor-probe-timeout-s --enable-auto-tool-choice --enable-flash-late-interaction
+    --enable-force-include-usage --enable-log-deltas --enable-log-outputs --enable-log-requests
+    --enable-offline-docs --enable-per-request-metrics --enable-prompt-tokens-details
+    --enable-request-id-headers --enable-scale-out --enable-server-load-tracking
+    --enable-ssl-refresh --enable-tokenizer-info-endpoint --exclude-tools-when-tool-choice-none
+    --fingerprint-mode --fingerprint-value --grpc --grpc-port --h11-max-header-count
+    --h11-max-incomplete-event-size --headless --host --log-error-stack --lora-modules
+    --max-log-len --middleware --port --response-role --return-tokens-as-token-ids --root-path
+    --sse-keep-alive-interval --ssl-ca-certs --ssl-cert-reqs --ssl-certfile --ssl-ciphers
+    --ssl-keyfile --tokens-only --tool-call-parser --tool-parser-plugin --tool-server
+    --tool-strict-level --trust-request-chat-template --trust-request-mm-kwargs --uds
+    --uvicorn-log-level
+    """
+)
 
 # Engine flags that shape the scheduler, the KV cache's size, the memory budget, compilation
 # or what requests get, never the weights the daemon holds (none is in its fingerprint or
 # builds a layer differently): the daemon does not get them, so changing one restarts the
 # engine alone. Anything not named here reaches the daemon too (a change restarts both).
-WEIGHTLESS = frozenset({
-    "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--gpu-memory-utilization",
-    "--kv-cache-memory", "--kv-cache-memory-bytes", "--num-gpu-blocks-override", "--block-size",
-    "--enable-prefix-caching", "--no-enable-prefix-caching", "--prefix-caching-hash-algo",
-    "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--max-num-partial-prefills",
-    "--max-long-partial-prefills", "--long-prefill-token-threshold", "--scheduling-policy",
-    "--enforce-eager", "--compilation-config", "--cudagraph-capture-sizes",
-    "--max-cudagraph-capture-size", "--served-model-name", "--override-generation-config",
-    "--generation-config", "--reasoning-parser", "--disable-log-stats", "--enable-sleep-mode",
-    "--shutdown-timeout", "--seed", "--structured-outputs-config", "--async-scheduling",
-    "--no-async-scheduling", "--swap-space", "--kv-events-config", "--kv-transfer-config",
-    "--otlp-traces-endpoint", "--collect-detailed-traces",
-})  # fmt: skip
+WEIGHTLESS = words(
+    """
+    --max-num-seqs --max-num-batched-tokens --max-model-len --gpu-memory-utilization
+    --kv-cache-memory --kv-cache-memory-bytes --num-gpu-blocks-override --block-size
+    --enable-prefix-caching --no-enable-prefix-caching --prefix-caching-hash-algo
+    --enable-chunked-prefill --no-enable-chunked-prefill --max-num-partial-prefills
+    --max-long-partial-prefills --long-prefill-token-threshold --scheduling-policy
+    --enforce-eager --compilation-config --cudagraph-capture-sizes --max-cudagraph-capture-size
+    --served-model-name --override-generation-config --generation-config --reasoning-parser
+    --disable-log-stats --enable-sleep-mode --shutdown-timeout --seed
+    --structured-outputs-config --async-scheduling --no-async-scheduling --swap-space
+    --kv-events-config --kv-transfer-config --otlp-traces-endpoint --collect-detailed-traces
+    """
+)
 
 # Which of the flags above take no value (store_true or its --no- twin): the rest take one.
-SWITCHES = frozenset({
-    "--enable-auto-tool-choice", "--enable-prefix-caching", "--no-enable-prefix-caching",
-    "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--enforce-eager",
-    "--disable-log-stats", "--enable-sleep-mode", "--async-scheduling", "--no-async-scheduling",
-    "--headless", "--disable-uvicorn-access-log", "--disable-fastapi-docs",
-    "--enable-log-requests", "--enable-log-outputs", "--enable-log-deltas",
-    "--enable-prompt-tokens-details", "--enable-force-include-usage", "--enable-request-id-headers",
-    "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids",
-    "--tokens-only", "--trust-request-chat-template", "--allow-credentials", "--grpc",
-    "--enable-ssl-refresh", "--enable-offline-docs", "--exclude-tools-when-tool-choice-none",
-    "--log-error-stack", "--language-model-only", "--trust-remote-code", "--enable-expert-parallel",
-    "--disable-custom-all-reduce", "--skip-tokenizer-init",
-})  # fmt: skip
+SWITCHES = words(
+    """
+    --enable-auto-tool-choice --enable-prefix-caching --no-enable-prefix-caching
+    --enable-chunked-prefill --no-enable-chunked-prefill --enforce-eager --disable-log-stats
+    --enable-sleep-mode --async-scheduling --no-async-scheduling --headless
+    --disable-uvicorn-access-log --disable-fastapi-docs --enable-log-requests
+    --enable-log-outputs --enable-log-deltas --enable-prompt-tokens-details
+    --enable-force-include-usage --enable-request-id-headers --enable-server-load-tracking
+    --enable-tokenizer-info-endpoint --return-tokens-as-token-ids --tokens-only
+    --trust-request-chat-template --allow-credentials --grpc --enable-ssl-refresh
+    --enable-offline-docs --exclude-tools-when-tool-choice-none --log-error-stack
+    --language-model-only --trust-remote-code --enable-expert-parallel
+    --disable-custom-all-reduce --skip-tokenizer-init
+    """
+)
 
 # Quantization methods whose every layer method takes pre-processed weights
 # (`supports_pre_processed_weights`, checked by protocol.py check_ipc_quant_support): fp8.py
@@ -104,12 +108,14 @@ SWITCHES = frozenset({
 # quantization, which the daemon always refuses (daemon.py get_model); any other name (a
 # plugin's, such as exl3) is the daemon's to judge at load.
 QUANT_HELD = frozenset({"fp8", "mxfp4", "gpt_oss_mxfp4", "modelopt_fp4"})
-QUANT_REFUSED = frozenset({
-    "awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "gptq_marlin", "compressed-tensors",
-    "bitsandbytes", "gguf", "experts_int8", "moe_wna16", "torchao", "inc", "fbgemm_fp8",
-    "fp_quant", "quark", "humming", "modelopt", "online", "fp8_per_tensor", "fp8_per_block",
-    "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8",
-})  # fmt: skip
+QUANT_REFUSED = words(
+    """
+    awq auto_awq awq_marlin gptq auto_gptq gptq_marlin compressed-tensors bitsandbytes gguf
+    experts_int8 moe_wna16 torchao inc fbgemm_fp8 fp_quant quark humming modelopt online
+    fp8_per_tensor fp8_per_block fp8_per_channel int8_per_channel_weight_only nvfp4_per_token
+    mxfp8
+    """
+)
 
 WEIGHT_CACHE_DOC = "docs/weight-cache.md"
 
@@ -141,6 +147,25 @@ class _PlainOnly(pickle.Unpickler):
 def wc_read(payload: bytes) -> Any:
     """A message's pickle, read back as plain data (pickle.UnpicklingError otherwise)."""
     return _PlainOnly(io.BytesIO(payload)).load()
+
+
+def wc_answer(payload: bytes) -> Any:
+    """An answer's pickle as plain data; ValueError for one refused or cut short."""
+    try:
+        return wc_read(payload)
+    except (pickle.UnpicklingError, EOFError) as exc:
+        raise ValueError(f"not an answer of plain data: {exc}") from exc
+
+
+def wc_held(answer: Any) -> tuple[bool, object]:
+    """get_memory's answer (daemon.py): `{"status": "ok", "memory_bytes": N}`."""
+    if isinstance(answer, dict) and answer.get("status") == "ok":
+        return True, answer.get("memory_bytes")
+    return False, None
+
+
+# What laned asks a rank (daemon.py `get_memory`), and how it reads the answer.
+WIRE = Wire(wc_message({"cmd": "get_memory"}), WC_LENGTH, WC_MAX, wc_answer, wc_held)
 
 
 def preload_command(words: Sequence[str]) -> list[str] | None:
@@ -410,4 +435,12 @@ WEIGHT_CACHE = WeightCacheApi(
     findings=weight_cache_findings,
     preflight=weight_cache_preflight,
     sockets=socket_findings,
+    daemon="vllm preload",
+    subcommand="preload",
+    since="vLLM 0.32",
+    mark=("--load-format", "ipc_cache"),
+    engine_flags=("--load-format", "--model-loader-extra-config"),
+    socket_name=SOCKET_NAME,
+    socket_name_max=SOCKET_NAME_MAX,
+    wire=WIRE,
 )

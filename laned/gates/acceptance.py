@@ -81,8 +81,9 @@ def judge_chat(timed: Timed) -> Verdict:
     return True, measured, ""
 
 
-def judge_reasoning(timed: Timed) -> Verdict:
-    """Reasoning kept apart from the answer, and the answer is 391."""
+def judge_reasoning(timed: Timed, hint: str = "") -> Verdict:
+    """Reasoning kept apart from the answer, and the answer is 391; `hint`: what to check
+    where it is not kept apart (the engine's flags for it: EngineProfile.gate_hints)."""
     message = _message(timed)
     reasoning = (message.get("reasoning_content") or message.get("reasoning") or "").strip()
     content = (message.get("content") or "").strip()
@@ -91,23 +92,20 @@ def judge_reasoning(timed: Timed) -> Verdict:
         return (
             False,
             measured,
-            "no separate reasoning (reasoning_content is empty: check --reasoning-parser)",
+            "no separate reasoning (reasoning_content is empty" + (f": {hint})" if hint else ")"),
         )
     if "391" not in content.replace(",", ""):
         return False, measured, f"17 x 23 is 391, the answer says {content[:80]!r}"
     return True, measured, ""
 
 
-def judge_tool_call(timed: Timed) -> tuple[Verdict, dict[str, Any] | None]:
-    """A get_weather call whose JSON arguments name Paris; the call, for the follow-up."""
+def judge_tool_call(timed: Timed, hint: str = "") -> tuple[Verdict, dict[str, Any] | None]:
+    """A get_weather call whose JSON arguments name Paris; the call, for the follow-up.
+    `hint`: what to check where there is none (EngineProfile.gate_hints)."""
     calls = _message(timed).get("tool_calls") or []
     measured: dict[str, Any] = {"finish_reason": timed.choice.get("finish_reason")}
     if not calls:
-        return (
-            False,
-            measured,
-            "no tool call (check --enable-auto-tool-choice and --tool-call-parser)",
-        ), None
+        return (False, measured, f"no tool call ({hint})" if hint else "no tool call"), None
     call = calls[0]
     function = call.get("function") or {}
     measured["tool"] = function.get("name")
@@ -212,7 +210,8 @@ class Gates:
         kwargs = {"thinking": True, "enable_thinking": True}
         room = await self.client.room(asked, 4096)  # vLLM refuses more than its window
         return judge_reasoning(
-            await self.client.chat(asked, max_tokens=room, chat_template_kwargs=kwargs)
+            await self.client.chat(asked, max_tokens=room, chat_template_kwargs=kwargs),
+            self.client.profile.gate_hints.get("reasoning", ""),
         )
 
     async def tools(self) -> Verdict:
@@ -222,7 +221,8 @@ class Gates:
         first = await self.client.chat(
             asked, tools=[WEATHER_TOOL], tool_choice="auto", max_tokens=1024
         )
-        (passed, measured, reason), call = judge_tool_call(first)
+        hint = self.client.profile.gate_hints.get("tools", "")
+        (passed, measured, reason), call = judge_tool_call(first, hint)
         if not passed or call is None:
             return passed, measured, reason
         follow = [

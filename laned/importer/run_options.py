@@ -167,9 +167,11 @@ def translate_options(
     resolve: Callable[[str, str], str],
     values: Mapping[str, str],
     cwd: str | None = None,
+    port_flag: str = "",
 ) -> None:
     """podman run's options, translated where they must be; each duplicate kept once. `cwd`:
-    the directory a relative bind mount's source is taken to be relative to."""
+    the directory a relative bind mount's source is taken to be relative to; `port_flag`: the
+    engine's own flag for its port, which laned passes."""
     # Linear in the options: the ones kept, in order, by their (flag, value) and, for an
     # option given once, by their flag.
     kept: dict[int, Option] = {}
@@ -207,7 +209,7 @@ def translate_options(
             value = resolve(option.value, f"{option.flag} {shown(option.value)}")
         if option.flag == "-e" and value is not None and "=" not in value and value in values:
             value = f"{value}={values[value]}"
-        _option(out, option, value, network, ipc, cwd)
+        _option(out, option, value, network, ipc, cwd, port_flag)
 
 
 def _given(option: Option) -> str:
@@ -230,6 +232,7 @@ def _option(
     network: str | None,
     ipc: str | None,
     cwd: str | None,
+    port_flag: str,
 ) -> None:
     flag, why = option.flag, option.comment
     box = out.container
@@ -250,7 +253,7 @@ def _option(
     elif flag == "-e":
         _env(out, value or "", why)
     elif flag == "-p":
-        _publish(out, value or "", network, why)
+        _publish(out, value or "", network, why, port_flag)
     elif flag == "--shm-size" and ipc == "host":
         out.changes.append(
             f"--shm-size {value} dropped: with --ipc host the container uses the host's /dev/shm, "
@@ -386,7 +389,7 @@ def _env(out: Imported, value: str, why: str) -> None:
     out.env[name] = (text, why)
 
 
-def _publish(out: Imported, value: str, network: str | None, why: str) -> None:
+def _publish(out: Imported, value: str, network: str | None, why: str, port_flag: str) -> None:
     port = out.lane["port"]
     if network == "host":
         out.changes.append(
@@ -399,9 +402,10 @@ def _publish(out: Imported, value: str, network: str | None, why: str) -> None:
         return
     host_port = parts[-2]
     if host_port.isdigit() and int(host_port) != port:
-        # laned passes --port and probes that port on the host: both sides must agree.
+        # laned passes the engine its port and probes that port on the host: both sides must
+        # agree.
         out.lane["port"] = int(host_port)
-        out.notes["port"] = f"-p {value}: the host's port (laned passes --port {host_port})"
+        out.notes["port"] = f"-p {value}: the host's port (laned passes {port_flag} {host_port})"
         value = ":".join([*parts[:-2], host_port, host_port])
         out.changes.append(f"-p became {value}: the engine listens on the port laned probes")
     out.podman_args.append((["-p", value], why or "the engine's port, published on the host"))

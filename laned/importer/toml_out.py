@@ -7,14 +7,29 @@ from __future__ import annotations
 from laned.importer import toml_text as t
 from laned.importer.run_options import Imported
 
+# The order of the keys in the TOML written.
 TOP_KEYS = (
-    "description", "engine", "port", "served_model_name", "aliases", "secrets_file", "secrets", "needs",
+    "description",
+    "engine",
+    "port",
+    "served_model_name",
+    "aliases",
+    "secrets_file",
+    "secrets",
+    "needs",
     "weight_cache",
-)  # fmt: skip
+)
 CONTAINER_KEYS = (
-    "image", "name", "entrypoint", "command", "devices", "network", "ipc", "security_opt",
+    "image",
+    "name",
+    "entrypoint",
+    "command",
+    "devices",
+    "network",
+    "ipc",
+    "security_opt",
     "volumes",
-)  # fmt: skip
+)
 
 
 def render_import(lane: Imported, source: str) -> str:

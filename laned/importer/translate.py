@@ -102,8 +102,8 @@ def _import_run(
     resolve = _Resolver({k: v for k, v in values.items() if not nodes or k not in PER_NODE})
     out = Imported(name="")
     texts = [w.text for w in rest]
-    profile = engines.inferred([image.text, *texts[program_start(texts) :][:3]]) or engines.VLLM
-    if profile is not engines.VLLM:
+    profile = engines.inferred([image.text, *texts[program_start(texts) :][:3]]) or engines.DEFAULT
+    if profile is not engines.DEFAULT:
         out.lane["engine"] = profile.name
         out.notes["engine"] = f"{profile.title}, read from the recipe's image and command"
     # The engine's secrets leave its words before anything is resolved: a placeholder for a
@@ -121,7 +121,7 @@ def _import_run(
         for i, (w, _) in enumerate(kept)
     ]
     names = _engine(out, engine, [c for _, c in kept], profile)
-    translate_options(out, options, resolve, resolve.values, cwd)
+    translate_options(out, options, resolve, resolve.values, cwd, port_flag(profile))
     # The engine's words (and its variables, which llama-server reads its model from too)
     # as its own parser reads them: laned.engines.
     argv = [*_command_words(out), *(w for f, v, _ in out.args for w in (f, v) if w is not None)]
@@ -135,7 +135,7 @@ def _import_run(
     _needs(out, profile.gpus_of(argv, env))
     _caches(out)
     if nodes:
-        _nodes(out, nodes, values)
+        _nodes(out, nodes, values, profile)
     _no_tokens(out)
     short = str(out.container["image"]).rsplit("/", 1)[-1].split("@")[0]
     out.lane = {
@@ -299,22 +299,23 @@ def _engine(
             i += 1
         i += 1
     names, port, kept = [], None, []
-    # vLLM's weight cache: laned renders the daemon and these two flags itself.
-    cached = profile.weight_cache is not None and ("--load-format", "ipc_cache", "") in [
-        (f, v, "") for f, v, _ in pairs
-    ]
-    if cached:
+    # The engine's weight cache (vLLM's): laned renders the daemon and the engine's flags for
+    # it itself.
+    cache = profile.weight_cache
+    cached = cache is not None and cache.mark in [(f, v) for f, v, _ in pairs]
+    if cache is not None and cached:
+        mark = " ".join(cache.mark)
         out.lane["weight_cache"] = True
         out.notes["weight_cache"] = (
-            "the recipe's --load-format ipc_cache: laned runs the weight-cache daemon "
-            "(vllm preload) as a unit of its own and passes the engine its flags (docs/weight-cache.md)"
+            f"the recipe's {mark}: laned runs the weight-cache daemon ({cache.daemon}) as a unit "
+            "of its own and passes the engine its flags (docs/weight-cache.md)"
         )
         out.changes.append(
-            "--load-format ipc_cache and --model-loader-extra-config became `weight_cache = true` "
-            "(laned renders `vllm preload` beside the engine)"
+            f"{' and '.join([mark, *cache.engine_flags[1:]])} became `weight_cache = true` "
+            f"(laned renders `{cache.daemon}` beside the engine)"
         )
     for flag, value, why in pairs:
-        if cached and flag in ("--load-format", "--model-loader-extra-config"):
+        if cache is not None and cached and flag in cache.engine_flags:
             continue
         if flag in served and value is not None:
             names.append(value)
@@ -355,12 +356,11 @@ def _model_names(
         out.lane["served_model_name"] = model.served
         out.notes["served_model_name"] = f"no {flag}: {model.how} (laned passes {flag})"
     else:
+        launches = [p.launch for p in engines.LISTED]
         raise BadImport(
             f"the engine's arguments name no model ({profile.title}: none of its model flags, "
             f"nor {flag})",
-            "laned import reads launches of vLLM (`vllm serve MODEL`, `--model M`), SGLang "
-            "(`python3 -m sglang.launch_server --model-path M`) and llama-server (`-m FILE`, "
-            "`-hf OWNER/REPO[:QUANT]`, `-mu URL`)",
+            f"laned import reads launches of {', '.join(launches[:-1])} and {launches[-1]}",
         )
 
 
@@ -369,18 +369,24 @@ def served_flag(profile: engines.EngineProfile) -> str:
     return profile.flags_for("served_model_name")[0]
 
 
+def port_flag(profile: engines.EngineProfile) -> str:
+    """The engine's flag for its port (`--port`)."""
+    return profile.flags_for("port")[0]
+
+
 def _port(out: Imported, port: str | None, profile: engines.EngineProfile) -> None:
+    flag = port_flag(profile)
     if port is None:
         out.lane["port"] = profile.default_port
         out.notes["port"] = (
-            f"no --port: {profile.title}'s default, {profile.default_port} "
-            "(laned passes --port itself)"
+            f"no {flag}: {profile.title}'s default, {profile.default_port} "
+            f"(laned passes {flag} itself)"
         )
         return
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise BadImport(f"--port {port!r} is not a port number", "give --port a number")
+        raise BadImport(f"{flag} {port!r} is not a port number", f"give {flag} a number")
     out.lane["port"] = int(port)
-    out.notes["port"] = "the recipe's --port (laned passes it, and probes the engine there)"
+    out.notes["port"] = f"the recipe's {flag} (laned passes it, and probes the engine there)"
 
 
 def _caches(out: Imported) -> None:
@@ -460,22 +466,26 @@ def _needs(out: Imported, gpus: engines.Gpus) -> None:
     out.notes["needs"] = f"fill in from the recipe's NEEDS line (GiB); gpus per host: {how}"
 
 
-def _nodes(out: Imported, nodes: Sequence[tuple[str, str]], values: Mapping[str, str]) -> None:
+def _nodes(
+    out: Imported,
+    nodes: Sequence[tuple[str, str]],
+    values: Mapping[str, str],
+    profile: engines.EngineProfile,
+) -> None:
     """A lane over several hosts: its nodes, the values its placeholders take (given with
-    --set, else empty to fill in), and --headless on every rank but the head."""
-    nnodes = next((v for f, v, _ in out.args if f == "--nnodes"), None)
-    if nnodes is not None and nnodes.isdigit() and int(nnodes) != len(nodes):
+    --set, else empty to fill in), and the engine's worker switch (vLLM's --headless) on
+    every rank but the head."""
+    how = profile.nodes
+    nnodes = next((v for f, v, _ in out.args if how is not None and f == how.count), None)
+    if how is not None and nnodes is not None and nnodes.isdigit() and int(nnodes) != len(nodes):
         raise BadImport(
-            f"--nodes names {len(nodes)} host(s), the command line says --nnodes {nnodes}",
+            f"--nodes names {len(nodes)} host(s), the command line says {how.count} {nnodes}",
             "give one --nodes HOST=URL per node, the head (rank 0) first",
         )
     out.nodes = list(nodes)
     used = [p for p in out.per_node if p != "NODE_RANK"]
     out.values = {p: values.get(p, "") for p in used if p in SHARED or p in values}
     out.ranks = {rank: {p: "" for p in used if p not in out.values} for rank in range(len(nodes))}
-    if any(f == "--headless" for f, _, _ in out.args):
+    if how is None or not how.worker or any(f == how.worker for f, _, _ in out.args):
         return
-    out.rank_args = {
-        rank: [("--headless", None, "a worker rank: no API server, vLLM's runtime on this host")]
-        for rank in range(1, len(nodes))
-    }
+    out.rank_args = {rank: [(how.worker, None, how.why)] for rank in range(1, len(nodes))}

@@ -20,6 +20,7 @@ from laned.config.names import unit_name
 from laned.core import effects as fx
 from laned.core import inputs as i
 from laned.core import placement
+from laned.core.facts import Sleepers, blocking
 from laned.core.lanes import Desired, EventKind, LaneState
 from laned.errors import Finding, LanedError
 from laned.owner.checkpoints import Checkpoints
@@ -28,7 +29,6 @@ from laned.owner.records import Records
 from laned.owner.seam import Beside, Refused, Seam
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
-from laned.preflight.facts import Sleepers, blocking
 from laned.preflight.rules import refusal
 from laned.render import plan as render
 

@@ -82,7 +82,9 @@ class Outages:
             busy = status.op is not None or run.restart_waiting(lane) or run.watching(lane)
             running = status.unit is not None and status.unit.running
             lanes[lane] = resume.LaneNow(status.state, status.desired, running, busy)
-        for lane, plan in resume.plan_catch_up(r.config, lanes).items():
+        for lane, plan in resume.plan_catch_up(
+            r.config, lanes, workers=engines.workers(r.config.lanes)
+        ).items():
             if plan is CatchUp.ADOPT:
                 run.post(lane, i.Adopt(f"adopted again after {why}"))
             elif plan is CatchUp.RESTART:  # at once, as a restart after a failure

@@ -21,11 +21,11 @@ from collections.abc import Callable, Collection
 
 from laned.adapters.pagecache import Prefetched, Residency
 from laned.core import inputs as i
+from laned.core.facts import GIB, size
 from laned.core.lanes import EventKind, LaneState, LaneStatus
 from laned.core.machine import Step
 from laned.owner.records import Records
 from laned.owner.seam import Seam
-from laned.preflight.facts import GIB, size
 from laned.preflight.rules import model_path
 
 

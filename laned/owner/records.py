@@ -15,9 +15,9 @@ from laned.adapters import state
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
 from laned.core import placement, policy
-from laned.core.footprints import footprints
 from laned.core.lanes import Desired, LaneState, LaneStatus
 from laned.core.recorder import Recorder
+from laned.engines.footprints import footprints
 from laned.owner.book import Book
 from laned.render.wrapper import weights_digest
 

@@ -21,13 +21,14 @@ from laned.config.model import Config, LaneConfig
 from laned.core import canary
 from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord
+from laned.core.facts import NO_SLEEPERS, HostFacts, Sleepers
 from laned.core.lanes import EventKind, LaneState
 from laned.core.liveness import EngineSample, Unanswered
 from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
+from laned.engines.profile import WeightCacheApi
 from laned.errors import Finding
 from laned.gates.acceptance import GateResult
-from laned.preflight.facts import NO_SLEEPERS, HostFacts, Sleepers
 from laned.render.plan import Action
 
 Note = Callable[[EventKind, str], None]
@@ -136,10 +137,10 @@ class Seam(Protocol):
     def weights_digest(self, path: str) -> str | None:
         """The digest of what the running daemon loads, as its wrapper wrote it (blocking)."""
 
-    async def weights_held(self, path: str, pattern: str) -> Mapping[str, object] | None:
+    async def weights_held(self, path: str, cache: WeightCacheApi) -> Mapping[str, object] | None:
         """What the daemon's ranks say they hold on the GPUs, by socket, asked over the
-        sockets (`pattern`, its engine's) in the directory its wrapper's record (`path`)
-        names, as said (the owner judges it: laned.core.footprints.held_of); None: no
+        sockets (`cache`: its engine's, their names and wire) in the directory its wrapper's record (`path`)
+        names, as said (the owner judges it: laned.engines.footprints.held_of); None: no
         answer."""
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:

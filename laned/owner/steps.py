@@ -43,14 +43,15 @@ from laned.config.names import (
 from laned.core import canary, policy
 from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord, parse_exit_record
+from laned.core.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.core.lanes import EventKind, LaneState
 from laned.core.liveness import EngineSample, Unanswered
 from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitSnapshot
+from laned.engines.profile import WeightCacheApi
 from laned.errors import Finding, LanedError, NotAContainer, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
 from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused
-from laned.preflight.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
 from laned.preflight.rules import evaluate, model_path, not_held
 from laned.render.plan import Action
@@ -282,11 +283,11 @@ class HostSeam:
     def weights_digest(self, path: str) -> str | None:
         return _record_lines(path)[0]
 
-    async def weights_held(self, path: str, pattern: str) -> Mapping[str, object] | None:
+    async def weights_held(self, path: str, cache: WeightCacheApi) -> Mapping[str, object] | None:
         sockets = (await asyncio.to_thread(_record_lines, path))[1]
         if sockets is None:
             return None
-        return await asyncio.to_thread(weight_cache.held_said, sockets, pattern)
+        return await asyncio.to_thread(weight_cache.held_said, sockets, cache)
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         if self.host is None:
@@ -372,7 +373,7 @@ class HostSeam:
             return Refused(
                 f"sleep (level {level}): its processes still hold {kept / GIB:.2f} GiB of GPU "
                 "memory, no less than before",
-                "is --enable-sleep-mode in its wrapper? (laned render)",
+                engine.profile.unreleased,
             )
         note(
             EventKind.SLEEP,
@@ -391,7 +392,7 @@ class HostSeam:
         pinned buffers from an earlier level-1 sleep); and why, when the level is not its own.
         Blocking (it reads the model directory): call it off the loop."""
         weights = weights_gib(model_path(spec))
-        return sleep_level_for(spec.sleep_level, weights, meminfo().get("MemAvailable"), pinned)
+        return sleep_level_for(spec, weights, meminfo().get("MemAvailable"), pinned)
 
     async def asleep(self, spec: LaneConfig) -> bool:
         """Whether a running lane that can sleep sleeps now (False when it cannot say)."""

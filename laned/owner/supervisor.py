@@ -39,6 +39,7 @@ from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import unit_name
 from laned.core import inputs as i
 from laned.core import placement, policy, resume
+from laned.core.facts import HostFacts
 from laned.core.lanes import Event, EventKind, LaneStatus
 from laned.core.liveness import engine_summary
 from laned.core.machine import Context
@@ -60,7 +61,6 @@ from laned.owner.scheduler import Scheduler
 from laned.owner.seam import Seam
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
-from laned.preflight.facts import HostFacts
 from laned.preflight.rules import model_path
 from laned.render import plan as render
 
@@ -238,7 +238,10 @@ class Supervisor:
         for unit, lane in r.weights_units.items():
             self.weights.seen(lane, await self.bus.snapshot(unit))
         desired = {n: s.desired for n, s in r.statuses.items()}
-        plan = resume.plan_reconcile(r.config, running, desired, r.book.states(), first)
+        workers = engines.workers(r.config.lanes)
+        plan = resume.plan_reconcile(
+            r.config, running, desired, r.book.states(), first, workers=workers
+        )
         for lane in plan.adopt:
             run.post(lane, i.Adopt("adopted: already running"))
         for lane, reason in plan.start:

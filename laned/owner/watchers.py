@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from laned import engines
 from laned.config.model import LaneConfig
+from laned.core.facts import GIB
 from laned.core.liveness import UNANSWERED, EngineSample, MemoryFloor, StallDetector
 from laned.core.phases import Seen
 from laned.owner.seam import Seam
-from laned.preflight.facts import GIB
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ async def await_ready(
     start_interval_max). A close watch (the port every 10 ms) begins when `poke` is set —
     the engine logged that it is about to serve — and when the start has run most of the
     `expected` seconds the last cold start took: journald alone would be up to 250 ms late."""
-    if spec.headless():
+    if engines.headless(spec):
         # A worker rank serves no API: its unit running is all it shows. Its death (it exits
         # when the head goes away) reaches laned as the unit's exit.
         return True
@@ -178,7 +178,7 @@ async def watch_liveness(
     that the engine's profile says means it is dead is reported at once (SaidDead); any other
     failed answer counts towards probe.failures. Returns when the owner says stop, or after
     reporting a failure that ends the run."""
-    if spec.headless():
+    if engines.headless(spec):
         return
     settings = spec.probe
     rule = engines.for_lane(spec).health

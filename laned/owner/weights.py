@@ -22,9 +22,9 @@ from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
 from laned.config.names import weights_unit_name
 from laned.core import inputs as i
-from laned.core.footprints import held_of
 from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, EventKind
 from laned.core.unit_state import ActiveState, UnitSnapshot
+from laned.engines.footprints import held_of
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.records import Records
 from laned.owner.seam import Refused, Seam
@@ -170,7 +170,7 @@ class Weights:
         if cache is None:
             return
         path = weights_digest_path(self.records.config, lane)
-        said = await self.seam.weights_held(path, cache.socket_glob)
+        said = await self.seam.weights_held(path, cache)
         if said is None or spec is None:
             return
         held, dropped = held_of(said, self.records.gpu_totals, gpu_indices(spec))

@@ -8,10 +8,10 @@ from typing import Any
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
-from laned.core import footprints
+from laned.core.facts import GIB, GpuReading, HostFacts, blocking, findings_json
 from laned.core.placement import Footprint
+from laned.engines import footprints
 from laned.errors import Finding, Severity
-from laned.preflight.facts import GIB, GpuReading, HostFacts, blocking, findings_json
 
 
 def lane_gpus(spec: LaneConfig, host: HostFacts) -> list[GpuReading]:
@@ -116,42 +116,20 @@ def fit(
     return out
 
 
-SLEEP_MARGIN_GIB = 8.0  # host RAM a level-1 sleep leaves free, beyond the weights it pins
-
-
-PINNED_ROUNDING = 2.0  # torch rounds each pinned host block up to a power of two: at most 2x
-
-
 def sleep_level_for(
-    level: int,
+    spec: LaneConfig,
     weights_gib: float | None,
     mem_available_gib: float | None,
     pinned: bool = False,
 ) -> tuple[int, str]:
-    """The level a lane sleeps at now, and why when it is not its own: level 1 pins the
-    weights in host RAM (vllm/device_allocator/cumem.py), so it needs MemAvailable, less
-    SLEEP_MARGIN_GIB, to hold them; else level 2 (the weights dropped, read again at the
-    wake). Unknown sizes leave the lane's level as it is.
-
-    What level 1 pins is more than the weights: cumem.py asks torch for a pinned buffer per
-    allocation, and torch's caching host allocator rounds each up to a power of two (on the
-    H200, a 40 GiB buffer took 64.9 GiB of MemAvailable): up to PINNED_ROUNDING times the
-    weights, the bound laned checks. Those buffers stay with the engine (`pinned`): cumem.py
-    drops them at the wake into that cache, which vLLM empties only at shutdown
-    (vllm/distributed/parallel_state.py), and the next sleep gets them back without pinning
-    anew (a second pin of 40 GiB took 53 µs, the first 34.9 s). An engine that holds them
-    sleeps at level 1 again whatever MemAvailable says: they are out of it already."""
-    if level != 1 or weights_gib is None or mem_available_gib is None or pinned:
-        return level, ""
-    need = weights_gib * PINNED_ROUNDING
-    room = mem_available_gib - SLEEP_MARGIN_GIB
-    if need <= room:
-        return 1, ""
-    return 2, (
-        f"level 1 would pin up to {need:.1f} GiB of host RAM for {weights_gib:.1f} GiB of "
-        f"weights (each buffer rounded up to a power of two); {mem_available_gib:.1f} GiB is "
-        f"available, less a {SLEEP_MARGIN_GIB:g} GiB margin"
-    )
+    """The level the lane sleeps at now, and why when it is not its own, by its engine's
+    rule (SleepApi.level_now: vLLM's level 1 pins the weights in host RAM, and with too
+    little of it sleeps at level 2); `pinned`: its engine holds its pinned buffers from an
+    earlier level-1 sleep."""
+    sleep = engines.for_lane(spec).sleep
+    if sleep is None:
+        return spec.sleep_level, ""
+    return sleep.level_now(spec.sleep_level, weights_gib, mem_available_gib, pinned)
 
 
 def sleep_fit(
@@ -160,15 +138,15 @@ def sleep_fit(
     """Preflight's word on a lane that sleeps: the level it would sleep at on this host now."""
     if not spec.sleep_level:
         return []
-    level, why = sleep_level_for(spec.sleep_level, weights_gib, host.mem_available_gib)
+    level, why = sleep_level_for(spec, weights_gib, host.mem_available_gib)
     where = f"lanes.{lane}.sleep_level"
     if host.gpus is None:
+        platforms = "; ".join(p.sleep.platforms for p in engines.LISTED if p.sleep is not None)
         return [
             Finding(
                 "sleep",
                 f"{where} = {spec.sleep_level}: {engines.for_lane(spec).title}'s sleep releases "
-                "GPU memory (vLLM's runs on CUDA, ROCm and XPU only: vllm/platforms/interface.py; "
-                "SGLang's needs CUDA: torch_memory_saver) and laned sees no GPU here "
+                f"GPU memory ({platforms}) and laned sees no GPU here "
                 f"({host.gpu_note or 'no NVML'})",
                 "the engine refuses its sleep mode at start on a host without one; set sleep_level = 0",
                 severity=Severity.WARNING,

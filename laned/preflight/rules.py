@@ -14,15 +14,14 @@ start, its generation config).
 
 from __future__ import annotations
 
-import contextlib
 import posixpath
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
+from laned.core.facts import KeyFile, LaneFacts, blocking, findings_json, size
 from laned.errors import Finding, Severity
-from laned.preflight.facts import KeyFile, LaneFacts, blocking, findings_json, size
 from laned.preflight.fit import beside_sleepers, fit, sleep_fit
 
 GRACEFUL_STOP_MIN = 30.0  # seconds an engine's core and workers need to exit and free memory
@@ -41,11 +40,11 @@ def model_path(spec: LaneConfig) -> str | None:
 
 
 def generation_config_path(spec: LaneConfig) -> str | None:
-    """The host path of a `--generation-config DIR` in the lane's arguments (not auto/vllm)."""
-    value = spec.engine_arg("--generation-config")
-    if value is None or value in ("auto", "vllm"):
-        return None
-    return host_path(spec, value)
+    """The host path of the directory the lane's flags take the engine's sampling defaults
+    from (laned.engines: vLLM's `--generation-config DIR`); None for none, or a word that
+    names no directory (`auto`, `vllm`: no absolute path)."""
+    value = engines.for_lane(spec).generation_config(spec)
+    return None if value is None else host_path(spec, value)
 
 
 def host_path(spec: LaneConfig, target: str) -> str | None:
@@ -209,14 +208,15 @@ def _paths(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
 
 def _key(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
     """The secrets file: there, 0600, NAME=VALUE lines; under its older name, api_key_file,
-    it must define VLLM_API_KEY. Findings name the file and the names, never a value."""
+    it must define the engine's key variable. Findings name the file and the names, never a
+    value."""
     path, key = spec.secrets_path, facts.key_file
     if path is None or key is None:
         return
     where = f"lanes.{lane}.{spec.secrets_key}"
     if not key.exists:
         first = (
-            "VLLM_API_KEY=$(openssl rand -hex 32)"
+            f"{engines.for_lane(spec).api_key_env}=$(openssl rand -hex 32)"
             if spec.secrets_key == "api_key_file"
             else "NAME=VALUE"
         )
@@ -242,7 +242,7 @@ def _key(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
             "one NAME=VALUE per line (no `export`); # starts a comment",
             severity=Severity.ERROR,
         )
-    elif missing := [n for n in spec.required_secrets if n not in key.names]:
+    elif missing := [n for n in engines.required_secrets(spec) if n not in key.names]:
         yield Finding(
             "api-key",
             f"{where}: {path} does not define {', '.join(missing)}",
@@ -350,11 +350,8 @@ def _engine(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
     yield from profile.preflight(lane, spec, facts)
     if profile.weight_cache is not None:
         yield from profile.weight_cache.preflight(lane, spec, facts)
-    graceful = GRACEFUL_STOP_MIN
-    shutdown = spec.engine_arg("--shutdown-timeout")
-    if shutdown is not None:
-        with contextlib.suppress(ValueError):
-            graceful = float(shutdown) + 10
+    shutdown = profile.shutdown(spec)
+    graceful = GRACEFUL_STOP_MIN if shutdown is None else shutdown
     if spec.stop_timeout < graceful:
         yield Finding(
             "stop-timeout",
@@ -368,7 +365,7 @@ def _engine(lane: str, spec: LaneConfig, facts: LaneFacts) -> Iterator[Finding]:
 def _sampling(lane: str, spec: LaneConfig) -> Iterator[Finding]:
     """No sampling defaults: requests that send none get the model's raw ones."""
     base = f"lanes.{lane}"
-    if spec.sampling is None and spec.engine_arg("--generation-config") is None:
+    if spec.sampling is None and engines.for_lane(spec).generation_config(spec) is None:
         yield Finding(
             "sampling",
             f"{base}.sampling is unset: requests that send no sampling parameters get the "

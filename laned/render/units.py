@@ -20,8 +20,8 @@ from laned.config.names import (
     weights_wrapper_path,
     wrapper_path,
 )
-from laned.core.footprints import never_peers
 from laned.core.unit_state import systemd_restarts as restarts_itself
+from laned.engines.footprints import never_peers
 
 Section = tuple[str, Sequence[tuple[str, str]]]
 
@@ -175,17 +175,19 @@ def lane_unit(config: Config, lane: str, systemd_version: int) -> str:
 
 
 def weights_unit(config: Config, lane: str) -> str:
-    """The unit of a lane's weight-cache daemon (`vllm preload`): started before the engine,
+    """The unit of a lane's weight-cache daemon (vLLM's `vllm preload`): started before the engine,
     its start job ending once the daemon's /health answers 200 (its wrapper's `ready`), never
     restarted by systemd: its death is the lane's failure, which laned handles (both restart)."""
     spec: LaneConfig = config.lanes[lane]
+    cache = engines.for_lane(spec).weight_cache
+    assert cache is not None
     conflicting = [
         unit_name(p, config.lanes[p])
         for p in never_peers(config.lanes, lane)
         if not config.lanes[p].sleep_level
     ]
     unit: list[tuple[str, str]] = [
-        ("Description", escape_value(f"laned weight cache of lane {lane} (vllm preload)")),
+        ("Description", escape_value(f"laned weight cache of lane {lane} ({cache.daemon})")),
     ]
     if conflicting:
         unit.append(("Conflicts", " ".join(conflicting)))

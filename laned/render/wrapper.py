@@ -177,8 +177,7 @@ def weights_lines(config: Config, lane: str) -> list[Line]:
     flags = [
         (why, words)
         for why, words in tail[1:]
-        if not isinstance(words[0], Raw)
-        and words[0] not in ("--load-format", "--model-loader-extra-config")
+        if not isinstance(words[0], Raw) and words[0] not in api.engine_flags
     ]
     # Judged as one argv (a flag's value may be an args entry of its own).
     mask = iter(api.flags([word for _why, words in flags for word in words]))
@@ -344,7 +343,7 @@ def _wrapper(config: Config, lane: str, weights: bool) -> str:
         "fi",
         "",
     ]
-    for secret in spec.required_secrets:
+    for secret in engines.required_secrets(spec):
         key = f"lanes.{lane}.{spec.secrets_key}"
         message = f"is not set: define {secret}=... in {spec.secrets_path} ({key})"
         out.append(f': "${{{secret}:?' + _braced(message) + '}"')
@@ -370,12 +369,15 @@ def _wrapper(config: Config, lane: str, weights: bool) -> str:
             "# The lane's compile cache outlives its containers (laned-owned, under state_dir).",
             f"mkdir -p {shlex.quote(cache_dir(config, lane))}",
         ]
-    if spec.weight_cache is not None:
+    cache = engines.for_lane(spec).weight_cache
+    if spec.weight_cache is not None and cache is not None:
+        title = engines.for_lane(spec).title
         out += [
             "# The weight-cache daemon's sockets: in the user's runtime directory, private to the",
-            "# user (vLLM checks the owner), in a short directory named by a hash of the lane's",
-            f"# name: an AF_UNIX path is {AF_UNIX_MAX} bytes at most, and a socket's own name is 61",
-            "# (vllm_weight_cache_<md5 of the GPU's uuid>_draft.sock).",
+            f"# user ({title} checks the owner), in a short directory named by a hash of the lane's",
+            f"# name: an AF_UNIX path is {AF_UNIX_MAX} bytes at most, and a socket's own name is "
+            f"{cache.socket_name_max}",
+            f"# ({cache.socket_name}).",
             'sockets="${XDG_RUNTIME_DIR:?is not set: the weight cache needs the user runtime '
             + f'directory}}/{weights_sockets_dir(lane)}"',
             'mkdir -p -m 700 "$sockets"',

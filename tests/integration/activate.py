@@ -9,10 +9,10 @@ import sys
 
 from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
-from laned.config.load import load_config
 from laned.errors import LanedError
 from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
+from laned.validation.load import load_config
 
 
 async def main(lane: str) -> None:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from laned.adapters import rendered
-from laned.config.load import Config, parse_config
+from laned.validation.load import Config, parse_config
 from tests.integration.conftest import Harness, Units
 
 FAST = 'restart_sec = "200ms"\nprobe = { interval = "200ms", start_interval_min = "50ms", start_interval_max = "200ms" }\n'

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from laned.adapters.probes import parse_engine_metrics
-from laned.config.load import GATES
 from laned.core.lanes import EventKind, LaneState
 from laned.errors import LaneNotRunning
+from laned.validation.load import GATES
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

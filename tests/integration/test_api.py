@@ -22,12 +22,12 @@ from laned.adapters.systemd import Systemd
 from laned.api import ApiSettings, create_app
 from laned.api.front import Front
 from laned.api.metrics import LanedMetrics
-from laned.config.load import parse_config
 from laned.daemon import api_server as http_server
 from laned.daemon import api_settings
 from laned.errors import LanedError
 from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
+from laned.validation.load import parse_config
 from tests.helpers import ROOT, free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

@@ -17,10 +17,10 @@ import pytest
 
 from laned.api import ApiSettings, create_app
 from laned.api.front import Front
-from laned.config.load import Config
 from laned.core.lanes import Desired, EventKind, LaneState, Verdict
 from laned.errors import ActivationFailed, PodmanUnavailable, PreflightFailed
 from laned.owner.supervisor import Supervisor
+from laned.validation.load import Config
 from tests.helpers import ROOT, free_port, run
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

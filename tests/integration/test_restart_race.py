@@ -17,10 +17,10 @@ from pathlib import Path
 
 import httpx
 
-from laned.config.load import Config
+from laned.core.facts import GIB, GpuReading
 from laned.core.lanes import LaneState
 from laned.owner.supervisor import Supervisor
-from laned.preflight.facts import GIB, GpuReading
+from laned.validation.load import Config
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

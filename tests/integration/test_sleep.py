@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from laned.api.metrics import LanedMetrics
+from laned.core.facts import GIB, GpuReading
 from laned.core.lanes import Desired, EventKind, LaneState
 from laned.errors import ActivationFailed, PreflightFailed
-from laned.preflight.facts import GIB, GpuReading
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

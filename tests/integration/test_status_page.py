@@ -218,7 +218,7 @@ def test_gpus_say_which_lanes_engine_holds_each_processs_memory(
     by its lane (from the unit's cgroup), a stranger's is not."""
     from laned.adapters.host import Host
     from laned.adapters.podman import Podman
-    from laned.preflight.facts import GIB, GpuReading
+    from laned.core.facts import GIB, GpuReading
     from tests.integration.test_api import api_server
     from tests.integration.test_supervisor import run
 

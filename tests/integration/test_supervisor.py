@@ -22,11 +22,11 @@ from laned.adapters.host import Host
 from laned.adapters.podman import Podman
 from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
-from laned.config.load import Config
 from laned.core.lanes import Desired, LaneState, Verdict
 from laned.errors import ActivationFailed, Superseded
 from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
+from laned.validation.load import Config
 from tests.helpers import free_port, wait_until
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

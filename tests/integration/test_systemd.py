@@ -14,7 +14,7 @@ from dbus_fast.aio import MessageBus
 
 from laned.adapters import rendered
 from laned.adapters.systemd import Systemd
-from laned.config.load import Config, parse_config
+from laned.validation.load import Config, parse_config
 from tests.helpers import ROOT, free_port, journal, run, wait_until
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import lane_config

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import httpx
 
-from laned.config.load import parse_config
 from laned.config.names import weights_unit_name
 from laned.core.lanes import LaneState, LaneStatus
 from laned.engines.vllm_preload import WC_MAPPED
 from laned.sim.weightwire import hash_checkpoint
+from laned.validation.load import parse_config
 from tests.helpers import free_port
 from tests.integration.conftest import Harness, Units
 from tests.integration.lanes import FAST, lane_config

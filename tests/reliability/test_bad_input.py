@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from laned.config.load import load_config, parse_config
 from laned.errors import ConfigError, Severity
+from laned.validation.load import load_config, parse_config
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST
 from tests.reliability.bad_configs import CASES

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from laned.adapters import rendered
-from laned.config.load import parse_config
 from laned.errors import ConfigError
+from laned.validation.load import parse_config
 from tests.integration.conftest import Harness
 from tests.reliability.conftest import figures
 

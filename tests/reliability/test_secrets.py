@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from laned.config.load import load_config
 from laned.config.names import container_name
+from laned.validation.load import load_config
 from tests.helpers import ROOT, free_port, journal
 from tests.integration.conftest import Harness
 from tests.integration.lanes import FAST

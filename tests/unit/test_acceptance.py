@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from laned.adapters.engine_api import Timed
-from laned.config.load import parse_config
+from laned.engines import VLLM
 from laned.gates.acceptance import (
     buried_prompt,
     judge_chat,
@@ -20,6 +20,7 @@ from laned.gates.acceptance import (
 )
 from laned.gates.bench import context_sizes, decode_rate
 from laned.render import plan as render
+from laned.validation.load import parse_config
 
 
 def chat(message: dict[str, Any], finish: str = "stop", completion: int = 10) -> Timed:
@@ -38,7 +39,9 @@ def test_reasoning_must_be_separate_and_right() -> None:
     good = chat({"content": "391", "reasoning_content": "17 × 20 = 340, 17 × 3 = 51"})
     assert judge_reasoning(good)[0]
     inline = chat({"content": "<think>17*23</think> 391", "reasoning_content": None})
-    assert "--reasoning-parser" in judge_reasoning(inline)[2]
+    hint = VLLM.gate_hints["reasoning"]
+    assert judge_reasoning(inline, hint)[2].endswith("is empty: check --reasoning-parser)")
+    assert judge_reasoning(inline)[2].endswith("is empty)")  # an engine with no hint
     wrong = chat({"content": "381", "reasoning_content": "hmm"})
     assert "391" in judge_reasoning(wrong)[2]
 
@@ -51,7 +54,8 @@ def test_tools_must_call_with_the_right_arguments_and_use_the_result() -> None:
     assert "not JSON" in judge_tool_call(chat({"tool_calls": [bad_json]}))[0][2]
     lisbon = {"function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'}}
     assert "not Paris" in judge_tool_call(chat({"tool_calls": [lisbon]}))[0][2]
-    assert "--tool-call-parser" in judge_tool_call(chat({"content": "sunny"}))[0][2]
+    hint = VLLM.gate_hints["tools"]
+    assert "--tool-call-parser" in judge_tool_call(chat({"content": "sunny"}), hint)[0][2]
     assert judge_tool_use(chat({"content": "It is 17 °C with light rain."}))[0]
     assert not judge_tool_use(chat({"content": "It is sunny."}))[0]
 

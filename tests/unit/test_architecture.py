@@ -1,19 +1,20 @@
 """The shape of the package, checked over its import graph (ast, no import runs), by folder:
 every module is held to the rules of the folder it sits in.
 
-- pure folders (config, core, engines, render, preflight, importer) import only pure folders, and
-  reach no I/O library, no file and no environment (config/load.py reads the config file);
-- adapters import pure folders and adapters, never the owner or an edge;
-- gates (run against engines) import pure folders, adapters and gates;
-- the owner imports pure folders, adapters, gates and itself, never an edge (api, cli,
-  daemon);
-- the simulator (its own program, an HTTP server) imports only pure folders;
-- no import loop, TYPE_CHECKING imports included;
+- the folders are floors (FLOORS, bottom up): a module imports only from the floors below its
+  folder's and from its own folder; no import runs back up a floor, TYPE_CHECKING imports
+  included;
+- pure folders (config, core, engines, preflight, validation, render, importer) reach no I/O
+  library, no file and no environment (validation/load.py reads the config file);
+- no import loop;
 - the API reaches the host only through the supervisor; the CLI reads no state file and asks
   systemd nothing the daemon answers;
 - a lane's record is changed by the lane machine's runner alone;
 - every exception laned raises sits in errors.py's tree (a class of its own elsewhere only
-  when private to its module), and none raises the bare root `LanedError`.
+  when private to its module), and none raises the bare root `LanedError`;
+- no engine's names (its flags, its variables, its program) outside laned/engines/ and the
+  simulator: the rest asks the lane's profile;
+- `# fmt: skip` on tables of data only, at most FMT_SKIPS of them outside the simulator.
 
 Modules are sized by their one job, not by a line cap.
 """
@@ -21,27 +22,39 @@ Modules are sized by their one job, not by a line cap.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "laned"
 
-PURE = {"config", "core", "engines", "render", "preflight", "importer"}
-ALLOWED: dict[str, set[str]] = {
-    **{folder: PURE for folder in PURE},
-    "adapters": PURE | {"adapters"},
-    "gates": PURE | {"adapters", "gates"},
-    "owner": PURE | {"adapters", "gates", "owner"},
-    "sim": PURE | {"sim"},
-}
-EDGES = {"api", "cli", "daemon"}  # may import any folder: they are where it is all put together
-TOP = {"errors"}  # imported by everyone; imports nothing of laned
+# Bottom up. Each floor's folders import only from the floors below (and within themselves):
+# the config model knows no engine; the core decides over the config; the engines' profiles
+# over both; preflight and validation judge a lane and a config with the engines' knowledge;
+# render and importer write and read what the engines take; the adapters act on the host;
+# the gates and the owner use them; api, daemon and cli are where it is all put together.
+FLOORS: tuple[set[str], ...] = (
+    {"errors"},
+    {"config"},
+    {"core", "sim"},  # the simulator (its own program, an HTTP server) beside the core
+    {"engines"},
+    {"preflight", "validation"},
+    {"render", "importer"},
+    {"adapters"},
+    {"gates"},
+    {"owner"},
+    {"api"},
+    {"daemon"},
+    {"cli"},
+)
+FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
+PURE = {"config", "core", "engines", "preflight", "validation", "render", "importer"}
 IO_LIBRARIES = {
     "asyncio", "httpx", "dbus_fast", "podman", "pynvml", "subprocess", "socket",
     "prometheus_client", "fastapi", "uvicorn", "os", "tempfile", "shutil",
 }  # fmt: skip
-# Reading the config file is config/load.py's one job: the environment and the host name are
-# read there and passed in (the model takes them from its validation context).
-READS_THE_CONFIG = "laned.config.load"
+# Reading the config file is validation/load.py's one job: the environment and the host name
+# are read there and passed in (the model takes them from its validation context).
+READS_THE_CONFIG = "laned.validation.load"
 PATH_IO = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "unlink", "mkdir",
            "exists", "is_file", "is_dir", "stat", "iterdir", "glob", "rglob", "touch"}  # fmt: skip
 # What the API's modules may take from adapters: the proxy's transport to the engines (the hot
@@ -68,25 +81,27 @@ def folder(module: str) -> str:
 
 
 def imports(path: Path, known: set[str]) -> tuple[set[str], set[str]]:
-    """(laned modules, top-level outside packages) that `path` imports, TYPE_CHECKING too."""
+    """(laned modules, top-level outside packages) that `path` imports, TYPE_CHECKING too.
+    `from laned.core import policy` imports laned.core.policy; `from laned import engines`
+    imports laned.engines (the package's own module); `from laned.engines import VLLM`, the
+    package's module too."""
     internal: set[str] = set()
     external: set[str] = set()
-
-    def add(name: str) -> None:
-        if name.split(".")[0] != "laned":
-            external.add(name.split(".")[0])
-        elif name in known:
-            internal.add(name)
-
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                add(alias.name)
+                if alias.name.split(".")[0] != "laned":
+                    external.add(alias.name.split(".")[0])
+                elif alias.name in known:
+                    internal.add(alias.name)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            add(node.module)
+            if node.module.split(".")[0] != "laned":
+                external.add(node.module.split(".")[0])
+                continue
             for alias in node.names:
-                add(f"{node.module}.{alias.name}")
-    return internal, external
+                named = f"{node.module}.{alias.name}"
+                internal.add(named if named in known else node.module)
+    return internal & known, external
 
 
 def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -94,8 +109,7 @@ def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     edges, outside = {}, {}
     for name, path in found.items():
         edges[name], outside[name] = imports(path, set(found))
-        edges[name] -= {name, "laned"}  # `from laned.core import x` names the module x itself
-        edges[name] = {m for m in edges[name] if m.count(".") > 1 or folder(m) in TOP | EDGES}
+        edges[name] -= {name, "laned"}  # `from laned import __version__`: the package's face
     return edges, outside
 
 
@@ -109,20 +123,23 @@ def closure(start: str, edges: dict[str, set[str]]) -> set[str]:
     return seen
 
 
-def test_every_module_sits_in_a_folder_with_rules() -> None:
-    loose = {m for m in modules() if folder(m) not in {*ALLOWED, *EDGES, *TOP, "laned", "__main__"}}
-    assert loose == set(), f"modules in no known folder (add the folder's rules here): {loose}"
+def test_every_module_sits_on_a_floor() -> None:
+    loose = {m for m in modules() if folder(m) not in {*FLOOR, "laned", "__main__"}}
+    assert loose == set(), f"modules in no known folder (add the folder to FLOORS): {loose}"
 
 
-def test_each_folder_imports_only_what_its_layer_may() -> None:
+def test_no_import_runs_back_up_a_floor() -> None:
+    """A module imports only from its own folder and the floors below it (`python -m laned`,
+    laned/__main__.py, stands above them all)."""
     edges, _ = graph()
-    wrong = {
-        module: sorted(m for m in targets if folder(m) not in ALLOWED[folder(module)] | TOP)
+    up = sorted(
+        f"{module} -> {target}"
         for module, targets in edges.items()
-        if folder(module) in ALLOWED
-    }
-    wrong = {module: bad for module, bad in wrong.items() if bad}
-    assert wrong == {}, f"imports across layers: {wrong}"
+        if folder(module) in FLOOR
+        for target in targets
+        if folder(target) != folder(module) and FLOOR[folder(target)] >= FLOOR[folder(module)]
+    )
+    assert up == [], "imports that run back up a floor (or across one):\n" + "\n".join(up)
 
 
 def test_errors_imports_nothing_of_laned() -> None:
@@ -131,8 +148,9 @@ def test_errors_imports_nothing_of_laned() -> None:
 
 
 def test_the_pure_folders_reach_no_io_library() -> None:
-    """No process, socket, file or environment access in config/, core/, render/, preflight/,
-    importer/ (config/load.py aside), through any module they import."""
+    """No process, socket, file or environment access in the pure folders (PURE): config/, core/,
+    engines/, preflight/, validation/, render/, importer/ (validation/load.py aside), through any
+    module they import."""
     edges, outside = graph()
     for module in sorted(m for m in edges if folder(m) in PURE and m != READS_THE_CONFIG):
         reached = (closure(module, edges) | {module}) - {READS_THE_CONFIG}
@@ -141,7 +159,7 @@ def test_the_pure_folders_reach_no_io_library() -> None:
 
 
 def test_the_pure_folders_open_no_file() -> None:
-    """No `open()` and no pathlib reading or writing in the pure folders (config/load.py reads
+    """No `open()` and no pathlib reading or writing in the pure folders (validation/load.py reads
     the config file): rendering returns contents, laned.adapters.rendered writes them."""
     found = []
     for name, path in modules().items():
@@ -277,3 +295,85 @@ def test_a_lanes_record_is_changed_by_the_machines_step_alone() -> None:
                 put.append(f"{name}:{node.lineno}")
     assert made == [], f"a record made outside the step: {made}"
     assert put == [], f"a record put in the book outside the interpreter: {put}"
+
+
+# --- engines behind their profiles ---------------------------------------------------------
+
+# An engine's names, in a string of code: its program and module names (`vllm serve`,
+# `sglang.launch_server`, `llama-server`, `llamacpp`) and its variables (VLLM_*, SGLANG_*,
+# LLAMA_*). Case counts: "vLLM" and "SGLang" in a sentence are the engines' names for people,
+# not a name the engine reads.
+ENGINE_WORDS = re.compile(r"vllm|sglang|llama|\b(?:VLLM|SGLANG|LLAMA)_")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_.-]*[a-z0-9]")
+# Flags that the engines' modules name but that are no one engine's: laned's own (`--config`,
+# `laned status --fit`), other programs' (`systemctl --user`, podman's `--device`), and those
+# every program takes (`--help`).
+NOT_ENGINE_FLAGS = {"--config", "--fit", "--user", "--device", "--help", "--model"}
+# Where an engine's name is data about a file, not knowledge the code acts on: `laned init`
+# says what to edit in each of laned's example configs in the examples' own words (seed 000's
+# lanes run vLLM, keyed by VLLM_API_KEY; seed 001's image is named for vLLM).
+NAMES_ALLOWED = {"laned.cli.setup": {"VLLM_", "vllm"}}
+
+
+def code_strings(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module's code (docstrings left out), with their lines."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def engine_flags() -> set[str]:
+    """The flags laned/engines/ names in its code: each engine's own vocabulary."""
+    return {
+        flag
+        for name, path in modules().items()
+        if folder(name) == "engines"
+        for _line, text in code_strings(path)
+        for flag in FLAG.findall(text)
+    } - NOT_ENGINE_FLAGS
+
+
+def test_no_engine_is_named_outside_its_profile() -> None:
+    """No engine's flag, variable or program name in a string of code outside laned/engines/
+    (and the simulator, which plays the engines): config, validation, render, preflight,
+    importer, adapters, the owner and the edges ask the lane's profile (laned.engines)."""
+    flags = engine_flags()
+    found = []
+    for name, path in sorted(modules().items()):
+        if folder(name) in {"engines", "sim"}:
+            continue
+        for line, text in code_strings(path):
+            named = set(ENGINE_WORDS.findall(text)) | (set(FLAG.findall(text)) & flags)
+            named = sorted(named - NAMES_ALLOWED.get(name, set()))
+            if named:
+                found.append(f"{name}:{line}: {', '.join(named)}: {text[:60]!r}")
+    assert found == [], "engines named outside laned/engines/:\n" + "\n".join(found)
+
+
+# `# fmt: skip` keeps the formatter off a table of data (one row a line, aligned); anywhere
+# else the formatter's output is the code's form.
+FMT_SKIPS = 10
+
+
+def test_fmt_skip_only_on_tables_at_most_ten_outside_the_simulator() -> None:
+    skips = [
+        f"{name}:{number}"
+        for name, path in sorted(modules().items())
+        if folder(name) != "sim"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "# fmt: skip" in line
+    ]
+    assert len(skips) <= FMT_SKIPS, f"{len(skips)} `# fmt: skip` (at most {FMT_SKIPS}): {skips}"

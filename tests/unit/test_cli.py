@@ -149,10 +149,10 @@ def test_validate_says_which_lanes_may_run_together_and_why(
 
 def test_status_fit_shows_each_gpu_with_its_lanes_and_what_is_left() -> None:
     from laned.cli.client import fit_table
-    from laned.config.load import parse_config
+    from laned.core.facts import GpuReading, HostFacts
     from laned.core.placement import Footprint
-    from laned.preflight.facts import GpuReading, HostFacts
     from laned.preflight.fit import fit_report
+    from laned.validation.load import parse_config
 
     text = "".join(
         f'[lanes.{n}]\nport = {p}\nserved_model_name = "{n}"\ngpus = {g}\n'

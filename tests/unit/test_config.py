@@ -9,8 +9,8 @@ import pytest
 
 from laned import engines
 from laned.config.durations import parse_duration, systemd_seconds
-from laned.config.load import load_config, parse_config
 from laned.errors import ConfigError, Severity
+from laned.validation.load import load_config, parse_config
 from tests.helpers import ROOT
 
 ENV = {"HOME": "/home/op"}
@@ -454,7 +454,7 @@ def test_duration_rendering() -> None:
 
 
 def test_hints_name_the_address_laned_listens_on() -> None:
-    from laned.config.rules import api_address
+    from laned.config.listener import api_address
 
     assert api_address("127.0.0.1:55429") == "localhost:55429"
     assert api_address("0.0.0.0:9000") == api_address("[::]:9000") == "localhost:9000"
@@ -483,5 +483,5 @@ def test_the_engines_flags_are_read_from_its_command_too() -> None:
         'served_model_name = "m"', 'served_model_name = "m"\nargs = ["--tp", "2"]'
     )
     lane = parse_config(text, "t", ENV).lanes["a"]
-    assert lane.engine_args() == ["--headless", "--tp", "2"] and lane.headless()
+    assert lane.engine_args() == ["--headless", "--tp", "2"] and engines.headless(lane)
     assert lane.arg_words() == ["--tp", "2"] and lane.engine_arg("--tp") == "2"

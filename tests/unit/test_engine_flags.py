@@ -1,11 +1,13 @@
-"""A lane's engine flags against a vLLM's argument parser (laned.config.engine_flags): the rules
+"""A lane's engine flags against a vLLM's argument parser (laned.validation.engine_flags): the rules
 vLLM reads flags by, the nearest known flag, abbreviations, where flags are read from."""
 
 from __future__ import annotations
 
 import pytest
 
-from laned.config.engine_flags import (
+from laned.config.model import Config
+from laned.errors import LanedError, Severity
+from laned.validation.engine_flags import (
     KnownFlags,
     Source,
     normalize,
@@ -13,9 +15,7 @@ from laned.config.engine_flags import (
     source_of,
     unknown_flags,
 )
-from laned.config.load import parse_config
-from laned.config.model import Config
-from laned.errors import LanedError, Severity
+from laned.validation.load import parse_config
 
 KNOWN = KnownFlags(
     "0.32.0",

@@ -14,12 +14,12 @@ import pytest
 
 from laned import engines
 from laned.adapters.engine_api import parse_engine_metrics
-from laned.config.load import parse_config
 from laned.config.model import LaneConfig
 from laned.core.phases import Phase
 from laned.errors import ConfigError
 from laned.render.units import lane_unit
 from laned.render.wrapper import engine_argv, key_file_path, render_wrapper
+from laned.validation.load import parse_config
 from tests.helpers import ROOT
 
 GOLDEN = ROOT / "tests" / "golden"

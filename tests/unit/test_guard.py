@@ -254,7 +254,7 @@ class Listing:
     statuses: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:
-        from laned.config.load import parse_config
+        from laned.validation.load import parse_config
 
         text = "".join(
             f'[lanes.{n}]\nport = {p}\nserved_model_name = "{m}"\nexec = {{ command = ["/e"] }}\n'

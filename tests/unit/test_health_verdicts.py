@@ -11,11 +11,11 @@ import contextlib
 import time
 
 from laned import engines
-from laned.config.load import parse_config
 from laned.config.model import LaneConfig
 from laned.core.phases import DYING
 from laned.engines import LLAMACPP, SGLANG, VLLM
 from laned.owner import watchers
+from laned.validation.load import parse_config
 
 COMMANDS = {
     "vllm": '["vllm", "serve", "/m"]',

@@ -14,12 +14,12 @@ import pytest
 from laned import engines
 from laned.cli.main import main
 from laned.config import paths
-from laned.config.load import parse_config
 from laned.errors import BadImport
 from laned.importer.cmdline import CommandLineError
 from laned.importer.toml_out import render_import
 from laned.importer.translate import import_run
 from laned.render.wrapper import cache_env, engine_argv
+from laned.validation.load import parse_config
 from tests.helpers import ROOT
 
 SEEDS = ROOT / "tests" / "seeds"
@@ -213,7 +213,7 @@ def test_api_keys_leave_every_argv_and_never_reach_the_output() -> None:
     config, lane = lane_config(text)
     spec = config.lanes[lane]
     assert spec.secrets_file == "/home/op/.config/laned/m.env" and spec.api_key_file is None
-    assert spec.required_secrets == ("VLLM_API_KEY",)
+    assert engines.required_secrets(spec) == ("VLLM_API_KEY",)
     assert "--api-key" not in engine_argv(config, lane)
 
 
@@ -233,7 +233,7 @@ def test_a_secret_in_any_spelling_of_e_leaves_the_argv_and_the_next_option_stays
     config, lane = lane_config(text)
     spec = config.lanes[lane]
     assert spec.container is not None and spec.container.image == "img"
-    assert set(spec.required_secrets) == {"HF_TOKEN", "VLLM_API_KEY"}
+    assert set(engines.required_secrets(spec)) == {"HF_TOKEN", "VLLM_API_KEY"}
     argv = engine_argv(config, lane)
     assert not any(a.startswith(("--api", "--hf")) for a in argv), argv
     assert "8000:8000" in spec.container.podman_args
@@ -379,9 +379,9 @@ def test_every_example_config_validates_and_renders(example: str) -> None:
 
 
 def test_the_seed_001_lane_is_the_recipe_and_fit_says_what_a_small_host_lacks() -> None:
-    from laned.config.load import load_config
-    from laned.preflight.facts import GIB, GpuReading, HostFacts
+    from laned.core.facts import GIB, GpuReading, HostFacts
     from laned.preflight.fit import fit_report
+    from laned.validation.load import load_config
 
     config = load_config(str(ROOT / "config" / "seed-001-4x-rtx-pro-6000.toml"), ENV)
     spec = config.lanes["dsv41-tp4"]

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laned.config.load import parse_config
 from laned.core import effects as fx
 from laned.core import inputs as i
 from laned.core.exits import ExitFacts
@@ -17,6 +16,7 @@ from laned.core.lanes import Desired, LaneStatus
 from laned.core.machine import JOURNAL_LAG, TABLE, Context, Ignore, Refuse, Step, step
 from laned.core.modes import SERVING_MODES, STOP_MODES, LaneState, Mode
 from laned.core.phases import DYING, Seen
+from laned.validation.load import parse_config
 
 SPEC = parse_config(
     '[lanes.a]\nport = 8001\nserved_model_name = "a"\nrestart_sec = "1s"\nstart_limit_burst = 3\n'

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from laned.config.load import load_config, parse_config
 from laned.errors import BadImport, ConfigError, Severity
 from laned.importer.translate import import_run
 from laned.render.wrapper import engine_argv
+from laned.validation.load import load_config, parse_config
 from tests.helpers import ROOT
 from tests.unit.test_import import SEEDS, seed_words
 

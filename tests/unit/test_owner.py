@@ -27,24 +27,25 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from laned.adapters.pagecache import Prefetched, Residency
-from laned.config.load import parse_config
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
 from laned.core import canary
 from laned.core.checkpoint import Files, FileStat
 from laned.core.exits import ExitRecord
+from laned.core.facts import NO_SLEEPERS, GpuReading, HostFacts, Sleepers
 from laned.core.lanes import Desired, EventKind, LaneState, Verdict
 from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
 from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
+from laned.engines.profile import WeightCacheApi
 from laned.errors import EngineBrokeOff, Finding
 from laned.gates.acceptance import GateResult
 from laned.owner import supervisor as owner_supervisor
 from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused, Seam
 from laned.owner.supervisor import Supervisor
-from laned.preflight.facts import NO_SLEEPERS, GpuReading, HostFacts, Sleepers
 from laned.render.plan import Action
 from laned.render.wrapper import weights_digest, weights_digest_path
+from laned.validation.load import parse_config
 
 
 class FakeHost:
@@ -157,7 +158,7 @@ class FakeHost:
     def weights_digest(self, path: str) -> str | None:
         return self.digests.get(path)
 
-    async def weights_held(self, path: str, pattern: str) -> Mapping[str, object] | None:
+    async def weights_held(self, path: str, cache: WeightCacheApi) -> Mapping[str, object] | None:
         return None
 
     async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:

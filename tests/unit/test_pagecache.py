@@ -21,10 +21,10 @@ from laned.adapters.pagecache import (
     resident_bytes,
     weight_files,
 )
-from laned.config.load import parse_config
+from laned.core.facts import HostFacts, LaneFacts
 from laned.errors import Severity
-from laned.preflight.facts import HostFacts, LaneFacts
 from laned.preflight.rules import evaluate
+from laned.validation.load import parse_config
 
 MIB = 2**20
 

@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from laned.adapters.gpus import held
-from laned.config.load import parse_config
-from laned.core.footprints import footprints, never_peers
+from laned.core.facts import GpuReading
 from laned.core.placement import (
     EVERY,
     Footprint,
@@ -23,7 +22,8 @@ from laned.core.placement import (
     per_gpu,
     together,
 )
-from laned.preflight.facts import GpuReading
+from laned.engines.footprints import footprints, never_peers
+from laned.validation.load import parse_config
 
 GIB = 2**30
 FOUR = {i: 96 * GIB for i in range(4)}

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from laned import engines
 from laned.config.applied import Applied, applied_of
 from laned.config.groups import groups, port_sharers
-from laned.config.load import Config, parse_config
 from laned.config.model import DaemonConfig, LaneConfig
 from laned.core import exits, policy, resume
 from laned.core.exits import ExitFacts, ExitRecord
@@ -16,6 +16,7 @@ from laned.core.lanes import Desired, LaneState, Verdict
 from laned.core.liveness import EngineSample, MemoryFloor, tokens_per_second
 from laned.core.policy import Admit, Current, ExitAction, OpKind, UnitChange
 from laned.core.unit_state import CLD_EXITED, CLD_KILLED, UnitSnapshot
+from laned.validation.load import Config, parse_config
 
 
 def config(extra: str = "", default_lane: str = "") -> Config:
@@ -370,14 +371,16 @@ def test_a_reload_sorts_each_changed_key_by_its_declaration() -> None:
 def test_reconcile_adopts_what_runs_and_starts_what_is_desired() -> None:
     idle = dict.fromkeys(CONFIG.lanes, LaneState.INACTIVE)
     desired = {"a": Desired.ACTIVE, "b": Desired.INACTIVE, "c": Desired.ACTIVE}
-    got = resume.plan_reconcile(CONFIG, ["c"], desired, idle, first=False)
+    got = resume.plan_reconcile(CONFIG, ["c"], desired, idle, first=False, workers=())
     assert got.adopt == ("c",) and got.start == (("a", "restore the desired lane"),)
-    failed = resume.plan_reconcile(CONFIG, [], desired, {**idle, "a": LaneState.FAILED}, False)
+    failed = resume.plan_reconcile(
+        CONFIG, [], desired, {**idle, "a": LaneState.FAILED}, False, workers=()
+    )
     assert failed.start == (("c", "restore the desired lane"),)
     first = config(default_lane="b")
-    fresh = resume.plan_reconcile(first, [], {}, idle, first=True)
+    fresh = resume.plan_reconcile(first, [], {}, idle, first=True, workers=())
     assert fresh.start == (("b", "default lane"),)
-    assert resume.plan_reconcile(first, ["a"], {}, idle, first=True).start == ()
+    assert resume.plan_reconcile(first, ["a"], {}, idle, first=True, workers=()).start == ()
 
 
 CU = resume.CatchUp
@@ -411,7 +414,7 @@ def test_catch_up_one_lane_after_the_bus_or_the_manager_came_back(
     state: LaneState, desired: Desired, running: bool, busy: bool, want: resume.CatchUp
 ) -> None:
     now = resume.LaneNow(state, desired, running, busy)
-    assert resume.plan_catch_up(CONFIG, {"c": now}) == {"c": want}
+    assert resume.plan_catch_up(CONFIG, {"c": now}, workers=()) == {"c": want}
 
 
 def test_catch_up_a_broken_swap_activates_the_lane_and_leaves_its_peers_to_it() -> None:
@@ -421,13 +424,21 @@ def test_catch_up_a_broken_swap_activates_the_lane_and_leaves_its_peers_to_it() 
         "b": resume.LaneNow(LaneState.INACTIVE, ON, False, False),
         "c": resume.LaneNow(LaneState.READY, OFF, True, False),  # another group: stopped
     }
-    assert resume.plan_catch_up(CONFIG, lanes) == {"a": CU.NOTHING, "b": CU.ACTIVATE, "c": CU.STOP}
+    assert resume.plan_catch_up(CONFIG, lanes, workers=()) == {
+        "a": CU.NOTHING,
+        "b": CU.ACTIVATE,
+        "c": CU.STOP,
+    }
 
 
 def test_catch_up_leaves_a_worker_rank_to_its_head() -> None:
-    workers = config('args = ["--headless"]\n')
+    ranks = config('args = ["--headless"]\n')  # vLLM's worker switch
+    assert engines.workers(ranks.lanes) == {"a", "b", "c"}
     lanes = {"a": resume.LaneNow(LaneState.INACTIVE, ON, False, False)}
-    assert resume.plan_catch_up(workers, lanes) == {"a": CU.NOTHING}
+    assert resume.plan_catch_up(ranks, lanes, workers={"a"}) == {"a": CU.NOTHING}
+    desired = {"a": Desired.ACTIVE}
+    idle = {"a": LaneState.INACTIVE}
+    assert resume.plan_reconcile(ranks, [], desired, idle, True, workers={"a"}).start == ()
 
 
 def test_a_run_lost_with_its_user_manager_is_a_failure_with_no_status() -> None:

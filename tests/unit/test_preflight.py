@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from laned.adapters import secret_files
 from laned.adapters.gpus import held
 from laned.adapters.podman import parse_container
-from laned.config.load import LaneConfig, parse_config
+from laned.core.facts import GIB, GpuReading, HostFacts, KeyFile, LaneFacts, blocking
 from laned.core.lanes import LaneStatus, phase_durations
 from laned.core.modes import Mode
 from laned.errors import ConfigError, Finding, Severity
-from laned.preflight.facts import GIB, GpuReading, HostFacts, KeyFile, LaneFacts, blocking
 from laned.preflight.fit import fit
 from laned.preflight.rules import evaluate, model_path, not_held
+from laned.validation.load import LaneConfig, parse_config
 from tests.helpers import parse_phase
 
 ENV = {"HOME": "/home/op"}

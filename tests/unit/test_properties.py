@@ -10,10 +10,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from laned.config.load import parse_config
 from laned.errors import ConfigError
 from laned.render import plan as render
 from laned.render.wrapper import render_wrapper
+from laned.validation.load import parse_config
 
 # A stand-in engine that writes its argv and environment as JSON.
 DUMP = """#!/usr/bin/env python3

@@ -6,10 +6,10 @@ import asyncio
 
 from laned.api.proxy import model_names, route
 from laned.cli.client import table
-from laned.config.load import parse_config
 from laned.core.lanes import Desired, LaneState, LaneStatus
 from laned.core.modes import Mode
 from laned.owner.traffic import Traffic
+from laned.validation.load import parse_config
 
 TEXT = """
 [lanes.dsv41]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from laned.config.load import parse_config
 from laned.config.model import LaneConfig
 from laned.owner import watchers
+from laned.validation.load import parse_config
 
 LANE = (
     '[lanes.a]\nunit = "a.service"\nport = 8000\nserved_model_name = "a"\n'

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from laned.cli.main import main
-from laned.config.load import load_config, parse_config
 from laned.config.secrecy import names_in
 from laned.engines.vllm import CACHES
 from laned.render import plan as render
 from laned.render.units import daemon_unit
 from laned.render.wrapper import engine_argv
+from laned.validation.load import load_config, parse_config
 from tests.helpers import ROOT, wait_until
 
 GOLDEN = ROOT / "tests" / "golden"

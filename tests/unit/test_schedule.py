@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from laned.config.groups import default_lane, default_lanes, idle_return
-from laned.config.load import parse_config
 from laned.core.schedule import (
     IDLE_GRACE,
     PRIORITY_STEP,
@@ -25,6 +24,7 @@ from laned.core.schedule import (
     min_residency,
 )
 from laned.errors import ConfigError
+from laned.validation.load import parse_config
 
 A = LaneView("a", serving=True, resident=True, ready_since=0.0, min_residency=100.0)
 B = LaneView("b")

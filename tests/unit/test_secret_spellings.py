@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from laned import engines
 from laned.config.command import env_assignments
-from laned.config.load import load_config, parse_config
 from laned.config.podman_options import read_options
 from laned.config.secrecy import token_kind
 from laned.engines.profile import SecretFlag, secret_words
@@ -24,6 +23,7 @@ from laned.errors import BadImport, ConfigError, Severity
 from laned.importer.cmdline import split
 from laned.importer.toml_out import render_import
 from laned.importer.translate import import_run
+from laned.validation.load import load_config, parse_config
 from tests.helpers import ROOT
 
 ENV = {"HOME": "/home/op"}

@@ -10,14 +10,15 @@ import pytest
 from laned.adapters.gpus import held
 from laned.adapters.kernel import cgroup_of, cgroup_pids
 from laned.adapters.pagecache import weights_gib
-from laned.config.load import parse_config
 from laned.core import canary, resume
+from laned.core.facts import GIB, GpuReading, HostFacts
 from laned.core.lanes import Desired, LaneState
+from laned.engines.vllm import level_now
 from laned.errors import ConfigError, Finding, Severity
-from laned.preflight.facts import GIB, GpuReading, HostFacts
-from laned.preflight.fit import beside_sleepers, sleep_fit, sleep_level_for
+from laned.preflight.fit import beside_sleepers, sleep_fit
 from laned.render.units import lane_unit
 from laned.render.wrapper import engine_argv, render_wrapper
+from laned.validation.load import parse_config
 
 ENV = {"HOME": "/home/op"}
 
@@ -104,11 +105,11 @@ def test_a_sleeping_lane_is_left_asleep_after_the_bus_comes_back() -> None:
         "b": resume.LaneNow(LaneState.READY, Desired.ACTIVE, True, False),
         "c": resume.LaneNow(LaneState.INACTIVE, Desired.INACTIVE, True, False),
     }
-    plans = resume.plan_catch_up(config, now)
+    plans = resume.plan_catch_up(config, now, workers=())
     assert plans["a"] is resume.CatchUp.NOTHING
     assert plans["c"] is resume.CatchUp.STOP  # a lane not desired that runs, and not asleep
     gone = {**now, "a": resume.LaneNow(LaneState.SLEEPING, Desired.INACTIVE, False, False)}
-    assert resume.plan_catch_up(config, gone)["a"] is resume.CatchUp.SETTLE
+    assert resume.plan_catch_up(config, gone, workers=())["a"] is resume.CatchUp.SETTLE
 
 
 def test_the_gate_leaves_the_sleepers_residual_memory_out_and_no_strangers() -> None:
@@ -156,15 +157,15 @@ def test_the_canary_is_kept_per_digest_and_compared_on_token_ids_else_text() -> 
 
 
 def test_level_1_only_while_host_ram_holds_the_weights_else_level_2() -> None:
-    assert sleep_level_for(1, 40.0, 100.0) == (1, "")  # up to 80 GiB pinned: fits in 92
-    level, why = sleep_level_for(1, 50.0, 100.0)  # up to 100 GiB pinned, 100 available less 8
+    assert level_now(1, 40.0, 100.0) == (1, "")  # up to 80 GiB pinned: fits in 92
+    level, why = level_now(1, 50.0, 100.0)  # up to 100 GiB pinned, 100 available less 8
     assert level == 2 and "up to 100.0 GiB" in why and "50.0 GiB of" in why
     assert "8 GiB margin" in why
-    assert sleep_level_for(2, 500.0, 10.0) == (2, "")  # level 2 pins nothing
-    assert sleep_level_for(1, None, 10.0) == (1, "")  # unknown: the lane's own level
+    assert level_now(2, 500.0, 10.0) == (2, "")  # level 2 pins nothing
+    assert level_now(1, None, 10.0) == (1, "")  # unknown: the lane's own level
     # Its engine slept at level 1 before: it holds those pinned buffers already.
-    assert sleep_level_for(1, 95.0, 10.0, pinned=True) == (1, "")
-    assert sleep_level_for(1, 95.0, 10.0, pinned=False)[0] == 2
+    assert level_now(1, 95.0, 10.0, pinned=True) == (1, "")
+    assert level_now(1, 95.0, 10.0, pinned=False)[0] == 2
 
 
 def test_preflight_says_which_level_a_lane_would_sleep_at_here() -> None:

@@ -22,14 +22,15 @@ import pytest
 
 from laned.adapters.pagecache import read_checkpoint
 from laned.adapters.weight_cache import held_said
-from laned.config.load import load_config, parse_config
 from laned.config.model import Config
 from laned.config.names import AF_UNIX_MAX, WEIGHTS_SOCKETS_MOUNT, weights_sockets_dir
 from laned.core import checkpoint
-from laned.core.footprints import held_of
+from laned.core.facts import HostFacts, LaneFacts
+from laned.engines.footprints import held_of
 from laned.engines.vllm_preload import (
     SOCKET_NAME_MAX,
     WC_LENGTH,
+    WEIGHT_CACHE,
     daemon_env,
     daemon_flags,
     preload_command,
@@ -37,11 +38,11 @@ from laned.engines.vllm_preload import (
     wc_message,
 )
 from laned.errors import ConfigError, Severity
-from laned.preflight.facts import HostFacts, LaneFacts
 from laned.preflight.rules import evaluate
 from laned.render import plan as render
 from laned.render.wrapper import engine_lines, weights_lines
 from laned.sim.weightwire import fingerprint, hash_checkpoint
+from laned.validation.load import load_config, parse_config
 from tests.helpers import free_port
 from tests.unit.test_render import ENV, EXAMPLE, golden_files
 
@@ -261,7 +262,7 @@ def test_a_weight_cache_reading_past_the_gpus_size_is_dropped_with_the_reason() 
             planted(Path(short), "vllm_weight_cache_other.sock", "lots\n\x1b[2J"),
         ]
         try:
-            said = held_said(short, "vllm_weight_cache_*[!t].sock")
+            said = held_said(short, WEIGHT_CACHE)
         finally:
             for server in servers:
                 server.close()

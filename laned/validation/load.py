@@ -2,7 +2,7 @@
 
 `load_config()` reads a file; `parse_config()` takes text. Both report every problem
 at once (`ConfigError.problems`), each naming the dotted key path, the bad value and
-what is expected, then apply the semantic rules that span keys (`laned.config.rules`).
+what is expected, then apply the semantic rules that span keys (`laned.validation.rules`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from laned.config.model import (
 )
 from laned.config.names import podman_socket
 from laned.config.ranks import check_nodes, for_host
-from laned.config.rules import check_config, check_socket_paths
 from laned.config.secrecy import redacted
 from laned.errors import ConfigError, Finding, Severity
+from laned.validation.rules import check_config, check_socket_paths
 
 if sys.version_info >= (3, 11):
     import tomllib

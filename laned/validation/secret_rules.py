@@ -117,10 +117,9 @@ def _env_tables(base: str, lane: LaneConfig) -> Iterator[Finding]:
             where = f"{table}.{key}"
             if (kind := token_kind(var.value)) is not None:
                 # A token is a secret whatever its name: `secret = false` does not say otherwise.
-                yield secret_in_config(
-                    base, lane, where, key, message=f"{key}'s value is shaped like {kind}: it "
-                    "would be in the wrapper and in podman's argv",
-                )  # fmt: skip
+                where_it_goes = "it would be in the wrapper and in podman's argv"
+                message = f"{key}'s value is shaped like {kind}: {where_it_goes}"
+                yield secret_in_config(base, lane, where, key, message=message)
             elif var.secret is not False and holds_secret(key, var.value):
                 yield secret_in_config(base, lane, where, key, exempt=True)
 
@@ -132,10 +131,9 @@ def _values(base: str, lane: LaneConfig) -> Iterator[Finding]:
     for table, values in tables:
         for key in values:
             if looks_secret(key):
-                yield secret_in_config(
-                    base, lane, f"{table}.{key}", key, message=f"{key} looks like a secret: "
-                    f"its value would fill ${{{key}}} in the engine's argv",
-                )  # fmt: skip
+                fills = f"its value would fill ${{{key}}} in the engine's argv"
+                message = f"{key} looks like a secret: {fills}"
+                yield secret_in_config(base, lane, f"{table}.{key}", key, message=message)
 
 
 def _engine_words(base: str, lane: LaneConfig) -> list[list[tuple[str, str]]]:
@@ -190,10 +188,8 @@ def _env_heads(base: str, lane: LaneConfig) -> Iterator[Finding]:
     for command in _commands(base, lane):
         for i, name, value in env_assignments([w for _, w in command]):
             if holds_secret(name, value):
-                yield secret_in_config(
-                    base, lane, command[i][0], name,
-                    message=f"`env {name}=...` puts a secret in the command's argv",
-                )  # fmt: skip
+                message = f"`env {name}=...` puts a secret in the command's argv"
+                yield secret_in_config(base, lane, command[i][0], name, message=message)
 
 
 def _podman_args(base: str, lane: LaneConfig) -> Iterator[Finding]:

@@ -23,7 +23,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 def check_env(base: str, lane: LaneConfig) -> Iterator[Finding]:
     """Each variable's name and value as a unit and an argv can carry them (whether one is
-    a secret: laned.config.secret_rules)."""
+    a secret: laned.validation.secret_rules)."""
     tables = [(f"{base}.env", lane.env)]
     tables += [(f"{base}.rank.{rank}.env", r.env) for rank, r in lane.rank.items()]
     for table, env in tables:
@@ -133,21 +133,6 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
                 Severity.WARNING,
             )
         seen.setdefault(flag, where)
-    engram_disk = _exl3_engram_disk(lane)
-    if engram_disk and "--enforce-eager" not in seen:
-        yield Finding(
-            f"{base}.args",
-            f"{engram_disk[0]}=1 needs --enforce-eager",
-            "CUDA graphs cannot capture the NVMe reads of engram-disk mode; add --enforce-eager",
-        )
-
-
-def _exl3_engram_disk(lane: LaneConfig) -> list[str]:
-    """Seed 000's engram-disk switch, when on. Only the EXL3 pack's own variable: its plugin's
-    NVMe reads cannot be captured in CUDA graphs. Other builds differ: seed 001's
-    VLLM_MOET_ENGRAM_DISK=1 runs with CUDA graphs and pins its KV offload region."""
-    var = lane.env.get("DSV41_ENGRAM_DISK")
-    return ["DSV41_ENGRAM_DISK"] if var is not None and var.value == "1" else []
 
 
 def check_container(base: str, name: str, lane: LaneConfig) -> Iterator[Finding]:
@@ -237,13 +222,13 @@ def _check_podman_args(where: str, lane: LaneConfig) -> Iterator[Finding]:
         )
     cap_add = [v for f, v in flags if f == "--cap-add" and v and v.upper().endswith("IPC_LOCK")]
     if cap_add:
-        disk = _exl3_engram_disk(lane)
+        # The engine's own word on whether it pins host memory at all (vLLM's engram-disk mode).
+        unpinned = engines.for_lane(lane).pins_nothing(lane)
         memlock = any(f == "--ulimit" and v and v.startswith("memlock") for f, v in flags)
-        if disk and lane.engine_arg("--kv-offloading-size") is None:
+        if unpinned is not None:
+            what, why = unpinned
             yield Finding(
-                pargs,
-                f"--cap-add IPC_LOCK with {disk[0]}=1",
-                "engram-disk mode pins nothing (the pinned mode is unused); drop --cap-add IPC_LOCK",
+                pargs, f"--cap-add IPC_LOCK with {what}", f"{why}; drop --cap-add IPC_LOCK"
             )
         elif not memlock:
             yield Finding(

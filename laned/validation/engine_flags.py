@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from laned import engines
 from laned.config.model import Config, LaneConfig
 from laned.engines.profile import EngineProfile
-from laned.engines.vllm_preload import WEIGHT_CACHE_DOC
 from laned.errors import EngineParserFailed, Finding, Severity
 
 NUMBER = re.compile(r"^-\d")
@@ -38,7 +37,7 @@ class Source:
     python: str | None = None
     image: str | None = None
     program: str | None = None
-    engine: str = "vllm"
+    engine: str = engines.DEFAULT.name
 
     def __str__(self) -> str:
         return self.python or self.program or f"image {self.image}"
@@ -57,7 +56,7 @@ class KnownFlags:
     flags: frozenset[str]
     source: Source
     abbrev: bool = True  # argparse takes an unambiguous prefix of a long flag
-    # vLLM: the flags of `vllm preload` (its weight-cache daemon); None where it has none
+    # The flags of its weight-cache daemon (vLLM's `vllm preload`); None where it has none
     daemon: frozenset[str] | None = None
 
     def expand(self, flag: str) -> str | None:
@@ -161,31 +160,35 @@ def flag_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
 
 def daemon_words(config: Config, lane: str) -> Iterator[tuple[str, str]]:
     """(key path, word) of every argv word a weight-cache lane's daemon gets after its
-    program: `preload --model MODEL`, the engine's flags that shape the weights, its own."""
+    subcommand: `preload --model MODEL` (vLLM's), the engine's flags that shape the weights,
+    its own."""
     spec = config.lanes[lane]
     api = engines.for_lane(spec).weight_cache
     if spec.weight_cache is None or api is None:
         return
     base = f"lanes.{lane}"
     words = api.command([*spec.command_words(), *spec.arg_words()]) or []
-    at = words.index("preload") + 1 if "preload" in words else 0
+    at = words.index(api.subcommand) + 1 if api.subcommand in words else 0
     yield from ((f"{base}.args", word) for word in words[at:])
     for _why, own in api.daemon_lines(spec, base, "/run/laned/weights"):
         yield from ((f"{base}.weight_cache", word) for word in own)
 
 
 def daemon_unknown(config: Config, lane: str, known: KnownFlags) -> list[Finding]:
-    """A weight-cache lane's daemon flags against `vllm preload`'s parser."""
+    """A weight-cache lane's daemon flags against its daemon's own parser (vLLM's `vllm
+    preload`)."""
     spec = config.lanes[lane]
-    if spec.weight_cache is None:
+    api = known.source.profile.weight_cache
+    if spec.weight_cache is None or api is None:
         return []
     title = f"{known.source.profile.title} {known.version}"
     if known.daemon is None:
         return [
             Finding(
                 f"lanes.{lane}.weight_cache",
-                f"{title} ({known.source}) has no `vllm preload`: its weight cache came in vLLM 0.32",
-                "run the lane on vLLM 0.32 or later, or remove weight_cache",
+                f"{title} ({known.source}) has no `{api.daemon}`: its weight cache came in "
+                f"{api.since}",
+                f"run the lane on {api.since} or later, or remove weight_cache",
                 Severity.WARNING,
             )
         ]
@@ -197,9 +200,9 @@ def daemon_unknown(config: Config, lane: str, known: KnownFlags) -> list[Finding
         problems.append(
             Finding(
                 where,
-                f"{flag} is not a flag of {title}'s `vllm preload` ({known.source}), which the "
+                f"{flag} is not a flag of {title}'s `{api.daemon}` ({known.source}), which the "
                 "lane's weight-cache daemon runs",
-                f"check `vllm preload --help` there; see {WEIGHT_CACHE_DOC}",
+                f"check `{api.daemon} --help` there; see docs/weight-cache.md",
                 Severity.WARNING,
             )
         )

@@ -12,9 +12,8 @@ import re
 from collections.abc import Iterator
 
 from laned import engines
-from laned.config.engine_rules import CONTROL, check_argv, check_container, check_env
 from laned.config.groups import check_groups
-from laned.config.listener import BODY_COPIES
+from laned.config.listener import BODY_COPIES, parse_listen
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import (
     AF_UNIX_MAX,
@@ -24,11 +23,12 @@ from laned.config.names import (
     weights_sockets_dir,
     wrapper_name,
 )
-from laned.config.secret_rules import check_secrets
 from laned.config.sleep import check_sleep
-from laned.core.footprints import footprints
 from laned.core.placement import never
+from laned.engines.footprints import footprints
 from laned.errors import Finding, Severity
+from laned.validation.engine_rules import CONTROL, check_argv, check_container, check_env
+from laned.validation.secret_rules import check_secrets
 
 LANE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -61,7 +61,7 @@ def check_config(config: Config) -> list[Finding]:
 def check_socket_paths(config: Config, runtime_dir: str, podman_socket: str) -> list[Finding]:
     """Every AF_UNIX path laned renders or connects to, against the longest one a program can
     bind (laned.config.names.AF_UNIX_MAX), with the user's runtime directory `runtime_dir`
-    (which laned.config.load reads): each weight-cache lane's daemon sockets (its engine's
+    (which laned.validation.load reads): each weight-cache lane's daemon sockets (its engine's
     profile knows their names), and the podman API's socket where a lane runs in a container."""
     problems: list[Finding] = []
     for name, lane in sorted(config.lanes.items()):
@@ -155,28 +155,6 @@ def _check_daemon(config: Config) -> Iterator[Finding]:
         yield Finding("daemon.default_lane", f"no lane named {daemon.default_lane!r}", hint)
 
 
-def parse_listen(listen: str) -> tuple[str, int] | None:
-    """Split "host:port" / "[v6]:port" into (host, port); None when malformed."""
-    match = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([A-Za-z0-9.-]+):(\d{1,5})", listen)
-    if not match:
-        return None
-    host = match.group(1) or match.group(3)
-    port = int(match.group(2) or match.group(4))
-    return (host, port) if 0 < port < 65536 else None
-
-
-def api_address(listen: str) -> str:
-    """Where a command on this host reaches laned's API, for hints (`curl -s ADDRESS/...`):
-    `localhost:PORT` for a loopback or wildcard listen, else the host as configured."""
-    parsed = parse_listen(listen)
-    if parsed is None:
-        return listen
-    host, port = parsed
-    if host in ("0.0.0.0", "::", "localhost") or host.startswith("127.") or host == "::1":
-        return f"localhost:{port}"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def _check_path(key: str, value: str) -> Iterator[Finding]:
     """A path laned reads, and may write on a unit's line (EnvironmentFile=, ExecStart=)."""
     if CONTROL.search(value):
@@ -222,15 +200,15 @@ def _check_engine(base: str, lane: LaneConfig) -> Iterator[Finding]:
             (f"did you mean {close[0]!r}? " if close else "")
             + "one of: "
             + ", ".join(repr(name) for name in engines.ENGINES)
-            + " (unset, laned reads it from the command, vLLM by default)",
+            + f" (unset, laned reads it from the command, {engines.DEFAULT.title} by default)",
         )
         return
-    profile = engines.for_lane(lane)
-    if lane.api_key_file and not lane.secrets_file and profile is not engines.VLLM:
+    profile, default = engines.for_lane(lane), engines.DEFAULT
+    if lane.api_key_file and not lane.secrets_file and profile is not default:
         yield Finding(
             f"{base}.api_key_file",
-            f"is the older name of secrets_file, for vLLM lanes (VLLM_API_KEY); this lane "
-            f"runs {profile.title}",
+            f"is the older name of secrets_file, for {default.title} lanes "
+            f"({default.api_key_env}); this lane runs {profile.title}",
             f"rename it secrets_file, with the line {profile.api_key_env}=... in that file",
         )
     if lane.sleep_level and (profile.sleep is None or lane.sleep_level not in profile.sleep.levels):
@@ -246,10 +224,14 @@ def _check_engine(base: str, lane: LaneConfig) -> Iterator[Finding]:
     yield from profile.findings(lane, base)
     if lane.weight_cache is not None:
         if profile.weight_cache is None:
+            daemons = " or ".join(
+                f"{p.title}'s weight-cache daemon (`{p.weight_cache.daemon}`)"
+                for p in engines.LISTED
+                if p.weight_cache is not None
+            )
             yield Finding(
                 f"{base}.weight_cache",
-                f"keeps the weights in vLLM's weight-cache daemon (`vllm preload`); this lane "
-                f"runs {profile.title}, which has none",
+                f"keeps the weights in {daemons}; this lane runs {profile.title}, which has none",
                 "remove weight_cache from this lane",
             )
         else:
@@ -333,7 +315,8 @@ def _check_text(base: str, lane: LaneConfig) -> Iterator[Finding]:
         yield Finding(
             f"{base}.api_key_file",
             "is the older name of secrets_file: the lane has one secrets file",
-            f"write VLLM_API_KEY=... in {lane.secrets_file} and remove api_key_file",
+            f"write {engines.for_lane(lane).api_key_env}=... in {lane.secrets_file} and remove "
+            "api_key_file",
         )
 
 

@@ -53,9 +53,9 @@ from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.config.load import parse_config
 from laned.config.model import LaneConfig
+from laned.core.lanes import Refused
 from laned.core.recorder import Recorder
 from laned.owner.reactions import canary_check
-from laned.owner.seam import Refused
 from laned.owner.steps import HostSeam
 from laned.preflight.facts import GIB
 

@@ -22,12 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from laned.adapters import state
 from laned.core.machine import Ev
+from laned.core.saved import EVENTS_KEPT
 from laned.owner.ledger import Ledger
 
 
 def filled(changed: object = lambda: None) -> Ledger:
     ledger = Ledger(["a", "b"], time.time, changed)  # type: ignore[arg-type]
-    for i in range(state.EVENTS_KEPT):
+    for i in range(EVENTS_KEPT):
         ledger.fire("a", Ev.READY if i % 2 else Ev.START, f"event {i}")
     return ledger
 
@@ -57,7 +58,7 @@ async def main(transitions: int) -> None:
         burst = time.perf_counter() - started_burst
         await writer.close()
     ms = 1000.0
-    print(f"state.json with {state.EVENTS_KEPT} events kept, {transitions} transitions")
+    print(f"state.json with {EVENTS_KEPT} events kept, {transitions} transitions")
     print(
         f"before: loop blocked per transition   median {statistics.median(blocked) * ms:7.2f} ms"
         f"   max {max(blocked) * ms:7.2f} ms   writes {transitions}"

@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from laned.adapters.systemd import UnitCallback
-from laned.core.unit_state import UnitSnapshot
+from laned.core.unit_state import UnitCallback, UnitSnapshot
 from laned.errors import LanedError, SystemdError
 from laned.owner.seam import Seam
 

@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from laned.adapters import state
 from laned.config.model import LaneConfig
 from laned.core.lanes import (
     START_COLD,
@@ -37,6 +36,7 @@ from laned.core.liveness import EngineSample
 from laned.core.machine import Effect, Ev, Outcome, decide
 from laned.core.phases import ALMOST_READY, Seen, add_mark
 from laned.core.policy import HOLDING_STATES
+from laned.core.saved import EVENTS_KEPT, HISTORY_KEPT, HISTORY_SECONDS, Saved
 from laned.errors import ActivationFailed, Superseded
 
 log = logging.getLogger("laned.supervisor")
@@ -102,10 +102,10 @@ class Ledger:
     ) -> None:
         self.clock = clock
         self.hands: Hands = hands or NoHands()
-        self.changed = changed  # something worth saving changed (see state.StateWriter)
+        self.changed = changed  # something worth saving changed (the state file's writer)
         self.statuses: dict[str, LaneStatus] = {n: LaneStatus(n) for n in lanes}
-        self.events: deque[Event] = deque(maxlen=state.EVENTS_KEPT)
-        self.history: deque[tuple[float, str, str, str]] = deque(maxlen=state.HISTORY_KEPT)
+        self.events: deque[Event] = deque(maxlen=EVENTS_KEPT)
+        self.history: deque[tuple[float, str, str, str]] = deque(maxlen=HISTORY_KEPT)
         self.listeners: list[Listener] = []
         self._waiters: dict[str, list[asyncio.Future[LaneStatus]]] = {}
 
@@ -126,10 +126,10 @@ class Ledger:
         """Every lane's state."""
         return {n: s.state for n, s in self.statuses.items()}
 
-    def saved(self) -> state.Saved:
+    def saved(self) -> Saved:
         """What state.json keeps, as copies (taken on the loop, written in a thread)."""
         statuses = self.statuses.values()
-        return state.Saved(
+        return Saved(
             desired={s.name: s.desired for s in statuses},
             restarts={s.name: s.restarts for s in statuses},
             last_exit={s.name: s.last_exit for s in statuses if s.last_exit},
@@ -142,7 +142,7 @@ class Ledger:
             history=list(self.history),
         )
 
-    def restore(self, saved: state.Saved, checks: Callable[[str], dict[str, Any] | None]) -> None:
+    def restore(self, saved: Saved, checks: Callable[[str], dict[str, Any] | None]) -> None:
         """Take up what state.json kept (the reverse of `saved`), each lane's last acceptance
         run from `checks`. A lane that gave up (crash loop, start timeout) stays failed until
         activated."""
@@ -160,7 +160,7 @@ class Ledger:
                 status.mode, status.state = Mode.FAILED, LaneState.FAILED
                 status.reason = saved.failed[name]
         self.events.extend(e for e in saved.events if e.lane in self.statuses)
-        self.history.extend(h for h in saved.history if h[0] >= now - state.HISTORY_SECONDS)
+        self.history.extend(h for h in saved.history if h[0] >= now - HISTORY_SECONDS)
 
     # --- changing (the owner only) -------------------------------------------------------------
 
@@ -236,7 +236,7 @@ class Ledger:
             status.phase, status.progress = None, None
         log.info("%s: %s -> %s (%s)", lane, event.from_state.value, shown.value, reason)
         self.history.append((event.at, lane, event.from_state.value, shown.value))
-        while self.history and self.history[0][0] < event.at - state.HISTORY_SECONDS:
+        while self.history and self.history[0][0] < event.at - HISTORY_SECONDS:
             self.history.popleft()
         self._publish(event)
 

@@ -18,8 +18,8 @@ import asyncio
 import threading
 from collections.abc import Collection
 
-from laned.adapters.pagecache import Prefetched, Residency
 from laned.core.lanes import EventKind, LaneState
+from laned.core.page_cache import Prefetched, Residency
 from laned.owner.records import Records
 from laned.owner.seam import Seam
 from laned.preflight.facts import GIB, size

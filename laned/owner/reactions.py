@@ -22,7 +22,7 @@ from laned.adapters import state
 from laned.config.model import Config, LaneConfig
 from laned.config.names import exit_record_path
 from laned.core import canary, exits, policy
-from laned.core.lanes import START_COLD, Desired, EventKind, LastExit, Mode, Verdict
+from laned.core.lanes import START_COLD, Desired, EventKind, LastExit, Mode, Refused, Verdict
 from laned.core.machine import Ev
 from laned.core.phases import DYING, Seen
 from laned.core.policy import ExitAction, OpKind, RestartKind
@@ -32,7 +32,7 @@ from laned.owner import watchers
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.checks import Checks
 from laned.owner.records import Records
-from laned.owner.seam import Refused, Seam
+from laned.owner.seam import Seam
 from laned.owner.weights import Weights
 from laned.render import plan as render
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine
 
 from laned.config.names import unit_name
 from laned.core import placement, policy
-from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus
+from laned.core.lanes import Desired, EventKind, LaneState, LaneStatus, Refused
 from laned.core.machine import Ev
 from laned.core.policy import Admit, OpKind, RestartKind
 from laned.errors import (
@@ -34,7 +34,7 @@ from laned.owner.checkpoints import Checkpoints
 from laned.owner.operations import Operation
 from laned.owner.prefetching import Prefetches
 from laned.owner.records import Records
-from laned.owner.seam import Beside, Refused, Seam
+from laned.owner.seam import Beside, Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights

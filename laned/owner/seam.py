@@ -15,30 +15,21 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mappi
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from laned.adapters.pagecache import Prefetched, Residency
-from laned.adapters.systemd import UnitCallback
 from laned.config.model import Config, LaneConfig
 from laned.core import canary
 from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord
-from laned.core.lanes import EventKind, LaneState
+from laned.core.lanes import EventKind, LaneState, Refused
 from laned.core.liveness import EngineSample, Unanswered
+from laned.core.page_cache import Prefetched, Residency
 from laned.core.recorder import Recorder
-from laned.core.unit_state import UnitSnapshot
+from laned.core.unit_state import UnitCallback, UnitSnapshot
 from laned.errors import Finding
 from laned.gates.acceptance import GateResult
 from laned.preflight.facts import NO_SLEEPERS, HostFacts, Sleepers
 from laned.render.plan import Action
 
 Note = Callable[[EventKind, str], None]
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A step that cannot be done: why (for the lane's reason) and what to do."""
-
-    reason: str
-    hint: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,14 @@ import functools
 import time
 
 from laned.config.names import unit_name
-from laned.core.lanes import EventKind
+from laned.core.lanes import EventKind, Refused
 from laned.core.machine import Ev
 from laned.core.unit_state import UnitSnapshot
 from laned.errors import LanedError
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
-from laned.owner.seam import Refused, Seam
+from laned.owner.seam import Seam
 from laned.owner.traffic import Traffic
 from laned.render import plan as render
 

@@ -22,8 +22,6 @@ from laned.adapters.engine_api import EngineClient
 from laned.adapters.host import Host
 from laned.adapters.kernel import meminfo, port_busy
 from laned.adapters.pagecache import (
-    Prefetched,
-    Residency,
     prefetch,
     read_checkpoint,
     residency,
@@ -32,7 +30,7 @@ from laned.adapters.pagecache import (
 )
 from laned.adapters.probes import Probe
 from laned.adapters.secret_files import key_file, read_api_key
-from laned.adapters.systemd import Systemd, UnitCallback
+from laned.adapters.systemd import Systemd
 from laned.config.model import Config, LaneConfig
 from laned.config.names import (
     container_name,
@@ -43,13 +41,14 @@ from laned.config.names import (
 from laned.core import canary, policy
 from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord, parse_exit_record
-from laned.core.lanes import EventKind, LaneState
+from laned.core.lanes import EventKind, LaneState, Refused
 from laned.core.liveness import EngineSample, Unanswered
+from laned.core.page_cache import Prefetched, Residency
 from laned.core.recorder import Recorder
-from laned.core.unit_state import UnitSnapshot
+from laned.core.unit_state import UnitCallback, UnitSnapshot
 from laned.errors import Finding, LanedError, NotAContainer, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
-from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused
+from laned.owner.seam import ALONE, Asleep, Beside, Note
 from laned.preflight.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
 from laned.preflight.rules import evaluate, model_path, not_held

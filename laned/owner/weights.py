@@ -21,13 +21,13 @@ from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
 from laned.config.names import weights_unit_name
 from laned.core.footprints import held_of
-from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, Desired, EventKind, LaneState
+from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, Desired, EventKind, LaneState, Refused
 from laned.core.machine import Ev
 from laned.core.policy import RestartKind
 from laned.core.unit_state import ActiveState, UnitSnapshot
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.records import Records
-from laned.owner.seam import Refused, Seam
+from laned.owner.seam import Seam
 from laned.render.wrapper import weights_digest_path
 
 log = logging.getLogger("laned.supervisor")

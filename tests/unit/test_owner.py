@@ -26,16 +26,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from laned.adapters.pagecache import Prefetched, Residency
 from laned.config.load import parse_config
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
 from laned.core import canary
 from laned.core.checkpoint import Files, FileStat
 from laned.core.exits import ExitRecord
-from laned.core.lanes import Desired, EventKind, LaneState, Verdict
+from laned.core.lanes import Desired, EventKind, LaneState, Refused, Verdict
 from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
 from laned.core.machine import Ev
+from laned.core.page_cache import Prefetched, Residency
 from laned.core.phases import Seen
 from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
@@ -43,7 +43,7 @@ from laned.errors import EngineBrokeOff, Finding
 from laned.gates.acceptance import GateResult
 from laned.owner import supervisor as owner_supervisor
 from laned.owner.ledger import JOURNAL_LAG, Ledger
-from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused, Seam
+from laned.owner.seam import ALONE, Asleep, Beside, Note, Seam
 from laned.owner.supervisor import Supervisor
 from laned.preflight.facts import NO_SLEEPERS, GpuReading, HostFacts, Sleepers
 from laned.render.plan import Action

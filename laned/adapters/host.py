@@ -14,7 +14,7 @@ import time
 from collections.abc import Collection, Mapping
 
 from laned.adapters import secret_files
-from laned.adapters.gpus import GateResult, Nvml, SimGpus, wait_released
+from laned.adapters.gpus import Nvml, SimGpus, wait_released
 from laned.adapters.kernel import cgroup_of, cgroup_pids, disk_total_gib, meminfo, port_busy
 from laned.adapters.pagecache import (
     read_generation_config,
@@ -26,6 +26,7 @@ from laned.adapters.podman import Podman
 from laned.config.model import Config, LaneConfig, gpu_indices
 from laned.config.names import container_name
 from laned.config.sleep import LOOPBACK
+from laned.core.gpu_memory import GateResult, memory_of
 from laned.errors import PodmanError
 from laned.preflight.facts import (
     GIB,
@@ -172,13 +173,7 @@ class Host:
         nvml, _why = self.nvml()
         if nvml is None or not pids:
             return None
-        readings = await asyncio.to_thread(nvml.read, gpu_indices(spec))
-        if any(gpu.processes is None for gpu in readings):
-            return None
-        return {
-            gpu.index: sum(used for pid, used in gpu.processes or () if pid in pids)
-            for gpu in readings
-        }
+        return memory_of(await asyncio.to_thread(nvml.read, gpu_indices(spec)), pids)
 
     async def engine_pids(
         self, lane: str, spec: LaneConfig, control_group: str, container: str | None = None

@@ -19,6 +19,7 @@ from laned.config.model import Config, LaneConfig
 from laned.core import canary
 from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord
+from laned.core.gpu_memory import Asleep
 from laned.core.lanes import EventKind, LaneState, Refused
 from laned.core.liveness import EngineSample, Unanswered
 from laned.core.page_cache import Prefetched, Residency
@@ -44,15 +45,6 @@ class Beside:
 
 
 ALONE = Beside({}, {})
-
-
-@dataclass(frozen=True)
-class Asleep:
-    """A sleep confirmed: the engine's processes (for the GPU-memory gate) and what they keep
-    on each GPU by index (empty where NVML cannot list processes)."""
-
-    pids: frozenset[int]
-    residual: dict[int, int]
 
 
 class Seam(Protocol):

@@ -41,6 +41,7 @@ from laned.config.names import (
 from laned.core import canary, policy
 from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord, parse_exit_record
+from laned.core.gpu_memory import Asleep, confirm_sleep, gate_verdict
 from laned.core.lanes import EventKind, LaneState, Refused
 from laned.core.liveness import EngineSample, Unanswered
 from laned.core.page_cache import Prefetched, Residency
@@ -48,7 +49,7 @@ from laned.core.recorder import Recorder
 from laned.core.unit_state import UnitCallback, UnitSnapshot
 from laned.errors import Finding, LanedError, NotAContainer, PodmanError
 from laned.gates.acceptance import GateResult, run_gates
-from laned.owner.seam import ALONE, Asleep, Beside, Note
+from laned.owner.seam import ALONE, Beside, Note
 from laned.preflight.facts import GIB, NO_SLEEPERS, HostFacts, Sleepers
 from laned.preflight.fit import beside_sleepers, sleep_level_for
 from laned.preflight.rules import evaluate, model_path, not_held
@@ -219,20 +220,10 @@ class HostSeam:
                 note(EventKind.GATE, f"GPU-memory gate skipped: {why}")
             else:
                 recorder.gpu_gate(lane, result.released, result.waited)
-                if not result.released:
-                    note(EventKind.GATE, "GPU-memory gate timed out")
-                    return Refused(
-                        f"gpu-gate: still held after {result.waited:.1f}s: "
-                        + "; ".join(result.still_held),
-                        "see `nvidia-smi` for what holds the GPU memory; `laned status --fit` "
-                        "shows where laned placed each lane",
-                    )
-                staying = beside.lanes
-                note(
-                    EventKind.GATE,
-                    f"GPU memory released after {result.waited:.3f}s ({result.polls} reading(s))"
-                    + (f", beside {', '.join(staying)}" if staying else ""),
-                )
+                said, refused = gate_verdict(result, beside.lanes)
+                note(EventKind.GATE, said)
+                if refused is not None:
+                    return refused
                 readings = None if waking or not sleepers else await host.gpu_readings(spec)
                 sleeping = beside_sleepers(lane, spec, readings or [], sleepers)
                 if sleeping:  # vLLM would refuse to start: say so now, with the flag to lower
@@ -345,7 +336,7 @@ class HostSeam:
         """Put the lane's engine to sleep at `level` (its requests drained first) and confirm
         it: the engine's own word where it has one (vLLM's /is_sleeping), and where NVML
         lists processes, less GPU memory held by the engine's processes than before (what
-        stays is its residual, said in a note)."""
+        stays is its residual, said in a note): laned.core.gpu_memory.confirm_sleep."""
         key = await asyncio.to_thread(self.api_key, spec)
         engine, host = self._engine(spec, key), self.host
         pids = (
@@ -359,25 +350,12 @@ class HostSeam:
             asleep = await engine.is_sleeping()
         except LanedError as exc:
             return Refused(f"sleep (level {level}): {exc.message}", exc.hint)
-        if asleep is False:
-            return Refused(
-                f"sleep (level {level}): the engine still says it is awake after the sleep"
-            )
-        after = None if host is None else await host.gpu_memory_of(spec, pids)
-        if before is None or after is None:
-            return Asleep(frozenset(pids), {})
-        held, kept = sum(before.values()), sum(after.values())
-        if held > 0 and kept >= held:
-            return Refused(
-                f"sleep (level {level}): its processes still hold {kept / GIB:.2f} GiB of GPU "
-                "memory, no less than before",
-                "is --enable-sleep-mode in its wrapper? (laned render)",
-            )
-        note(
-            EventKind.SLEEP,
-            f"asleep: {(held - kept) / GIB:.2f} GiB of GPU memory released, {kept / GIB:.2f} GiB stay",
-        )
-        return Asleep(frozenset(pids), after)
+        # No second reading where the engine says it is awake: that is the verdict.
+        after = None if host is None or asleep is False else await host.gpu_memory_of(spec, pids)
+        slept = confirm_sleep(level, asleep, pids, before, after)
+        if isinstance(slept, Asleep) and slept.said:
+            note(EventKind.SLEEP, slept.said)
+        return slept
 
     async def canary(self, spec: LaneConfig) -> canary.Answer:
         """The engine's answer to the canary prompt (LanedError when it cannot answer)."""

@@ -32,6 +32,7 @@ from laned.config.names import unit_name, weights_unit_name
 from laned.core import canary
 from laned.core.checkpoint import Files, FileStat
 from laned.core.exits import ExitRecord
+from laned.core.gpu_memory import Asleep
 from laned.core.lanes import Desired, EventKind, LaneState, Refused, Verdict
 from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
 from laned.core.machine import Ev
@@ -43,7 +44,7 @@ from laned.errors import EngineBrokeOff, Finding
 from laned.gates.acceptance import GateResult
 from laned.owner import supervisor as owner_supervisor
 from laned.owner.ledger import JOURNAL_LAG, Ledger
-from laned.owner.seam import ALONE, Asleep, Beside, Note, Seam
+from laned.owner.seam import ALONE, Beside, Note, Seam
 from laned.owner.supervisor import Supervisor
 from laned.preflight.facts import NO_SLEEPERS, GpuReading, HostFacts, Sleepers
 from laned.render.plan import Action

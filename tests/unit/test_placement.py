@@ -9,9 +9,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laned.adapters.gpus import held
 from laned.config.load import parse_config
 from laned.core.footprints import footprints, never_peers
+from laned.core.gpu_memory import held
 from laned.core.placement import (
     EVERY,
     Footprint,

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laned.adapters import secret_files
-from laned.adapters.gpus import held
 from laned.adapters.podman import parse_container
 from laned.config.load import LaneConfig, parse_config
+from laned.core.gpu_memory import held
 from laned.core.lanes import LaneState, LaneStatus, phase_durations
 from laned.errors import ConfigError, Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts, KeyFile, LaneFacts, blocking

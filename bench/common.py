@@ -52,13 +52,13 @@ def supervisor_on(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
     from laned.adapters.probes import Probe
     from laned.adapters.systemd import Systemd
     from laned.config.load import parse_config
-    from laned.owner.steps import HostSeam
     from laned.owner.supervisor import Supervisor
+    from laned.owner.wiring import host_seam
 
     config = parse_config(text, "bench", {"HOME": tmp})
     rendered.apply(config)
     subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
-    seam = HostSeam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe())
+    seam = host_seam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe())
     return Supervisor(config, seam, systemd_version=252)
 
 

@@ -69,14 +69,14 @@ def supervisor(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
     from laned.adapters.probes import Probe
     from laned.adapters.systemd import Systemd
     from laned.config.load import parse_config
-    from laned.owner.steps import HostSeam
+    from laned.owner.wiring import host_seam
 
     config = parse_config(text, "bench", {"HOME": tmp})
     rendered.apply(config)
     subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
     host = Host(Podman(env["LANED_PODMAN_SOCKET"]), SimGpus(f"{tmp}/gpus"))
     return Supervisor(
-        config, HostSeam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe(), host), 252
+        config, host_seam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe(), host), 252
     )
 
 

@@ -1,26 +1,22 @@
-"""The host's GPUs through NVML (nvidia-ml-py), and the GPU-memory gate's wait.
+"""The host's GPUs through NVML (nvidia-ml-py).
 
 `Nvml.open()` answers None, with the reason, where there is no driver (or no
 nvidia-ml-py): callers then skip what needs GPUs, with a note, instead of failing.
-Reads are plain values (`GpuReading`); `wait_released()` polls until the gate's pure
-verdict (laned.core.gpu_memory.held) passes or the timeout runs out.
-
-This module imports only the standard library, pynvml and laned's pure readings, so
-bench/gpu_swap.py runs it on a GPU machine without laned's other dependencies. `SimGpus` stands in for NVML on a
+Reads are plain values (`GpuReading`), judged elsewhere (laned.core.gpu_memory: the
+GPU-memory gate's verdict, a sleep's confirmation). This module imports only the standard
+library, pynvml and those plain values, so a bench reads NVML with it on a GPU machine
+without laned's other dependencies. `SimGpus` stands in for NVML on a
 simulated host (LANED_SIM_GPUS).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from laned.core.gpu_memory import GateResult, held
 from laned.preflight.facts import GpuReading
 
 
@@ -133,28 +129,3 @@ class SimGpus:
             )
             for i in wanted
         ]
-
-
-async def wait_released(
-    read: Callable[[], list[GpuReading]],
-    max_used_bytes: float,
-    timeout: float,
-    interval: float,
-    clock: Callable[[], float] = time.monotonic,
-    sleepers: Collection[int] = (),
-    staying: Mapping[int, str] = {},
-    room: Mapping[int, int] = {},
-) -> GateResult:
-    """Poll `read` (in a thread) until `held()` is empty or `timeout` seconds have passed."""
-    started = clock()
-    polls = 0
-    while True:
-        readings = await asyncio.to_thread(read)
-        polls += 1
-        busy = held(readings, max_used_bytes, sleepers, staying, room)
-        waited = clock() - started
-        if not busy:
-            return GateResult(True, waited, polls, [])
-        if waited >= timeout:
-            return GateResult(False, waited, polls, busy)
-        await asyncio.sleep(min(interval, max(timeout - waited, 0)))

@@ -58,7 +58,7 @@ def checks_path(state_dir: str, lane: str) -> str:
 
 
 def canary_path(state_dir: str, lane: str) -> str:
-    """Where a lane's canary answer (laned.owner.steps.canary) is kept."""
+    """Where a lane's canary answer (laned.owner.reactions.canary_check) is kept."""
     return f"{state_dir}/canary/{lane}.json"
 
 

@@ -24,7 +24,7 @@ from laned.owner import watchers
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
 from laned.owner.requests import Requests
-from laned.owner.seam import Seam
+from laned.owner.seam import Journal
 
 log = logging.getLogger("laned.supervisor")
 JOURNAL_RETRY = 30.0  # seconds between two tries to follow the lanes' logs without journald
@@ -34,9 +34,9 @@ class Outages:
     """Notices of what is away; catching the lanes up when systemd is back."""
 
     def __init__(
-        self, records: Records, seam: Seam, reactions: Reactions, requests: Requests
+        self, records: Records, journal: Journal, reactions: Reactions, requests: Requests
     ) -> None:
-        self.records, self.seam = records, seam
+        self.records, self.journal = records, journal
         self.reactions, self.requests = reactions, requests
 
     # --- the user manager ----------------------------------------------------------------------
@@ -105,7 +105,7 @@ class Outages:
         while not r.closing:
             try:
                 await watchers.follow_phases(
-                    self.seam,
+                    self.journal,
                     r.all_units,
                     self._reader,
                     self.reactions.phase_seen,

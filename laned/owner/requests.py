@@ -1,5 +1,6 @@
 """The owner's requests: activate, deactivate, restart, each an operation of one lane
-(laned.owner.operations) made of steps (laned.owner.steps) that answer with values. An
+(laned.owner.operations) made of steps on the host (laned.owner.seam, the start gate:
+laned.owner.gate) that answer with values. An
 activation takes off the lanes placement says must go (laned.core.placement: those that
 never run beside it, and the cheapest set that leaves it room), and no other.
 
@@ -31,15 +32,16 @@ from laned.errors import (
     Superseded,
 )
 from laned.owner.checkpoints import Checkpoints
+from laned.owner.gate import Beside, clear_for_start
 from laned.owner.operations import Operation
 from laned.owner.prefetching import Prefetches
 from laned.owner.records import Records
-from laned.owner.seam import Beside, Seam
+from laned.owner.seam import Seam
 from laned.owner.sleeping import Sleeping
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
 from laned.preflight.facts import Sleepers, blocking
-from laned.preflight.rules import refusal
+from laned.preflight.rules import evaluate, refusal
 
 log = logging.getLogger("laned.supervisor")
 
@@ -164,9 +166,10 @@ class Requests:
         # The sleepers the activation stops for room keep nothing by the time it starts.
         off = r.evictions(lane).lanes
         sleepers = Sleepers() if asleep else Sleepers(r.sleepers(but=off), r.to_sleep(lane))
-        return await self.seam.preflight(
-            self.records.config, lane, self.ledger.states(), status.image_id, sleepers
-        )
+        config = self.records.config
+        peer = policy.port_peer(config, lane, self.ledger.states())
+        facts = await self.seam.facts.lane_facts(config, lane, peer, status.image_id, sleepers)
+        return [] if facts is None else evaluate(lane, config.lanes[lane], facts)
 
     # --- operations -------------------------------------------------------------------------------
 
@@ -226,7 +229,7 @@ class Requests:
                 return
             # The wake failed and the engine was stopped: a cold start, as for any lane.
         unit = unit_name(lane, self.records.config.lanes[lane])
-        if await self.seam.still_ending(unit, self.records.snapshots.get(lane)):
+        if await self.seam.units.still_ending(unit, self.records.snapshots.get(lane)):
             self._ensure_current(op)
             # Its own earlier run is still ending (the stop of a deactivate this request
             # superseded): that run's exit must reach laned before the new run is
@@ -264,7 +267,8 @@ class Requests:
         future: ready). A wake that fails stops the engine (None: start it cold)."""
         lane, r = op.lane, self.records
         spec = r.config.lanes[lane]
-        refused = await self.seam.clear_for_start(
+        refused = await clear_for_start(
+            self.seam,
             lane,
             spec,
             None,
@@ -340,7 +344,7 @@ class Requests:
             await self._drain(op.lane, op.force)
             self._ensure_current(op)
             unit = unit_name(op.lane, self.records.engine_spec(op.lane))
-            refused = await self.seam.stop(unit)  # the one confirmed stop
+            refused = await self.seam.units.stop(unit)  # the one confirmed stop
             if refused is not None:
                 raise ActivationFailed(f"lane {op.lane}: {refused.reason}", refused.hint)
         finally:
@@ -397,7 +401,8 @@ class Requests:
         if refused is None:
             beside = await self._beside(lane)
             self._ensure_current(op)
-            refused = await self.seam.clear_for_start(
+            refused = await clear_for_start(
+                self.seam,
                 lane,
                 spec,
                 self.ledger.statuses[lane].image_id,
@@ -420,7 +425,7 @@ class Requests:
             self._weights_failed(lane, refused)
             return
         self.prefetches.at_start(lane)
-        await self.seam.start(unit_name(lane, spec))
+        await self.seam.units.start(unit_name(lane, spec))
 
     async def _beside(self, lane: str) -> Beside:
         """The lanes that stay on the GPUs `lane` starts on (desired, sharing a GPU with it):
@@ -439,10 +444,10 @@ class Requests:
                 continue
             names.append(other)
             spec = r.engine_spec(other)
-            snap = await self.seam.snapshot(unit_name(other, spec))
+            snap = await self.seam.units.snapshot(unit_name(other, spec))
             pids = set(await self.weights.exempt(other))
             if snap.control_group:
-                pids |= await self.seam.engine_pids(other, spec, snap.control_group)
+                pids |= await self.seam.containers.engine_pids(other, spec, snap.control_group)
             staying.update(dict.fromkeys(pids, other))
             for gpu in shared:
                 need = me.demand(gpu, r.gpu_totals)
@@ -471,7 +476,7 @@ class Requests:
         r, spec = self.records, self.records.engine_spec(lane)
         r.fire(lane, Ev.STOP_ASKED, reason)  # no restart, no watcher, no waiter any more
         unit = unit_name(lane, spec)
-        if not await self.seam.still_ending(unit, r.snapshots.get(lane)):
+        if not await self.seam.units.still_ending(unit, r.snapshots.get(lane)):
             # Not running (a failed lane included: deactivating it acknowledges the failure).
             r.fire(lane, Ev.ALREADY_STOPPED, reason)
             await self.weights.down_said(lane)
@@ -479,11 +484,11 @@ class Requests:
         try:
             r.fire(lane, Ev.STOP, reason)
             await self._drain(lane, force)
-            refused = await self.seam.stop(unit)
+            refused = await self.seam.units.stop(unit)
             if refused is not None:
                 raise ActivationFailed(refused.reason, refused.hint)
             note = functools.partial(self.ledger.note, lane)
-            refused = await self.seam.container_gone(lane, spec, note)
+            refused = await self.seam.containers.container_gone(lane, spec, note)
             if refused is None:
                 refused = await self.weights.down(lane)  # its weights go with it
             if refused is not None:
@@ -503,7 +508,7 @@ class Requests:
         self.records.fire(lane, Ev.GIVE_UP, reason)
         try:
             unit = unit_name(lane, self.records.engine_spec(lane))
-            refused = await self.seam.stop(unit)  # the one confirmed stop
+            refused = await self.seam.units.stop(unit)  # the one confirmed stop
             await self.weights.down_said(lane)  # a lane given up holds no GPU memory
         finally:
             self.ledger.stop_over(lane)

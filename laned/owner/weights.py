@@ -27,7 +27,7 @@ from laned.core.policy import RestartKind
 from laned.core.unit_state import ActiveState, UnitSnapshot
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.records import Records
-from laned.owner.seam import Seam
+from laned.owner.seam import Units, WeightCaches
 from laned.render.wrapper import weights_digest_path
 
 log = logging.getLogger("laned.supervisor")
@@ -56,8 +56,11 @@ class Restarts(Protocol):
 class Weights:
     """Each weight-cache lane's daemon, kept beside its engine."""
 
-    def __init__(self, records: Records, seam: Seam, checkpoints: Checkpoints) -> None:
-        self.records, self.seam, self.checkpoints = records, seam, checkpoints
+    def __init__(
+        self, records: Records, units: Units, caches: WeightCaches, checkpoints: Checkpoints
+    ) -> None:
+        self.records, self.units, self.caches = records, units, caches
+        self.checkpoints = checkpoints
         self.restarts: Restarts | None = None
         self.snapshots: dict[str, UnitSnapshot] = {}  # lane -> its daemon's unit, last seen
         self.stopping: set[str] = set()  # lanes whose daemon laned is stopping
@@ -84,7 +87,7 @@ class Weights:
         if not self.kept(lane) or not self.running(lane):
             return None
         path = weights_digest_path(self.records.config, lane)
-        running = await asyncio.to_thread(self.seam.weights_digest, path)
+        running = await asyncio.to_thread(self.caches.digest, path)
         if running != self.records.weights_digests.get(lane):
             self.records.ledger.note(
                 lane, EventKind.WEIGHTS, "what the weight cache loads changed: its daemon restarts"
@@ -108,8 +111,8 @@ class Weights:
         (its unit read whole: a change signal need not carry its cgroup)."""
         if not self.kept(lane) or not self.running(lane):
             return frozenset()
-        snap = await self.seam.snapshot(weights_unit_name(lane, self._spec(lane)))
-        pids = await self.seam.weights_pids(lane, self._spec(lane), snap.control_group)
+        snap = await self.units.snapshot(weights_unit_name(lane, self._spec(lane)))
+        pids = await self.caches.pids(lane, self._spec(lane), snap.control_group)
         return frozenset(pids)
 
     async def up(self, lane: str) -> Refused | None:
@@ -127,7 +130,7 @@ class Weights:
         ledger.start_kind(lane, START_COLD)
         ledger.note(lane, EventKind.WEIGHTS, "the weight-cache daemon starts (weights from disk)")
         await self.checkpoints.record(lane)  # what it reads now, for the engine's next start
-        refused = await self.seam.start_weights(lane, self._spec(lane))
+        refused = await self.caches.start(lane, self._spec(lane))
         if refused is None:
             ledger.note(lane, EventKind.WEIGHTS, "the weight-cache daemon holds the weights")
         return refused
@@ -144,7 +147,7 @@ class Weights:
         self.stopping.add(lane)
         try:
             note = functools.partial(self.records.ledger.note, lane)
-            return await self.seam.stop_weights(lane, self._spec(lane), note)
+            return await self.caches.stop(lane, self._spec(lane), note)
         finally:
             self.stopping.discard(lane)
 
@@ -178,7 +181,7 @@ class Weights:
         if cache is None:
             return
         path = weights_digest_path(self.records.config, lane)
-        said = await self.seam.weights_held(path, cache.socket_glob)
+        said = await self.caches.held(path, cache.socket_glob)
         if said is None or spec is None:
             return
         held, dropped = held_of(said, self.records.gpu_totals, gpu_indices(spec))

@@ -15,7 +15,7 @@ from laned.core.liveness import EngineSample, StallDetector
 from laned.core.policy import backoff_delay, is_crash_loop
 from laned.core.saved import Saved
 from laned.core.unit_state import UnitSnapshot
-from laned.owner.steps import read_exit_record
+from laned.owner.wiring import read_exit_record
 from tests.helpers import parse_phase
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from laned.adapters.gpus import held
 from laned.adapters.kernel import cgroup_of, cgroup_pids
 from laned.adapters.pagecache import weights_gib
 from laned.config.load import parse_config
 from laned.core import canary, resume
+from laned.core.gpu_memory import held
 from laned.core.lanes import Desired, LaneState
 from laned.errors import ConfigError, Finding, Severity
 from laned.preflight.facts import GIB, GpuReading, HostFacts

@@ -1,2 +1,3 @@
 """The owner of lane state: the supervisor and its parts (reactions, operations, the ledger),
-the steps and watchers that do its I/O, the bus it keeps, the traffic it drains."""
+its seam to the host (small protocols; the wiring builds them over the adapters), the start
+gate and the watchers, the bus it keeps, the traffic it drains."""

@@ -60,9 +60,8 @@ async def clear_for_start(
     for it, the port free. Why the lane cannot start, or None. Before a wake (`waking`): the
     GPU memory only."""
     if spec.secrets_path and not waking:
-        found = not_held(
-            lane, spec, await asyncio.to_thread(seam.facts.key_file, spec.secrets_path)
-        )
+        key = await asyncio.to_thread(seam.facts.key_file, spec.secrets_path)
+        found = not_held(lane, spec, key)
         if found is not None:
             return Refused(found.message, found.hint)
     if spec.container is not None and spec.prepare and not waking:
@@ -70,7 +69,7 @@ async def clear_for_start(
         if refused is not None:
             return refused
     if spec.gpu_gate.enabled:
-        refused = await _gpu_memory(seam.gpus, lane, spec, note, recorder, waking, sleepers, beside)
+        refused = await _gpu_gate(seam.gpus, lane, spec, note, recorder, waking, sleepers, beside)
         if refused is not None:
             return refused
     return None if waking else await _port_free(seam.facts, spec.port)
@@ -94,7 +93,7 @@ async def _prepare(
     return None
 
 
-async def _gpu_memory(
+async def _gpu_gate(
     gpus: Gpus,
     lane: str,
     spec: LaneConfig,

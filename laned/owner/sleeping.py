@@ -148,9 +148,9 @@ async def sleep_engine(
     /is_sleeping), and where NVML lists processes, less GPU memory held by the engine's
     processes (its unit's cgroup, as `seen`) than before; what stays is its residual, said
     in a note."""
-    pids = (
-        set() if seen is None else await seam.containers.engine_pids(lane, spec, seen.control_group)
-    )
+    pids: set[int] = set()
+    if seen is not None:
+        pids = await seam.containers.engine_pids(lane, spec, seen.control_group)
     before = await _held_by(seam.gpus, spec, pids)
     try:
         asleep = await seam.engines.sleep(spec, level)

@@ -51,14 +51,14 @@ def supervisor_on(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
     from laned.adapters import rendered
     from laned.adapters.probes import Probe
     from laned.adapters.systemd import Systemd
-    from laned.owner.steps import HostSeam
     from laned.owner.supervisor import Supervisor
+    from laned.owner.wiring import host_seam
     from laned.validation.load import parse_config
 
     config = parse_config(text, "bench", {"HOME": tmp})
     rendered.apply(config)
     subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
-    seam = HostSeam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe())
+    seam = host_seam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe())
     return Supervisor(config, seam, systemd_version=252)
 
 

@@ -2,8 +2,9 @@
 """The GPU-memory gate on a real GPU: does it see memory held, and how soon after the holder
 stops does it see it released? Also the gate's own cost (one NVML reading).
 
-A child process takes GIB GiB on GPU 0 with torch and writes to it; the gate (laned.adapters.gpus,
-the code laned runs) must see it held; the child is then stopped (SIGTERM, then SIGKILL in
+A child process takes GIB GiB on GPU 0 with torch and writes to it; the gate (its verdict,
+laned.core.gpu_memory, and its wait, laned.owner.gpu_wait, over laned.adapters.gpus: the code
+laned runs) must see it held; the child is then stopped (SIGTERM, then SIGKILL in
 other rounds) and the gate polls until the memory is released. Needs torch and
 nvidia-ml-py; imports nothing else of laned's dependencies.
 
@@ -25,8 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from laned.adapters.gpus import Nvml, held, wait_released
+from laned.adapters.gpus import Nvml
 from laned.core.facts import GIB
+from laned.core.gpu_memory import held
+from laned.owner.gpu_wait import wait_released
 
 HOLDER = """
 import sys, time, torch

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Placement and the GPU-memory gate on a real GPU (prints figures, writes JSON, asserts
 nothing). Needs torch and nvidia-ml-py; runs laned.core.placement (what an activation takes
-off) and laned.adapters.gpus (the gate, over real NVML readings) without laned's other
-dependencies:
+off) and the gate's wait (laned.owner.gpu_wait, over real NVML readings from
+laned.adapters.gpus) without laned's other dependencies:
 
     python3 bench/gpu_placement.py [--gpu 0] [--json F]
 
@@ -30,8 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from laned.adapters.gpus import Nvml, wait_released
+from laned.adapters.gpus import Nvml
 from laned.core.placement import Footprint, evictions
+from laned.owner.gpu_wait import wait_released
 
 HOLDER = """
 import sys, time, torch

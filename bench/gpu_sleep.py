@@ -2,7 +2,7 @@
 """A lane's sleep and wake on a real GPU, with laned's own steps around them (prints figures,
 writes JSON, asserts nothing). For a GPU host without systemd (the `device` machine): needs
 torch, nvidia-ml-py, httpx, prometheus_client, pydantic, dbus-fast and podman-py (the last
-three only to import laned's owner steps; neither D-Bus nor podman is reached).
+three only to import laned's owner and its wiring; neither D-Bus nor podman is reached).
 
     python3 bench/gpu_sleep.py [--gib 40] [--rounds 3] [--reload-gibps 8] [--json OUT.json]
 
@@ -13,10 +13,10 @@ three only to import laned's owner steps; neither D-Bus nor podman is reached).
    with --enable-sleep-mode: at level 1 it really copies that memory to pinned host memory
    and back (laned/sim/gpu.py `offload`/`restore`), at level 2 it really gives it back and
    takes it again (the reload of the weights off disk is simulated at --reload-gibps).
-   Each round, laned's own steps in the order the owner runs them: `HostSeam.sleep` (the
-   sleep, /is_sleeping, NVML's per-process confirmation that the memory went down),
-   then for the wake `HostSeam.clear_for_start(waking=True)` (the GPU-memory gate, which
-   knows the sleeper as its own), `HostSeam.wake` (/wake_up; level 2: reload_weights,
+   Each round, laned's own steps in the order the owner runs them: `actions.sleep_engine`
+   (the sleep, /is_sleeping, NVML's per-process confirmation that the memory went down),
+   then for the wake `gate.clear_for_start(waking=True)` (the GPU-memory gate, which
+   knows the sleeper as its own), `actions.wake_engine` (/wake_up; level 2: reload_weights,
    /reset_prefix_cache), the readiness probes (/health, /v1/models) and
    `reactions.canary_check` (the canary against the answer kept at the first start).
    An observer thread reads NVML every 2 ms throughout, so each sleep and wake shows when
@@ -53,10 +53,12 @@ from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.config.model import LaneConfig
 from laned.core.facts import GIB
+from laned.core.lanes import Refused
 from laned.core.recorder import Recorder
+from laned.owner.actions import sleep_engine, wake_engine
+from laned.owner.gate import clear_for_start
 from laned.owner.reactions import canary_check
-from laned.owner.seam import Refused
-from laned.owner.steps import HostSeam
+from laned.owner.wiring import host_seam
 from laned.validation.load import parse_config
 
 PORT = 18101
@@ -186,7 +188,7 @@ async def rounds_at(level: int, gib: float, rounds: int, reload_gibps: float, nv
         spec = config.lanes["sleepy"]
         engine = start_engine(gib, reload_gibps)
         probe, host = Probe(), BenchHost(nvml, engine.pid)
-        seam = HostSeam(Systemd(), probe, host)  # the owner's seam; its D-Bus side unused
+        seam = host_seam(Systemd(), probe, host)  # the owner's seam; its D-Bus side unused
         seen = Observer(nvml)
         seen.start()
         rows = []
@@ -197,16 +199,16 @@ async def rounds_at(level: int, gib: float, rounds: int, reload_gibps: float, nv
             for _ in range(rounds):
                 avail_awake = mem_available_gib()
                 t0 = time.monotonic()
-                asleep = await seam.sleep("sleepy", spec, SimpleNamespace(control_group=""), lambda _k, m: notes.append(m), level)  # type: ignore[arg-type]  # fmt: skip
+                asleep = await sleep_engine(seam, "sleepy", spec, SimpleNamespace(control_group=""), lambda _k, m: notes.append(m), level)  # type: ignore[arg-type]  # fmt: skip
                 t1 = time.monotonic()
                 if isinstance(asleep, Refused):
                     raise RuntimeError(asleep.reason)
                 avail_asleep = mem_available_gib()
                 woke_from = engine_wake_seconds()
                 t2 = time.monotonic()
-                gate = await seam.clear_for_start("sleepy", spec, None, lambda _k, m: notes.append(m), Recorder(), waking=True, sleepers=asleep.pids)  # fmt: skip
+                gate = await clear_for_start(seam, "sleepy", spec, None, lambda _k, m: notes.append(m), Recorder(), waking=True, sleepers=asleep.pids)  # fmt: skip
                 t3 = time.monotonic()
-                refused = gate or await seam.wake(spec, level)
+                refused = gate or await wake_engine(seam.engines, spec, level)
                 t4 = time.monotonic()
                 await serving(probe, engine)
                 t5 = time.monotonic()

@@ -11,7 +11,7 @@ swapped back and forth the way laned swaps a lane, with laned's own gate code:
 
 1. stop: SIGTERM to the running engine, then wait until its process is gone (systemd's stop
    job ends there: the unit's processes have exited);
-2. gate: `laned.adapters.gpus.wait_released` over NVML, as `steps.clear_for_start` runs it (threshold
+2. gate: `laned.owner.gpu_wait.wait_released` over NVML, as `gate.clear_for_start` runs it (threshold
    1 GiB, laned's default interval 0.25 s);
 3. start: the other engine; then until NVML shows it holding its memory, and until it serves.
 
@@ -42,8 +42,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from laned.adapters.gpus import Nvml, wait_released
+from laned.adapters.gpus import Nvml
 from laned.core.facts import GIB
+from laned.owner.gpu_wait import wait_released
 
 LIMIT = 1.0 * GIB  # gpu_gate.max_used_gib's default
 INTERVAL = 0.25  # gpu_gate.interval's default

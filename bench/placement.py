@@ -68,7 +68,7 @@ def supervisor(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
     from laned.adapters.podman import Podman
     from laned.adapters.probes import Probe
     from laned.adapters.systemd import Systemd
-    from laned.owner.steps import HostSeam
+    from laned.owner.wiring import host_seam
     from laned.validation.load import parse_config
 
     config = parse_config(text, "bench", {"HOME": tmp})
@@ -76,7 +76,7 @@ def supervisor(text: str, tmp: str, env: dict[str, str]) -> Supervisor:
     subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
     host = Host(Podman(env["LANED_PODMAN_SOCKET"]), SimGpus(f"{tmp}/gpus"))
     return Supervisor(
-        config, HostSeam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe(), host), 252
+        config, host_seam(Systemd(env["DBUS_SESSION_BUS_ADDRESS"]), Probe(), host), 252
     )
 
 

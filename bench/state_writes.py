@@ -25,6 +25,7 @@ import dataclasses
 from laned.adapters import state
 from laned.core.lanes import Event
 from laned.core.modes import Mode
+from laned.core.saved import EVENTS_KEPT
 from laned.owner.book import Book
 
 
@@ -38,7 +39,7 @@ def fire(book: Book, lane: str, ready: bool, reason: str) -> None:
 
 def filled(changed: object = lambda: None) -> Book:
     book = Book(["a", "b"], time.time, changed)  # type: ignore[arg-type]
-    for i in range(state.EVENTS_KEPT):
+    for i in range(EVENTS_KEPT):
         fire(book, "a", bool(i % 2), f"event {i}")
     return book
 
@@ -68,7 +69,7 @@ async def main(transitions: int) -> None:
         burst = time.perf_counter() - started_burst
         await writer.close()
     ms = 1000.0
-    print(f"state.json with {state.EVENTS_KEPT} events kept, {transitions} transitions")
+    print(f"state.json with {EVENTS_KEPT} events kept, {transitions} transitions")
     print(
         f"before: loop blocked per transition   median {statistics.median(blocked) * ms:7.2f} ms"
         f"   max {max(blocked) * ms:7.2f} ms   writes {transitions}"

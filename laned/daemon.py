@@ -36,8 +36,8 @@ from laned.config.listener import LimitsConfig
 from laned.config.model import Config
 from laned.config.names import podman_socket
 from laned.errors import ConfigError, LanedError
+from laned.owner import wiring
 from laned.owner.coordinator import Coordinator
-from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
 from laned.render import plan as render
 
@@ -61,11 +61,11 @@ async def start_supervisor(
         await systemd.reload()
     # The supervisor keeps this connection (one bus connection per laned).
     host = Host(Podman(podman_socket(config, os.environ, os.getuid())))
-    seam = HostSeam(systemd, Probe(), host)  # the owner's one way to the host
+    seam = wiring.host_seam(systemd, Probe(), host)  # the owner's one way to the host
     supervisor = Supervisor(config, seam, systemd_version=version)
     coordinator = None
     if any(spec.nodes for spec in config.lanes.values()):
-        coordinator = Coordinator(supervisor, peer_token)
+        coordinator = Coordinator(supervisor, wiring.peers(peer_token))
     front = Front(supervisor, coordinator)  # the one view of this laned: metrics and API
     if recorder is not None:
         supervisor.recorder = recorder

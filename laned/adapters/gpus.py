@@ -1,73 +1,23 @@
-"""The host's GPUs through NVML (nvidia-ml-py), and the GPU-memory gate.
+"""The host's GPUs through NVML (nvidia-ml-py).
 
 `Nvml.open()` answers None, with the reason, where there is no driver (or no
 nvidia-ml-py): callers then skip what needs GPUs, with a note, instead of failing.
-Reads are plain values (`GpuReading`); `held()` is the gate's pure decision, and
-`wait_released()` polls until it passes or the timeout runs out.
-
-The gate exists because the next lane's engine must not start while the last one's
-memory is still held: a stopped container can take seconds to release it (llama-swap
-#97, vLLM #42017), and an engine that starts on a half-free GPU fails twenty minutes in.
-This module imports only the standard library and pynvml, so bench/gpu_gate.py runs it
-on a GPU machine without laned's other dependencies. `SimGpus` stands in for NVML on a
+Reads are plain values (`GpuReading`), judged elsewhere (laned.core.gpu_memory: the
+GPU-memory gate's verdict, a sleep's confirmation). This module imports only the standard
+library, pynvml and those plain values, so a bench reads NVML with it on a GPU machine
+without laned's other dependencies. `SimGpus` stands in for NVML on a
 simulated host (LANED_SIM_GPUS).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from laned.core.facts import GIB, GpuReading
-
-
-def held(
-    readings: Sequence[GpuReading],
-    max_used_bytes: float,
-    sleepers: Collection[int] = (),
-    staying: Mapping[int, str] = {},
-    room: Mapping[int, int] = {},
-) -> list[str]:
-    """The GPUs the lane may not start on yet, described; [] when the gate may open.
-
-    On each GPU, the memory of processes other than `sleepers` (laned's sleeping lanes,
-    whose residual memory stays) and `staying` (pid -> lane: the lanes that run on beside
-    this one) must be down to `max_used_bytes`: the lanes taken off have let go. Where
-    `room` names a GPU, its free memory must also cover what the lane takes there (its
-    footprint, laned.core.placement), counting what the staying lanes hold."""
-    out = []
-    for gpu in readings:
-        mine = [(pid, used) for pid, used in gpu.processes or () if pid in staying]
-        others = [
-            (pid, used)
-            for pid, used in gpu.processes or ()
-            if pid not in sleepers and pid not in staying
-        ]
-        if gpu.processes:
-            used = sum(u for _, u in others)
-        else:  # NVML lists no process: the device's count, unless lanes stay on it
-            used = 0 if room.get(gpu.index) and staying else gpu.compute_bytes
-        if used > max_used_bytes:
-            who = (" by pid " + ", ".join(str(pid) for pid, _ in others)) if others else ""
-            out.append(f"GPU {gpu.index} has {used / GIB:.2f} GiB in use{who}")
-            continue
-        need = room.get(gpu.index)
-        free = gpu.total_bytes - gpu.used_bytes
-        if need and free < need:
-            holders = ", ".join(
-                f"lane {staying[pid]} {used / GIB:.1f} GiB (pid {pid})" for pid, used in mine
-            )
-            out.append(
-                f"GPU {gpu.index} has {free / GIB:.1f} GiB free, the lane takes {need / GIB:.1f} GiB"
-                + (f"; held by {holders}" if holders else "")
-            )
-    return out
+from laned.core.facts import GpuReading
 
 
 class Nvml:
@@ -179,38 +129,3 @@ class SimGpus:
             )
             for i in wanted
         ]
-
-
-@dataclass(frozen=True)
-class GateResult:
-    """How the gate ended: released (True) or timed out, after `waited` seconds and `polls` reads."""
-
-    released: bool
-    waited: float
-    polls: int
-    still_held: list[str]
-
-
-async def wait_released(
-    read: Callable[[], list[GpuReading]],
-    max_used_bytes: float,
-    timeout: float,
-    interval: float,
-    clock: Callable[[], float] = time.monotonic,
-    sleepers: Collection[int] = (),
-    staying: Mapping[int, str] = {},
-    room: Mapping[int, int] = {},
-) -> GateResult:
-    """Poll `read` (in a thread) until `held()` is empty or `timeout` seconds have passed."""
-    started = clock()
-    polls = 0
-    while True:
-        readings = await asyncio.to_thread(read)
-        polls += 1
-        busy = held(readings, max_used_bytes, sleepers, staying, room)
-        waited = clock() - started
-        if not busy:
-            return GateResult(True, waited, polls, [])
-        if waited >= timeout:
-            return GateResult(False, waited, polls, busy)
-        await asyncio.sleep(min(interval, max(timeout - waited, 0)))

@@ -1,5 +1,5 @@
 """A lane on this host, through podman and NVML: its image, its container's end, its engine's
-processes and the GPU memory they hold, the GPU-memory gate, and every fact preflight looks
+processes, the GPUs (NVML, opened when first needed), and every fact preflight looks
 at (with laned.adapters.kernel and laned.adapters.pagecache), gathered for the owner, which
 judges them (laned.preflight.rules). Everything that blocks (NVML, podman-py, statvfs) runs
 off the event loop.
@@ -11,11 +11,10 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Collection, Mapping
 
 from laned import engines
 from laned.adapters import secret_files
-from laned.adapters.gpus import GateResult, Nvml, SimGpus, wait_released
+from laned.adapters.gpus import Nvml, SimGpus
 from laned.adapters.kernel import cgroup_of, cgroup_pids, disk_total_gib, meminfo, port_busy
 from laned.adapters.pagecache import (
     read_generation_config,
@@ -24,12 +23,10 @@ from laned.adapters.pagecache import (
     weights_gib,
 )
 from laned.adapters.podman import Podman
-from laned.config.model import Config, LaneConfig, gpu_indices
+from laned.config.model import Config, LaneConfig
 from laned.config.names import container_name
 from laned.core.facts import (
-    GIB,
     NO_SLEEPERS,
-    GpuReading,
     HostFacts,
     LaneFacts,
     Sleepers,
@@ -125,53 +122,6 @@ class Host:
             sleepers=sleepers,
             runtime_dir=os.environ.get("XDG_RUNTIME_DIR") if spec.weight_cache else None,
         )
-
-    async def gpu_gate(
-        self,
-        spec: LaneConfig,
-        sleepers: Collection[int] = (),
-        staying: Mapping[int, str] = {},
-        room: Mapping[int, int] = {},
-    ) -> tuple[GateResult | None, str]:
-        """Wait until the lane's GPUs are free enough, but for the memory `sleepers` (the
-        processes of laned's sleeping lanes) and `staying` (pid -> lane: the lanes that run
-        on beside it) keep, with `room` free where it says (laned.adapters.gpus.held);
-        (None, why) where NVML is absent."""
-        nvml, why = self.nvml()
-        if nvml is None:
-            return None, why
-        gate = spec.gpu_gate
-        result = await wait_released(
-            lambda: nvml.read(gpu_indices(spec)),
-            gate.max_used_gib * GIB,
-            gate.timeout,
-            gate.interval,
-            sleepers=sleepers,
-            staying=staying,
-            room=room,
-        )
-        return result, ""
-
-    async def gpu_readings(self, spec: LaneConfig) -> list[GpuReading] | None:
-        """The lane's GPUs as NVML reads them now; None where NVML is absent."""
-        nvml, _why = self.nvml()
-        if nvml is None:
-            return None
-        return await asyncio.to_thread(nvml.read, gpu_indices(spec))
-
-    async def gpu_memory_of(self, spec: LaneConfig, pids: Collection[int]) -> dict[int, int] | None:
-        """Bytes the processes `pids` hold on each of the lane's GPUs (by index); None where
-        NVML is absent or cannot list processes."""
-        nvml, _why = self.nvml()
-        if nvml is None or not pids:
-            return None
-        readings = await asyncio.to_thread(nvml.read, gpu_indices(spec))
-        if any(gpu.processes is None for gpu in readings):
-            return None
-        return {
-            gpu.index: sum(used for pid, used in gpu.processes or () if pid in pids)
-            for gpu in readings
-        }
 
     async def engine_pids(
         self, lane: str, spec: LaneConfig, control_group: str, container: str | None = None

@@ -21,11 +21,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from laned.core.checkpoint import Files, FileStat
 from laned.core.facts import GIB
+from laned.core.page_cache import Prefetched, Residency
 
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # What else of a model's directory the engine reads at its start and a weight-cache daemon
@@ -95,27 +95,6 @@ def read_checkpoint(model: str | None) -> Files:
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Residency:
-    """How much of some files is in the page cache now."""
-
-    resident_bytes: int
-    total_bytes: int
-    files: int
-
-    @property
-    def fraction(self) -> float:
-        return self.resident_bytes / self.total_bytes if self.total_bytes else 0.0
-
-    def to_json(self) -> dict[str, float | int]:
-        return {
-            "resident_bytes": self.resident_bytes,
-            "total_bytes": self.total_bytes,
-            "fraction": round(self.fraction, 4),
-            "files": self.files,
-        }
-
-
 _LOW_BIT = bytes(b & 1 for b in range(256))  # mincore: a page is resident where bit 0 is set
 WINDOW = 2**30  # mapped and asked a GiB at a time: a vector of 256 KiB, whatever the file
 
@@ -166,15 +145,6 @@ def evict(files: Sequence[str]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-@dataclass(frozen=True)
-class Prefetched:
-    """What a prefetch did: bytes read, seconds, and why it ended."""
-
-    read_bytes: int
-    seconds: float
-    ended: str  # "done", "stopped", "budget", "memory" (MemAvailable fell to the margin)
 
 
 def prefetch(

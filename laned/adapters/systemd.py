@@ -24,7 +24,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusError
 
 from laned.adapters import commands
-from laned.core.unit_state import UnitSnapshot
+from laned.core.unit_state import UnitCallback, UnitSnapshot
 from laned.errors import BusUnavailable, CommandFailed, SystemdError
 
 SYSTEMD = "org.freedesktop.systemd1"
@@ -76,9 +76,6 @@ def bus_address(env: dict[str, str] | None = None) -> str:
         return env["DBUS_SESSION_BUS_ADDRESS"]
     runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
     return f"unix:path={runtime}/bus"
-
-
-UnitCallback = Callable[[str, dict[str, Any]], None]
 
 
 class Systemd:

@@ -1,4 +1,5 @@
-"""The lane model, plain data: states, events, exits and each lane's status.
+"""The lane model, plain data: states, events, exits, each lane's status, and a step on the
+host refused.
 
 No I/O and no decisions: `laned.core.machine.step` is the one way a LaneStatus changes (it
 returns a new one), `laned.core.policy` decides, and the API, metrics and state file read it.
@@ -65,6 +66,14 @@ class LastExit:
             bool(data.get("oom_killed", False)),
             str(data.get("reason", "")),
         )
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A step that cannot be done: why (for the lane's reason) and what to do."""
+
+    reason: str
+    hint: str = ""
 
 
 class EventKind(str, Enum):

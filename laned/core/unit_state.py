@@ -5,9 +5,13 @@ The systemd adapter fills these from GetAll and PropertiesChanged; policy reads 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+# A unit's PropertiesChanged as the systemd adapter hands it on: (unit, changed properties).
+UnitCallback = Callable[[str, dict[str, Any]], None]
 
 # ExecMainCode values (waitid's si_code): the process exited, or a signal ended it.
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3

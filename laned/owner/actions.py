@@ -2,8 +2,8 @@
 result input the lane machine reads next (laned.core.effects names them, laned.core.machine
 orders them, laned.owner.interpreter runs them one after another).
 
-An action reads and acts through the seam (laned.owner.seam) and the owner's parts that hold
-their own state (the weight-cache daemons' units, the checkpoints on disk, the traffic it
+An action reads and acts through the seam's protocols (laned.owner.seam), the start gate
+(laned.owner.gate) and the owner's parts that hold their own state (the weight-cache daemons' units, the checkpoints on disk, the traffic it
 drains); it decides nothing and changes no lane: what it found is its result, and the step
 decides what follows. Notes it has to say on the way (a drain, the gate, prepare's output)
 are published as it goes.
@@ -16,20 +16,26 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 
+from laned.config.model import LaneConfig, gpu_indices
 from laned.config.names import unit_name
 from laned.core import effects as fx
 from laned.core import inputs as i
-from laned.core import placement
-from laned.core.facts import Sleepers, blocking
-from laned.core.lanes import Desired, EventKind, LaneState
+from laned.core import placement, policy
+from laned.core.facts import GIB, Sleepers, blocking
+from laned.core.gpu_memory import Asleep, confirm_sleep, memory_of
+from laned.core.lanes import Desired, EventKind, LaneState, Refused
+from laned.core.unit_state import UnitSnapshot
+from laned.engines import for_lane
 from laned.errors import Finding, LanedError
 from laned.owner.checkpoints import Checkpoints
+from laned.owner.gate import Beside, clear_for_start
 from laned.owner.prefetching import Prefetches
 from laned.owner.records import Records
-from laned.owner.seam import Beside, Refused, Seam
+from laned.owner.seam import Engines, Gpus, Note, PageCache, Seam
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
-from laned.preflight.rules import refusal
+from laned.preflight.fit import sleep_level_for
+from laned.preflight.rules import evaluate, model_path, refusal
 from laned.render import plan as render
 
 
@@ -100,7 +106,9 @@ class Actions:
         # The sleepers the activation stops for room keep nothing by the time it starts.
         off = r.evictions(lane).lanes
         sleepers = Sleepers() if asleep else Sleepers(r.sleepers(but=off), r.to_sleep(lane))
-        return await self.seam.preflight(r.config, lane, r.book.states(), status.image_id, sleepers)
+        peer = policy.port_peer(r.config, lane, r.book.states())
+        facts = await self.seam.facts.lane_facts(r.config, lane, peer, status.image_id, sleepers)
+        return [] if facts is None else evaluate(lane, r.config.lanes[lane], facts)
 
     async def _take_peer_off(self, lane: str, action: fx.TakePeerOff, epoch: int) -> i.Result:
         r = self.records
@@ -122,7 +130,7 @@ class Actions:
     async def _check_ending(self, lane: str, action: fx.CheckEnding, epoch: int) -> i.Result:
         r = self.records
         unit = unit_name(lane, r.engine_spec(lane))
-        return i.Ending(epoch, await self.seam.still_ending(unit, r.statuses[lane].unit))
+        return i.Ending(epoch, await self.seam.units.still_ending(unit, r.statuses[lane].unit))
 
     # --- a start --------------------------------------------------------------------------------
 
@@ -133,7 +141,8 @@ class Actions:
         r = self.records
         spec = r.config.lanes[lane]
         if action.waking:
-            refused = await self.seam.clear_for_start(
+            refused = await clear_for_start(
+                self.seam,
                 lane,
                 spec,
                 None,
@@ -147,7 +156,8 @@ class Actions:
         # do the lanes that run on beside it.
         exempt = await self.weights.exempt(lane)
         beside = await self._beside(lane)
-        refused = await self.seam.clear_for_start(
+        refused = await clear_for_start(
+            self.seam,
             lane,
             spec,
             r.book[lane].image_id,
@@ -175,10 +185,10 @@ class Actions:
                 continue
             names.append(other)
             spec = r.engine_spec(other)
-            snap = await self.seam.snapshot(unit_name(other, spec))
+            snap = await self.seam.units.snapshot(unit_name(other, spec))
             pids = set(await self.weights.exempt(other))
             if snap.control_group:
-                pids |= await self.seam.engine_pids(other, spec, snap.control_group)
+                pids |= await self.seam.containers.engine_pids(other, spec, snap.control_group)
             staying.update(dict.fromkeys(pids, other))
             for gpu in shared:
                 need = me.demand(gpu, r.gpu_totals)
@@ -195,7 +205,7 @@ class Actions:
         if not self.weights.kept(lane):
             await self.checkpoints.record(lane)  # what the engine reads now (a lane that sleeps)
         self.prefetches.at_start(lane)
-        await self.seam.start(unit_name(lane, r.config.lanes[lane]))
+        await self.seam.units.start(unit_name(lane, r.config.lanes[lane]))
         return i.UnitStarted(epoch)
 
     # --- a stop ---------------------------------------------------------------------------------
@@ -209,13 +219,14 @@ class Actions:
 
     async def _stop_unit(self, lane: str, action: fx.StopUnit, epoch: int) -> i.Result:
         unit = unit_name(lane, self.records.engine_spec(lane))
-        return i.UnitStopped(epoch, _refused(await self.seam.stop(unit)))  # the one confirmed stop
+        # The one confirmed stop.
+        return i.UnitStopped(epoch, _refused(await self.seam.units.stop(unit)))
 
     async def _confirm_container_gone(
         self, lane: str, action: fx.ConfirmContainerGone, epoch: int
     ) -> i.Result:
         spec = self.records.engine_spec(lane)
-        refused = await self.seam.container_gone(lane, spec, self._note(lane))
+        refused = await self.seam.containers.container_gone(lane, spec, self._note(lane))
         return i.ContainerGone(epoch, _refused(refused))
 
     async def _stop_weights(self, lane: str, action: fx.StopWeights, epoch: int) -> i.Result:
@@ -226,7 +237,7 @@ class Actions:
     async def _choose_level(self, lane: str, action: fx.ChooseLevel, epoch: int) -> i.Result:
         spec = self.records.engine_spec(lane)
         pinned = self.records.book[lane].pinned
-        level, why = await asyncio.to_thread(self.seam.sleep_level_now, spec, pinned)
+        level, why = await asyncio.to_thread(sleep_level_now, self.seam.pages, spec, pinned)
         return i.LevelChosen(epoch, level, why)
 
     async def _put_to_sleep(self, lane: str, action: fx.PutToSleep, epoch: int) -> i.Result:
@@ -234,11 +245,11 @@ class Actions:
         spec = r.engine_spec(lane)
         # Its cgroup as systemd has it now (a unit's ControlGroup comes with no signal).
         try:
-            seen = await self.seam.snapshot(unit_name(lane, spec))
+            seen = await self.seam.units.snapshot(unit_name(lane, spec))
         except LanedError:
             seen = None  # then no per-process confirmation: /is_sleeping still decides
         began = time.monotonic()
-        slept = await self.seam.sleep(lane, spec, seen, self._note(lane), action.level)
+        slept = await sleep_engine(self.seam, lane, spec, seen, self._note(lane), action.level)
         if isinstance(slept, Refused):
             return i.Slept(epoch, _refused(slept))
         r.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
@@ -247,7 +258,59 @@ class Actions:
 
     async def _wake_up(self, lane: str, action: fx.WakeUp, epoch: int) -> i.Result:
         r = self.records
-        refused = await self.seam.wake(r.config.lanes[lane], action.level)
+        refused = await wake_engine(self.seam.engines, r.config.lanes[lane], action.level)
         if refused is None and self.canary is not None:  # the weights came back as they were?
             refused = await self.canary(lane, "wake", r.book[lane].image_id)
         return i.Woken(epoch, _refused(refused))
+
+
+def sleep_level_now(pages: PageCache, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
+    """The level the lane sleeps at now (laned.preflight.fit.sleep_level_for, by its engine's
+    rule): its own, or 2 where host RAM cannot hold its weights at level 1 (`pinned`: its
+    engine holds its pinned buffers from an earlier level-1 sleep); and why, when the level is
+    not its own. Blocking (it reads the model directory): call it off the loop."""
+    weights = pages.weights_gib(model_path(spec))
+    available = pages.mem_available()
+    gib = None if available is None else available / GIB
+    return sleep_level_for(spec, weights, gib, pinned)
+
+
+async def sleep_engine(
+    seam: Seam, lane: str, spec: LaneConfig, seen: UnitSnapshot | None, note: Note, level: int
+) -> Refused | Asleep:
+    """Put the lane's engine to sleep at `level` (its requests drained first) and confirm it
+    (laned.core.gpu_memory.confirm_sleep): the engine's own word where it has one (vLLM's
+    /is_sleeping), and where NVML lists processes, less GPU memory held by the engine's
+    processes (its unit's cgroup, as `seen`) than before; what stays is its residual, said
+    in a note."""
+    pids: set[int] = set()
+    if seen is not None:
+        pids = await seam.containers.engine_pids(lane, spec, seen.control_group)
+    before = await _held_by(seam.gpus, spec, pids)
+    try:
+        asleep = await seam.engines.sleep(spec, level)
+    except LanedError as exc:
+        return Refused(f"sleep (level {level}): {exc.message}", exc.hint)
+    # No second reading where the engine says it is awake: that is the verdict.
+    after = None if asleep is False else await _held_by(seam.gpus, spec, pids)
+    slept = confirm_sleep(level, asleep, pids, before, after, for_lane(spec).unreleased)
+    if isinstance(slept, Asleep) and slept.said:
+        note(EventKind.SLEEP, slept.said)
+    return slept
+
+
+async def _held_by(gpus: Gpus, spec: LaneConfig, pids: set[int]) -> dict[int, int] | None:
+    """What the processes `pids` hold on each of the lane's GPUs (by index); None where NVML
+    is absent or cannot list processes."""
+    if gpus.unread() is not None or not pids:
+        return None
+    return memory_of(await asyncio.to_thread(gpus.read, gpu_indices(spec)), pids)
+
+
+async def wake_engine(engines: Engines, spec: LaneConfig, level: int) -> Refused | None:
+    """Wake the engine asleep at `level` and confirm it: its own word that it is awake."""
+    try:
+        woke = await engines.wake(spec, level)
+    except LanedError as exc:
+        return Refused(f"wake: {exc.message}", exc.hint)
+    return None if woke else Refused("wake: the engine still says it sleeps after the wake")

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from laned.adapters import state
 from laned.core import inputs as i
 from laned.core.lanes import Desired, Event, EventKind, LaneState, LaneStatus
+from laned.core.saved import EVENTS_KEPT, HISTORY_KEPT, HISTORY_SECONDS, Saved
 
 log = logging.getLogger("laned.supervisor")
 
@@ -60,11 +60,11 @@ class Book:
         changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.clock = clock
-        self.changed = changed  # something worth saving changed (see state.StateWriter)
+        self.changed = changed  # something worth saving changed (the state file's writer)
         self._statuses: dict[str, LaneStatus] = {n: LaneStatus(n) for n in lanes}
         self.statuses: Mapping[str, LaneStatus] = MappingProxyType(self._statuses)
-        self.events: deque[Event] = deque(maxlen=state.EVENTS_KEPT)
-        self.history: deque[tuple[float, str, str, str]] = deque(maxlen=state.HISTORY_KEPT)
+        self.events: deque[Event] = deque(maxlen=EVENTS_KEPT)
+        self.history: deque[tuple[float, str, str, str]] = deque(maxlen=HISTORY_KEPT)
         self.listeners: list[Listener] = []
 
     # --- reading ----------------------------------------------------------------------------
@@ -84,10 +84,10 @@ class Book:
         """Every lane's state."""
         return {n: s.state for n, s in self._statuses.items()}
 
-    def saved(self) -> state.Saved:
+    def saved(self) -> Saved:
         """What state.json keeps (taken on the loop, written in a thread)."""
         statuses = self._statuses.values()
-        return state.Saved(
+        return Saved(
             desired={s.name: s.desired for s in statuses},
             restarts={s.name: s.restarts for s in statuses},
             last_exit={s.name: s.last_exit for s in statuses if s.last_exit},
@@ -101,7 +101,7 @@ class Book:
         )
 
     @staticmethod
-    def restoring(saved: state.Saved, lane: str, checks: dict[str, Any] | None) -> i.Restore:
+    def restoring(saved: Saved, lane: str, checks: dict[str, Any] | None) -> i.Restore:
         """The input that takes up what state.json kept of `lane` (the reverse of `saved`)."""
         return i.Restore(
             desired=saved.desired.get(lane, Desired.INACTIVE),
@@ -115,11 +115,11 @@ class Book:
             failed=saved.failed.get(lane),
         )
 
-    def restore_log(self, saved: state.Saved) -> None:
+    def restore_log(self, saved: Saved) -> None:
         """The events and the day's timeline state.json kept."""
         now = self.clock()
         self.events.extend(e for e in saved.events if e.lane in self._statuses)
-        self.history.extend(h for h in saved.history if h[0] >= now - state.HISTORY_SECONDS)
+        self.history.extend(h for h in saved.history if h[0] >= now - HISTORY_SECONDS)
 
     # --- changing (the interpreter only) ------------------------------------------------------
 
@@ -149,7 +149,7 @@ class Book:
             event.reason,
         )
         self.history.append((event.at, event.lane, event.from_state.value, event.to_state.value))
-        while self.history and self.history[0][0] < event.at - state.HISTORY_SECONDS:
+        while self.history and self.history[0][0] < event.at - HISTORY_SECONDS:
             self.history.popleft()
         self._heard(event)
 

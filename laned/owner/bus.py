@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from laned.adapters.systemd import UnitCallback
-from laned.core.unit_state import UnitSnapshot
+from laned.core.unit_state import UnitCallback, UnitSnapshot
 from laned.errors import LanedError, SystemdError
-from laned.owner.seam import Seam
+from laned.owner.seam import Manager, Units
 
 log = logging.getLogger("laned.supervisor")
 QUIET = 60.0  # seconds between two log lines about a reconnect that keeps failing
@@ -29,14 +28,15 @@ class BusKeeper:
 
     def __init__(
         self,
-        seam: Seam,
-        units: Callable[[], Iterable[str]],
+        manager: Manager,
+        units: Units,
+        names: Callable[[], Iterable[str]],
         on_change: UnitCallback,
         on_resync: Resync,
         trouble: Callable[[str | None], None] = lambda why: None,
     ) -> None:
-        self.seam = seam
-        self.units = units  # the lane units of the config in force
+        self.manager, self.units = manager, units
+        self.names = names  # the lane units of the config in force
         self.on_change = on_change
         self.on_resync = on_resync  # (why, every lane unit's snapshot, a new manager?)
         self.trouble = trouble  # why the manager is out of reach; None once it is back
@@ -48,11 +48,11 @@ class BusKeeper:
 
     async def connect(self) -> None:
         """Connect (unless connected), route signals, and hold a reference on every lane unit."""
-        await self.seam.connect(self._changed, self._manager_restarted)
+        await self.manager.connect(self._changed, self._manager_restarted)
         await self.ref_units()
         if self.started is None:
             with contextlib.suppress(SystemdError):
-                self.started = await self.seam.manager_started()
+                self.started = await self.manager.manager_started()
 
     def _changed(self, unit: str, props: dict[str, Any]) -> None:
         self._signals[unit] = self._signals.get(unit, 0) + 1
@@ -67,16 +67,16 @@ class BusKeeper:
         phantom exit of a unit that just started). Read again when a signal came between."""
         for _ in range(5):
             seen = self._signals.get(unit, 0)
-            snap = await self.seam.snapshot(unit)
+            snap = await self.units.snapshot(unit)
             if self._signals.get(unit, 0) == seen:
                 break
         return snap
 
     async def ref_units(self) -> None:
         """Ref() every lane unit, so systemd keeps an exited one (and its status) loaded."""
-        for unit in self.units():
+        for unit in self.names():
             with contextlib.suppress(SystemdError):
-                await self.seam.ref_unit(unit)
+                await self.units.ref_unit(unit)
 
     def _manager_restarted(self) -> None:
         if self.reconnecting:
@@ -90,10 +90,10 @@ class BusKeeper:
     async def keep(self) -> None:
         """Reconnect when the bus connection drops, and catch up with what changed meanwhile."""
         while not self.closing:
-            await self.seam.wait_closed()
+            await self.manager.wait_closed()
             if self.closing:
                 return
-            lost, where = time.monotonic(), self.seam.address
+            lost, where = time.monotonic(), self.manager.address
             self.reconnecting = True
             log.warning("lost the user bus (%s); reconnecting", where)
             self.trouble(
@@ -129,7 +129,7 @@ class BusKeeper:
         delay, deadline = 0.02, time.monotonic() + 30
         while True:
             try:
-                await self.seam.subscribe()
+                await self.manager.subscribe()
                 break
             except SystemdError as exc:
                 if time.monotonic() > deadline:
@@ -139,7 +139,7 @@ class BusKeeper:
                 delay = min(delay * 2, 1.0)
         before = self.started
         with contextlib.suppress(SystemdError):
-            self.started = await self.seam.manager_started()
+            self.started = await self.manager.manager_started()
         replaced = before is not None and self.started != before
         if replaced:
             why += " (a new manager: the one before is gone, and what it ran with it)"
@@ -147,9 +147,9 @@ class BusKeeper:
             why += " (the same manager: what it runs carries on)"
         log.info("%s: re-reading every lane unit", why)
         snaps = {}
-        for unit in list(self.units()):
+        for unit in list(self.names()):
             try:
-                await self.seam.ref_unit(unit)  # a re-exec forgets clients' references
+                await self.units.ref_unit(unit)  # a re-exec forgets clients' references
                 snaps[unit] = await self.snapshot(unit)
             except SystemdError:
                 continue
@@ -160,4 +160,4 @@ class BusKeeper:
         self.closing = True
         for task in list(self._tasks):
             task.cancel()
-        self.seam.disconnect()
+        self.manager.disconnect()

@@ -4,8 +4,8 @@ a cold start of a lane that sleeps — kept in the state directory (a laned rest
 still knows), and compared before those weights are served again without a read: an engine
 that maps the daemon's weights (docs/weight-cache.md), a wake (docs/sleep.md).
 
-A part of the owner (laned.owner.supervisor): it reads the files through the seam and keeps
-the record with laned's own state files; it changes no lane's state. Lanes that neither keep
+A part of the owner (laned.owner.supervisor): it reads the files through the seam's page
+cache and keeps the record with laned's own state files; it changes no lane's state. Lanes that neither keep
 their weights in a daemon nor sleep read them from disk at every start: nothing is kept.
 """
 
@@ -15,12 +15,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from laned.adapters import state
 from laned.config.model import LaneConfig
 from laned.core import checkpoint
 from laned.errors import LanedError
 from laned.owner.records import Records
-from laned.owner.seam import Seam
+from laned.owner.seam import PageCache, StateStore
 from laned.preflight.rules import model_path
 
 log = logging.getLogger("laned.supervisor")
@@ -45,11 +44,15 @@ def follows(spec: LaneConfig) -> bool:
 class Checkpoints:
     """Each lane's checkpoint as last read, kept; compared before weights are served again."""
 
-    def __init__(self, records: Records, seam: Seam) -> None:
-        self.records, self.seam = records, seam
+    def __init__(self, records: Records, pages: PageCache, store: StateStore) -> None:
+        self.records, self.pages, self.store = records, pages, store
 
-    def _path(self, lane: str) -> str:
-        return state.checkpoint_path(self.records.config.daemon.state_dir, lane)
+    async def _kept(self, lane: str) -> tuple[str, checkpoint.Files] | None:
+        """The checkpoint kept for the lane (read off the loop)."""
+        state_dir = self.records.config.daemon.state_dir
+        return checkpoint.from_json(
+            await asyncio.to_thread(self.store.load_checkpoint, state_dir, lane)
+        )
 
     async def record(self, lane: str) -> None:
         """Keep the lane's checkpoint as its files are now: just before they are read."""
@@ -57,10 +60,12 @@ class Checkpoints:
         model = model_path(spec)
         if not follows(spec) or model is None:
             return  # a hub name: the engine's own download, not a directory laned can read
-        files = await asyncio.to_thread(self.seam.checkpoint, model)
+        files = await asyncio.to_thread(self.pages.checkpoint, model)
         try:
             kept = checkpoint.to_json(model, files)
-            await asyncio.to_thread(state.save_kept, self._path(lane), kept)
+            await asyncio.to_thread(
+                self.store.save_checkpoint, self.records.config.daemon.state_dir, lane, kept
+            )
         except LanedError as exc:  # then no check until it can be kept: said in the log
             log.warning("%s: the checkpoint read now is not kept: %s", lane, exc.message)
 
@@ -72,16 +77,16 @@ class Checkpoints:
         model = model_path(spec)
         if not follows(spec) or model is None:
             return None
-        kept = checkpoint.from_json(await asyncio.to_thread(state.load_kept, self._path(lane)))
+        kept = await self._kept(lane)
         if kept is None:
             await self.record(lane)
             return None
-        files = await asyncio.to_thread(self.seam.checkpoint, model)
+        files = await asyncio.to_thread(self.pages.checkpoint, model)
         paths = checkpoint.changed(kept[1], files)
         return Moved(model, paths) if paths else None
 
     async def digest(self, lane: str) -> str:
         """A short hash of the checkpoint kept for the lane ("" where none is): the canary's
         answer is kept per checkpoint, so a new fine-tune's first good start keeps its own."""
-        kept = checkpoint.from_json(await asyncio.to_thread(state.load_kept, self._path(lane)))
+        kept = await self._kept(lane)
         return "" if kept is None else checkpoint.digest(kept[1])

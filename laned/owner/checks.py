@@ -10,14 +10,13 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from laned.adapters import state
 from laned.config.model import GATES
 from laned.core import inputs as i
 from laned.core.lanes import EventKind, LaneState
 from laned.errors import LanedError, LaneNotRunning
 from laned.gates.acceptance import GateResult, merge_run
 from laned.owner.records import Records
-from laned.owner.seam import Seam
+from laned.owner.seam import Engines, StateStore
 from laned.render import plan as render
 
 log = logging.getLogger("laned.supervisor")
@@ -26,8 +25,8 @@ log = logging.getLogger("laned.supervisor")
 class Checks:
     """The acceptance gates run against a serving lane, and what their results do to it."""
 
-    def __init__(self, records: Records, seam: Seam) -> None:
-        self.records, self.seam = records, seam
+    def __init__(self, records: Records, engines: Engines, store: StateStore) -> None:
+        self.records, self.engines, self.store = records, engines, store
         self.post: Callable[[str, i.Input], object] = lambda lane, event: None  # bound
 
     async def check(self, lane: str, gates: Sequence[str] = GATES) -> dict[str, Any]:
@@ -56,7 +55,7 @@ class Checks:
 
         self.post(lane, i.Checking(+1))  # busy: the scheduler does not take it for idle meanwhile
         try:
-            results = await self.seam.run_checks(spec, gates, status.last_cold_start, on_result)
+            results = await self.engines.run_checks(spec, gates, status.last_cold_start, on_result)
         finally:
             self.post(lane, i.Checking(-1))
         if not still_serving():
@@ -76,7 +75,7 @@ class Checks:
             lane, None if status.checks is None else dict(status.checks), digest, results, r.clock()
         )
         try:
-            state.save_checks(r.config.daemon.state_dir, lane, run)
+            self.store.save_checks(r.config.daemon.state_dir, lane, run)
         except LanedError as exc:
             log.error("cannot save the check results of %s: %s", lane, exc)
         failed = [result for result in results if not result.passed]

@@ -25,11 +25,11 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from laned.adapters.peers import Peers
 from laned.config.model import LaneConfig, Node
 from laned.config.ranks import rank_here
 from laned.core.lanes import Desired, EventKind, LaneStatus
 from laned.errors import PeerUnreachable
+from laned.owner.seam import Peers
 
 if TYPE_CHECKING:
     from laned.owner.supervisor import Supervisor
@@ -41,11 +41,11 @@ INTERVAL = 2.0  # seconds between the head's looks at its workers
 class Coordinator:
     """The ranks of this host's lanes over several hosts, kept as one."""
 
-    def __init__(
-        self, supervisor: Supervisor, token: str | None, interval: float = INTERVAL
-    ) -> None:
+    def __init__(self, supervisor: Supervisor, peers: Peers, interval: float = INTERVAL) -> None:
+        """`peers`: the other hosts' laned, called with the peer token
+        (laned.owner.wiring.peers)."""
         self.supervisor = supervisor
-        self.peers = Peers(token)
+        self.peers = peers
         self.interval = interval
         self.seen: dict[str, dict[int, dict[str, Any]]] = {}  # lane -> rank -> what it showed
         self._tasks: list[asyncio.Task[None]] = []

@@ -26,7 +26,7 @@ from laned.owner.interpreter import Interpreter
 from laned.owner.reactions import Reactions
 from laned.owner.records import Records
 from laned.owner.requests import Requests
-from laned.owner.seam import Seam
+from laned.owner.seam import Journal
 
 log = logging.getLogger("laned.supervisor")
 JOURNAL_RETRY = 30.0  # seconds between two tries to follow the lanes' logs without journald
@@ -38,12 +38,12 @@ class Outages:
     def __init__(
         self,
         records: Records,
-        seam: Seam,
+        journal: Journal,
         reactions: Reactions,
         requests: Requests,
         interpreter: Interpreter,
     ) -> None:
-        self.records, self.seam = records, seam
+        self.records, self.journal = records, journal
         self.reactions, self.requests, self.interpreter = reactions, requests, interpreter
 
     # --- the user manager ----------------------------------------------------------------------
@@ -114,7 +114,7 @@ class Outages:
         while not r.closing:
             try:
                 await watchers.follow_phases(
-                    self.seam,
+                    self.journal,
                     r.all_units,
                     self._reader,
                     self.reactions.phase_seen,

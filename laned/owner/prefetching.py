@@ -19,21 +19,21 @@ import asyncio
 import threading
 from collections.abc import Callable, Collection
 
-from laned.adapters.pagecache import Prefetched, Residency
 from laned.core import inputs as i
 from laned.core.facts import GIB, size
 from laned.core.lanes import EventKind, LaneState, LaneStatus
 from laned.core.machine import Step
+from laned.core.page_cache import Prefetched, Residency
 from laned.owner.records import Records
-from laned.owner.seam import Seam
+from laned.owner.seam import PageCache
 from laned.preflight.rules import model_path
 
 
 class Prefetches:
     """At most one prefetch per lane."""
 
-    def __init__(self, records: Records, seam: Seam) -> None:
-        self.records, self.seam = records, seam
+    def __init__(self, records: Records, pages: PageCache) -> None:
+        self.records, self.pages = records, pages
         self.post: Callable[[str, i.Input], Step] = lambda lane, event: Step(LaneStatus(lane))
         self.running: dict[str, threading.Event] = {}  # lane -> the flag that stops its read
         self.last: dict[str, Prefetched] = {}  # each lane's last prefetch, for its start note
@@ -74,8 +74,8 @@ class Prefetches:
                 if lane not in self.running:
                     break
                 await asyncio.sleep(0.05)
-            files = await asyncio.to_thread(self.seam.weight_files, model)
-            found = await asyncio.to_thread(self.seam.residency, files)
+            files = await asyncio.to_thread(self.pages.weight_files, model)
+            found = await asyncio.to_thread(self.pages.residency, files)
             if not files:
                 return  # no local weights
             shown = found.to_json()
@@ -110,13 +110,13 @@ class Prefetches:
         note = self.records.book.note
         models = [model_path(config.lanes[other]) for other in keep]
 
-        seam = self.seam
+        pages = self.pages
 
         def look() -> tuple[list[str], Residency, Residency, float]:
-            files = seam.weight_files(model_path(config.lanes[lane]))
-            spared = [f for model in models for f in seam.weight_files(model) if f not in files]
-            available = seam.mem_available() or 0.0
-            return files, seam.residency(files), seam.residency(spared), available
+            files = pages.weight_files(model_path(config.lanes[lane]))
+            spared = [f for model in models for f in pages.weight_files(model) if f not in files]
+            available = pages.mem_available() or 0.0
+            return files, pages.residency(files), pages.residency(spared), available
 
         files, mine, theirs, available = await asyncio.to_thread(look)
         if not files:
@@ -140,10 +140,10 @@ class Prefetches:
         )
 
         def memory_left() -> float:
-            return (seam.mem_available() or 0.0) - margin
+            return (pages.mem_available() or 0.0) - margin
 
         done = await asyncio.to_thread(
-            seam.read_ahead, files, budget, settings.max_gibps * GIB, stop, memory_left
+            pages.read_ahead, files, budget, settings.max_gibps * GIB, stop, memory_left
         )
         note(
             lane,

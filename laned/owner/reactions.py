@@ -17,12 +17,11 @@ import functools
 import logging
 from collections.abc import Callable
 
-from laned.adapters import state
 from laned.config.model import Config, LaneConfig
 from laned.config.names import exit_record_path
 from laned.core import canary, exits, policy
 from laned.core import inputs as i
-from laned.core.lanes import EventKind, Mode
+from laned.core.lanes import EventKind, Mode, Refused
 from laned.core.phases import Seen
 from laned.core.policy import OpKind, RestartKind
 from laned.core.unit_state import UnitSnapshot, systemd_restarts
@@ -30,7 +29,7 @@ from laned.errors import LanedError
 from laned.owner import watchers
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.records import Records
-from laned.owner.seam import Refused, Seam
+from laned.owner.seam import Seam
 from laned.owner.weights import Weights
 from laned.render import plan as render
 
@@ -45,14 +44,15 @@ async def canary_check(
     """Ask the canary and judge the answer against what is kept for `digest` (a first answer
     is kept, in the state directory). (None, why) when it could not be asked."""
     try:
-        answer = await seam.canary(spec)
+        answer = await seam.engines.canary(spec)
     except LanedError as exc:
         return None, exc.message
-    path = state.canary_path(config.daemon.state_dir, lane)
-    outcome, detail = canary.judge(await asyncio.to_thread(state.load_kept, path), digest, answer)
+    state_dir = config.daemon.state_dir
+    kept = await asyncio.to_thread(seam.state.load_canary, state_dir, lane)
+    outcome, detail = canary.judge(kept, digest, answer)
     if outcome is canary.Outcome.RECORDED:
         try:
-            await asyncio.to_thread(state.save_kept, path, answer.to_json(digest))
+            await asyncio.to_thread(seam.state.save_canary, state_dir, lane, answer.to_json(digest))
         except LanedError as exc:
             return outcome, f"{detail} (not kept: {exc.message})"
     return outcome, detail
@@ -108,7 +108,7 @@ class Reactions:
         systemd's word), for the step to judge."""
         r = self.records
         if facts is None:
-            record = self.seam.exit_record(exit_record_path(r.config, lane))
+            record = self.seam.units.exit_record(exit_record_path(r.config, lane))
             facts = exits.exit_facts(record, r.statuses[lane].started_at or 0, snap)
         self.post(lane, i.Exited(facts, snap.sub_state, snap.n_restarts, self.systemd_restarts))
 
@@ -116,7 +116,7 @@ class Reactions:
         """A stop laned did not ask for: an operator's, unless the whole manager is going down."""
         r = self.records
         try:
-            stopping = await self.seam.system_state() == "stopping"
+            stopping = await self.seam.manager.system_state() == "stopping"
         except LanedError:
             stopping = True  # the manager is unreachable: most likely on its way down
         snap = r.statuses[lane].unit if lane in r.statuses else None
@@ -137,9 +137,11 @@ class Reactions:
         spec = r.engine_spec(lane)  # the engine as its run started, whatever a reload changed
         report = functools.partial(self._observe, lane, run)
         expected = r.statuses[lane].last_cold_start
-        if not await watchers.await_ready(self.seam, spec, self.poke(lane), report, expected):
+        if not await watchers.await_ready(
+            self.seam.engines, spec, self.poke(lane), report, expected
+        ):
             return
-        image = await self.seam.running_image(lane, spec)
+        image = await self.seam.containers.running_image(lane, spec)
         if spec.sleep_level and r.statuses[lane].mode is not Mode.WAKING:
             # Before any traffic: kept at the first good start, compared at later ones (a
             # difference after a cold start is said, and the lane serves on).
@@ -147,7 +149,7 @@ class Reactions:
         if report(watchers.Ready(image)):
             alarm = self.alarm(lane)
             alarm.clear()  # what an earlier run's engine said is not this one's
-            await watchers.watch_liveness(self.seam, spec, report, alarm)
+            await watchers.watch_liveness(self.seam.engines, self.seam.pages, spec, report, alarm)
 
     def _observe(self, lane: str, run: int, seen: watchers.Observation) -> bool:
         """A watcher's report on one run of the lane, as an input; True: go on watching."""

@@ -11,7 +11,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Coroutine
 
-from laned.adapters import state
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
 from laned.core import placement, policy
@@ -19,6 +18,7 @@ from laned.core.lanes import Desired, LaneState, LaneStatus
 from laned.core.recorder import Recorder
 from laned.engines.footprints import footprints
 from laned.owner.book import Book
+from laned.owner.seam import StateStore
 from laned.render.wrapper import weights_digest
 
 log = logging.getLogger("laned.supervisor")
@@ -27,7 +27,14 @@ log = logging.getLogger("laned.supervisor")
 class Records:
     """The owner's state beside the lanes' records, one object for all its parts."""
 
-    def __init__(self, config: Config, clock: Callable[[], float], systemd_version: int) -> None:
+    def __init__(
+        self,
+        config: Config,
+        clock: Callable[[], float],
+        systemd_version: int,
+        store: StateStore,
+    ) -> None:
+        """`store`: laned's state files (state.json is written through it)."""
         self.config, self.clock, self.systemd_version = config, clock, systemd_version
         self.units: dict[str, str] = {}  # unit -> lane
         self.weights_digests: dict[str, str] = {}  # lane -> what its daemon loads
@@ -38,7 +45,7 @@ class Records:
         # taking it off costs.
         self.load: Callable[[str], int] = lambda lane: 0
         self.name_units(config)
-        self.writer = state.StateWriter(
+        self.writer = store.writer(
             config.daemon.state_dir,
             lambda: self.book.saved(),
             lambda why: self.trouble("state.json", why),

@@ -1,91 +1,54 @@
-"""The owner's one seam to the host: everything the owner (laned.owner.supervisor) asks of
-systemd, podman, NVML, the page cache and the engines goes through this protocol, and nothing
-else reaches an adapter from the owner's parts.
+"""The owner's seam to the host: one small protocol per kind of thing laned touches (the user
+manager, units, containers, the engines' HTTP APIs, GPUs, the page cache, the host's facts,
+weight-cache daemons, the journal, its own state files; and the peers, for the coordinator),
+and `Seam`, the bundle of them the owner holds.
 
-`laned.owner.steps.HostSeam` is the real one (over laned.adapters); the owner's fast tests
-(tests/unit/test_owner.py) run the same owner over a fake that implements this and nothing
-else. Each method answers with a value and changes no lane state: the owner fires the lane
-machine's events (laned.core.machine) with what it hears. Stops are always confirmed.
+Each protocol reads or acts and answers with a value; none decides, and none changes a lane's
+state: the owner's parts (laned.owner.supervisor) judge with laned.core and fire the lane
+machine's events (laned.core.machine). `laned.owner.wiring` builds the real ones over
+laned.adapters, and is the only module of the owner that imports an adapter; the owner's
+fast tests (tests/unit/test_owner.py) run the same owner over fakes of each.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from laned.adapters.pagecache import Prefetched, Residency
-from laned.adapters.systemd import UnitCallback
-from laned.config.model import Config, LaneConfig
+from laned.config.model import Config, LaneConfig, Node
 from laned.core import canary
 from laned.core.checkpoint import Files
 from laned.core.exits import ExitRecord
-from laned.core.facts import NO_SLEEPERS, HostFacts, Sleepers
-from laned.core.lanes import EventKind, LaneState
+from laned.core.facts import GpuReading, HostFacts, KeyFile, LaneFacts, Sleepers
+from laned.core.lanes import EventKind, Refused
 from laned.core.liveness import EngineSample, Unanswered
-from laned.core.recorder import Recorder
-from laned.core.unit_state import UnitSnapshot
+from laned.core.page_cache import Prefetched, Residency
+from laned.core.saved import Saved
+from laned.core.unit_state import UnitCallback, UnitSnapshot
 from laned.engines.profile import WeightCacheApi
-from laned.errors import Finding
 from laned.gates.acceptance import GateResult
 from laned.render.plan import Action
 
 Note = Callable[[EventKind, str], None]
 
 
-@dataclass(frozen=True)
-class Refused:
-    """A step that cannot be done: why (for the lane's reason) and what to do."""
-
-    reason: str
-    hint: str = ""
-
-
-@dataclass(frozen=True)
-class Beside:
-    """The lanes that run on beside a lane that starts: their processes (pid -> lane), whose
-    GPU memory the gate leaves to them, and the room (bytes, by GPU index) the starting
-    lane's footprint needs there (laned.core.placement)."""
-
-    staying: Mapping[int, str]
-    room: Mapping[int, int]
-    lanes: tuple[str, ...] = ()  # the staying lanes on its GPUs, by name
-
-
-ALONE = Beside({}, {})
-
-
-@dataclass(frozen=True)
-class Asleep:
-    """A sleep confirmed: the engine's processes (for the GPU-memory gate) and what they keep
-    on each GPU by index (empty where NVML cannot list processes)."""
-
-    pids: frozenset[int]
-    residual: dict[int, int]
-
-
-class Seam(Protocol):
-    """What the owner does on the host, and what it asks of it."""
-
-    # --- the user manager (laned.owner.bus keeps the connection) --------------------------------
+class Manager(Protocol):
+    """The user manager over its bus (laned.owner.bus keeps the connection)."""
 
     @property
     def address(self) -> str:
         """Where the user manager is reached (for messages)."""
 
-    def connected(self) -> bool:
-        """The connection to the user manager is up."""
-
     async def connect(self, on_change: UnitCallback, on_restart: Callable[[], None]) -> None:
-        """Connect (unless connected); a unit's PropertiesChanged goes to `on_change`, the
-        manager's re-exec or restart to `on_restart`."""
+        """Connect (unless connected): units' changes to `on_change`, a re-exec to `on_restart`."""
 
     async def subscribe(self) -> None:
         """Ask the manager for its signals again (after a reconnect)."""
 
     async def wait_closed(self) -> None:
-        """Returns when the connection drops."""
+        """Return when the connection drops."""
 
     def disconnect(self) -> None:
         """Close the connection (laned closes)."""
@@ -96,8 +59,12 @@ class Seam(Protocol):
     async def system_state(self) -> str:
         """The manager's SystemState ("running", "stopping", ...)."""
 
+
+class Units(Protocol):
+    """The lanes' units: their files written and read again, their state, their jobs."""
+
     async def render(self, config: Config, systemd_version: int) -> list[tuple[Action, str]]:
-        """The config's units and wrappers written (laned.adapters.rendered.apply)."""
+        """Write the config's units and wrappers (laned.adapters.rendered.apply)."""
 
     async def reload(self) -> None:
         """daemon-reload: the rendered units read again."""
@@ -108,10 +75,8 @@ class Seam(Protocol):
     async def snapshot(self, unit: str) -> UnitSnapshot:
         """The unit as the manager has it now."""
 
-    # --- units -----------------------------------------------------------------------------------
-
     async def start(self, unit: str) -> None:
-        """Clear a failed state and start the unit (the start job ends when it runs)."""
+        """Clear a failed state and start the unit (its start job ends when it runs)."""
 
     async def stop(self, unit: str) -> Refused | None:
         """Stop the unit and confirm the manager has it stopped."""
@@ -119,77 +84,40 @@ class Seam(Protocol):
     async def still_ending(self, unit: str, seen: UnitSnapshot | None) -> bool:
         """Whether the unit runs or is stopping, by the manager or by what laned has seen."""
 
-    async def container_gone(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
-        """A stopped container lane's container is gone (before the next lane starts)."""
-
     def exit_record(self, path: str) -> ExitRecord | None:
         """The serve wrapper's record of the engine's last exit (blocking, small)."""
 
-    # --- the weight-cache daemon of a lane that keeps its weights (docs/weight-cache.md) ----------
 
-    async def start_weights(self, lane: str, spec: LaneConfig) -> Refused | None:
-        """Start the lane's weight-cache daemon and confirm it serves (its start job ends when
-        its /health answers 200); why not, or None."""
+class Containers(Protocol):
+    """Podman: a container lane's image, container and log; a lane's engine processes."""
 
-    async def stop_weights(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
-        """Stop the daemon and confirm it is gone (its container too)."""
-
-    def weights_digest(self, path: str) -> str | None:
-        """The digest of what the running daemon loads, as its wrapper wrote it (blocking)."""
-
-    async def weights_held(self, path: str, cache: WeightCacheApi) -> Mapping[str, object] | None:
-        """What the daemon's ranks say they hold on the GPUs, by socket, asked over the
-        sockets (`cache`: its engine's, their names and wire) in the directory its wrapper's record (`path`)
-        names, as said (the owner judges it: laned.engines.footprints.held_of); None: no
-        answer."""
-
-    async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
-        """The daemon's processes (its unit's cgroup, its container's): the engine's start
-        gate leaves the GPU memory they hold to them."""
-
-    def follow_logs(
-        self, units: Iterable[str], since: float | None, opened: Callable[[], None] | None
-    ) -> AsyncIterator[tuple[str, str, float]]:
-        """(unit, message, when logged) for the units' log lines from `since` (default:
-        now), until cancelled; JournalUnavailable when they cannot be read."""
-
-    # --- the start gate and what runs -----------------------------------------------------------
-
-    async def preflight(
-        self,
-        config: Config,
-        lane: str,
-        states: Mapping[str, LaneState],
-        image_id: str | None,
-        sleepers: Sleepers = NO_SLEEPERS,
-    ) -> list[Finding]:
-        """The lane's preflight findings as of now."""
-
-    async def clear_for_start(
-        self,
-        lane: str,
-        spec: LaneConfig,
-        last_image: str | None,
-        note: Note,
-        recorder: Recorder,
-        waking: bool = False,
-        sleepers: Collection[int] = (),
-        beside: Beside = ALONE,
-    ) -> Refused | None:
-        """Before a start: `prepare` after an image change, the GPU memory released (but the
-        lanes staying `beside` it) with room for it, the port free (before a wake: the GPU
-        memory only). Why the lane cannot start, or None."""
-
-    async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
-        """Every process of the lane's engine (its unit's cgroup, a container's own)."""
+    async def image_id(self, spec: LaneConfig) -> str | None:
+        """A container lane's local image's id; None otherwise (PodmanError: unknowable)."""
 
     async def running_image(self, lane: str, spec: LaneConfig) -> str | None:
         """The image a container lane runs; None for other lanes or when unknowable."""
 
+    async def prepare(self, lane: str, spec: LaneConfig, line: Callable[[str], None]) -> None:
+        """Run the lane's `prepare` steps, their output to `line` (LanedError: one failed)."""
+
+    async def container_gone(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
+        """A stopped container lane's container is gone (before the next lane starts)."""
+
+    async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        """Every process of the lane's engine (its unit's cgroup, a container's own)."""
+
+    async def container(self, lane: str, spec: LaneConfig) -> dict[str, Any] | None:
+        """A container lane's container as podman shows it (None for other lanes)."""
+
+    async def container_logs(self, lane: str, spec: LaneConfig, lines: int) -> list[str]:
+        """A container lane's own log (NotAContainer for other lanes)."""
+
     def use_podman(self, config: Config) -> None:
         """Reach podman where `config` says from now on (a reload may have changed it)."""
 
-    # --- the engines ------------------------------------------------------------------------------
+
+class Engines(Protocol):
+    """The engines' HTTP APIs, each reached as its lane's engine profile says."""
 
     def api_key(self, spec: LaneConfig) -> str | None:
         """The lane's API key, from its secrets file (blocking, small); None without one."""
@@ -204,25 +132,19 @@ class Seam(Protocol):
         """Something accepts connections on the port."""
 
     async def sample(self, spec: LaneConfig) -> EngineSample | Unanswered | None:
-        """Its /metrics, as laned reads them (running, waiting, tokens); UNANSWERED when the
-        engine gave no answer; None when it answered without them."""
+        """Its /metrics as laned reads them; UNANSWERED: no answer; None: none of them."""
 
-    async def sleep(
-        self, lane: str, spec: LaneConfig, seen: UnitSnapshot | None, note: Note, level: int
-    ) -> Refused | Asleep:
-        """Put the engine to sleep at `level` and confirm it."""
+    async def sleep(self, spec: LaneConfig, level: int) -> bool | None:
+        """Ask it to sleep at `level`; whether it then says it sleeps (None: it does not say)."""
 
-    async def wake(self, spec: LaneConfig, level: int) -> Refused | None:
-        """Wake the engine asleep at `level` and confirm it."""
+    async def wake(self, spec: LaneConfig, level: int) -> bool:
+        """Wake it from a sleep at `level` (what that level needs); whether it says it woke."""
 
     async def asleep(self, spec: LaneConfig) -> bool:
         """Whether a running lane that can sleep sleeps now (False when it cannot say)."""
 
     async def sleep_level(self, spec: LaneConfig) -> int | None:
         """The level the engine says it sleeps at; None when it does not say."""
-
-    def sleep_level_now(self, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
-        """The level the lane sleeps at now, and why when not its own (blocking)."""
 
     async def canary(self, spec: LaneConfig) -> canary.Answer:
         """The engine's answer to the canary prompt (LanedError when it cannot answer)."""
@@ -236,41 +158,31 @@ class Seam(Protocol):
     ) -> list[GateResult]:
         """Run acceptance gates against the lane's engine."""
 
-    # --- the host, read (the front's views: laned.owner.supervisor's read methods) -----------
 
-    def journald_down(self) -> str | None:
-        """Why journald does not answer; None when it does (or cannot be told)."""
+class Gpus(Protocol):
+    """The GPUs as NVML reads them (the start gate's readings, a sleep's confirmation)."""
 
-    async def log_tail(self, unit: str, lines: int) -> list[str]:
-        """The unit's last log lines, from journald."""
+    def unread(self) -> str | None:
+        """Why the GPUs cannot be read now; None: they can ("": laned reads none at all)."""
 
-    async def container(self, lane: str, spec: LaneConfig) -> dict[str, Any] | None:
-        """A container lane's container as podman shows it (None for other lanes)."""
+    def read(self, indices: Sequence[int] | None) -> list[GpuReading]:
+        """The GPUs of `indices` (None: all) as read now (blocking: called off the loop)."""
 
-    async def container_logs(self, lane: str, spec: LaneConfig, lines: int) -> list[str]:
-        """A container lane's own log (NotAContainer for other lanes)."""
 
-    async def facts(self) -> HostFacts:
-        """The host's GPUs (NVML) and memory."""
+class PageCache(Protocol):
+    """A model's files on this host, the page cache, and the memory left to fill it."""
+
+    def weight_files(self, model: str | None) -> list[str]:
+        """The model directory's weight files; [] where there is none (blocking)."""
+
+    def checkpoint(self, model: str | None) -> Files:
+        """The model's checkpoint files as stat has them now; () without one (blocking)."""
 
     def weights_gib(self, model: str | None) -> float | None:
         """The size of the model's local weight files (blocking)."""
 
-    async def close(self) -> None:
-        """Release the engines' connections, NVML and the podman session."""
-
-    # --- the page cache (blocking: called off the loop) -----------------------------------------
-
-    def weight_files(self, model: str | None) -> list[str]:
-        """The model directory's weight files; [] where there is none."""
-
-    def checkpoint(self, model: str | None) -> Files:
-        """The model's checkpoint as the file system has it now: each weight and config
-        file's path, size, mtime and inode, by stat alone (no weight read); () without a
-        local model."""
-
     def residency(self, files: Sequence[str]) -> Residency:
-        """How much of `files` is in the page cache now."""
+        """How much of `files` is in the page cache now (blocking)."""
 
     def mem_available(self) -> float | None:
         """The host's MemAvailable, in bytes; None where it cannot be read."""
@@ -283,4 +195,149 @@ class Seam(Protocol):
         stop: threading.Event,
         memory_left: Callable[[], float],
     ) -> Prefetched:
-        """Read `files` into the page cache within the budget, until `stop`."""
+        """Read `files` into the page cache within the budget, until `stop` (blocking)."""
+
+
+class Facts(Protocol):
+    """This host as preflight judges it (laned.core.facts), read now."""
+
+    async def host_facts(self) -> HostFacts:
+        """The host's GPUs (NVML) and memory."""
+
+    async def lane_facts(
+        self,
+        config: Config,
+        lane: str,
+        port_peer: str | None,
+        image_id: str | None,
+        sleepers: Sleepers,
+    ) -> LaneFacts | None:
+        """Everything preflight looks at for one lane; None where laned reads no host."""
+
+    def port_busy(self, port: int) -> bool:
+        """Whether something listens on the port (blocking)."""
+
+    def key_file(self, path: str) -> KeyFile:
+        """The secrets file as systemd would read it: a link, its owner (blocking)."""
+
+
+class WeightCaches(Protocol):
+    """The weight-cache daemons of the lanes that keep their weights (docs/weight-cache.md)."""
+
+    async def start(self, lane: str, spec: LaneConfig) -> Refused | None:
+        """Start the lane's daemon and confirm it serves (its job ends at /health 200)."""
+
+    async def stop(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
+        """Stop the daemon and confirm it is gone (its container too)."""
+
+    def digest(self, path: str) -> str | None:
+        """The digest of what the running daemon loads, as its wrapper wrote it (blocking)."""
+
+    async def held(self, path: str, cache: WeightCacheApi) -> Mapping[str, object] | None:
+        """What its ranks say they hold, by socket (`cache`'s names, wire) in its record's dir."""
+
+    async def pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        """The daemon's processes (its unit's cgroup, its container's)."""
+
+
+class Journal(Protocol):
+    """journald: the lanes' log lines."""
+
+    def follow(
+        self, units: Iterable[str], since: float | None, opened: Callable[[], None] | None
+    ) -> AsyncIterator[tuple[str, str, float]]:
+        """(unit, line, when logged) from `since` on, until cancelled (JournalUnavailable)."""
+
+    def journald_down(self) -> str | None:
+        """Why journald does not answer; None when it does (or cannot be told)."""
+
+    async def tail(self, unit: str, lines: int) -> list[str]:
+        """The unit's last log lines."""
+
+
+class Writer(Protocol):
+    """state.json written in the background whenever something worth keeping changed."""
+
+    def mark(self) -> None:
+        """Something worth keeping changed."""
+
+    async def flush(self) -> None:
+        """Write now what changed (an accepted request must outlive a crash of laned)."""
+
+    def start(self) -> None:
+        """Begin writing in the background (on the running loop)."""
+
+    async def close(self) -> None:
+        """Stop writing in the background; write what is still unwritten."""
+
+
+class StateStore(Protocol):
+    """laned's own files in its state directory: state.json, and what each lane keeps."""
+
+    def load(self, state_dir: str) -> Saved:
+        """What state.json keeps (an unreadable one moved aside, and said)."""
+
+    def writer(
+        self, state_dir: str, saved: Callable[[], Saved], trouble: Callable[[str | None], None]
+    ) -> Writer:
+        """state.json's writer of `saved()`; `trouble`: why a write failed, None once one works."""
+
+    def load_checks(self, state_dir: str, lane: str) -> dict[str, Any] | None:
+        """The lane's last acceptance run; None when there is none (or it is unreadable)."""
+
+    def save_checks(self, state_dir: str, lane: str, run: dict[str, Any]) -> None:
+        """Keep the lane's last acceptance run (atomically)."""
+
+    def load_canary(self, state_dir: str, lane: str) -> dict[str, Any] | None:
+        """The lane's kept canary answer; None when there is none (blocking)."""
+
+    def save_canary(self, state_dir: str, lane: str, answer: dict[str, Any]) -> None:
+        """Keep the lane's canary answer (atomically; blocking)."""
+
+    def load_checkpoint(self, state_dir: str, lane: str) -> dict[str, Any] | None:
+        """The checkpoint the lane's weights were last read from; None: none kept (blocking)."""
+
+    def save_checkpoint(self, state_dir: str, lane: str, kept: dict[str, Any]) -> None:
+        """Keep the checkpoint the lane's weights are read from now (atomically; blocking)."""
+
+
+class Peers(Protocol):
+    """The other hosts' laned, for lanes over several hosts (laned.owner.coordinator)."""
+
+    async def view(self, node: Node, lane: str) -> dict[str, Any]:
+        """The peer's view of its rank of the lane (PeerUnreachable: no answer)."""
+
+    async def ask(self, node: Node, lane: str, action: str, force: bool = False) -> dict[str, Any]:
+        """Ask the peer to act on its own rank only; it answers once its checks let it through."""
+
+    async def forward(self, node: Node, lane: str, action: str, force: bool = False) -> None:
+        """Hand a request for the whole lane to its head, which coordinates every rank."""
+
+    def use_token(self, token: str | None) -> None:
+        """Send this peer token from the next call on (a reload's)."""
+
+    async def close(self) -> None:
+        """Release the connections."""
+
+
+async def _nothing() -> None:
+    """Nothing held, nothing to release."""
+
+
+@dataclass(frozen=True)
+class Seam:
+    """The host, as the owner holds it: one protocol per kind of thing it touches. The
+    supervisor hands each of its parts the protocols that part uses."""
+
+    manager: Manager
+    units: Units
+    containers: Containers
+    engines: Engines
+    gpus: Gpus
+    pages: PageCache
+    facts: Facts
+    weight_caches: WeightCaches
+    journal: Journal
+    state: StateStore
+    # Release the engines' connections, NVML and the podman session (whoever built it closes).
+    close: Callable[[], Awaitable[None]] = _nothing

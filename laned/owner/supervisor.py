@@ -7,7 +7,8 @@ the owner's queue (docs/decisions/0005-one-owner.md). Every lane has one immutab
 lane machine's pure step (laned.core.machine), run by one interpreter
 (laned.owner.interpreter), which replaces the record and runs the step's effects — the
 sequences of a request among them, whose actions (laned.owner.actions) act on the host
-through one seam (laned.owner.seam, given here). The parts post inputs and read records:
+through one seam (laned.owner.seam, given here: a small protocol per kind of thing on the
+host, each part handed the ones it uses). The parts post inputs and read records:
 
 - `Requests` (owner.requests): activate, deactivate, restart, planned across lanes;
 - `Reactions` (owner.reactions): a unit's change, an exit, what the watchers observe, the
@@ -34,7 +35,6 @@ from types import MappingProxyType
 from typing import Any
 
 from laned import engines
-from laned.adapters import state
 from laned.config.model import GATES, Config, LaneConfig
 from laned.config.names import unit_name
 from laned.core import inputs as i
@@ -120,16 +120,16 @@ class Supervisor:
         systemd_version: int = render.DEFAULT_SYSTEMD_VERSION,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`seam`: the one way to the host (laned.owner.steps.HostSeam over the adapters)."""
+        """`seam`: the one way to the host (laned.owner.wiring.host_seam over the adapters)."""
         self.seam, self.clock = seam, clock
-        self.records = records = Records(config, clock, systemd_version)
+        self.records = records = Records(config, clock, systemd_version, seam.state)
         self.traffic = Traffic(clock)  # laned's OpenAI endpoint counts its requests here
         records.load = lambda lane: self.traffic.queued(lane) + self.traffic.in_flight(lane)
-        self.checks = Checks(records, seam)
-        checkpoints = Checkpoints(records, seam)
-        self.weights = Weights(records, seam, checkpoints)
+        self.checks = Checks(records, seam.engines, seam.state)
+        checkpoints = Checkpoints(records, seam.pages, seam.state)
+        self.weights = Weights(records, seam.units, seam.weight_caches, checkpoints)
         self.reactions = Reactions(records, seam, self.weights, checkpoints)
-        self.prefetches = Prefetches(records, seam)
+        self.prefetches = Prefetches(records, seam.pages)
         self.actions = Actions(
             records, seam, self.traffic, self.weights, checkpoints, self.prefetches
         )
@@ -146,10 +146,11 @@ class Supervisor:
         self.reactions.started_outside = self.requests.started_outside
         self.reactions.poke, self.reactions.alarm = run.poke, run.alarm
         self.reactions.restart_waiting = run.restart_waiting
-        self.outages = Outages(records, seam, self.reactions, self.requests, run)
+        self.outages = Outages(records, seam.journal, self.reactions, self.requests, run)
         self.scheduler = Scheduler(records, self.traffic, self.requests.activate)
         self.bus = BusKeeper(
-            seam,
+            seam.manager,
+            seam.units,
             records.all_units,
             self.reactions.unit_changed,
             self.outages.resynced,
@@ -162,14 +163,15 @@ class Supervisor:
     async def start(self) -> None:
         """Load the saved state, connect to systemd, reconcile with what runs."""
         r = self.records
-        saved = state.load(r.config.daemon.state_dir)
+        store = self.seam.state
+        saved = store.load(r.config.daemon.state_dir)
         if saved.problem is not None:
             log.warning("%s", saved.problem)
             r.notices["state.json at start"] = saved.problem
         # Restoring is an input like any other: each lane takes up what state.json kept.
         r.book.restore_log(saved)
         for lane in r.config.lanes:
-            checks = state.load_checks(r.config.daemon.state_dir, lane)
+            checks = store.load_checks(r.config.daemon.state_dir, lane)
             self.interpreter.post(lane, Book.restoring(saved, lane, checks))
         r.writer.start()
         if not await self.read_gpus():
@@ -185,7 +187,7 @@ class Supervisor:
         `_read_gpus_later` until read; True when read. Their sizes do not change while
         laned runs."""
         try:
-            gpus = (await self.seam.facts()).gpus
+            gpus = (await self.seam.facts.host_facts()).gpus
         except Exception as exc:  # placement then keeps lanes apart where sizes matter
             log.warning("GPUs not read for placement: %r", exc)
             gpus = None
@@ -223,14 +225,14 @@ class Supervisor:
         for unit, lane in r.units.items():
             snap = await self.bus.snapshot(unit)
             run.post(lane, i.UnitSeen(snap))
-            if snap.running and await self.seam.asleep(r.config.lanes[lane]):
+            if snap.running and await self.seam.engines.asleep(r.config.lanes[lane]):
                 # Put to sleep by an earlier laned: it stays asleep, not desired, until woken.
                 # Taken to be asleep with the config laned starts with (which it cannot tell),
                 # at the level the engine says (a level 2 woken as 1 would skip its reload).
                 spec = r.config.lanes[lane]
-                level = await self.seam.sleep_level(spec)
+                level = await self.seam.engines.sleep_level(spec)
                 # Its processes, for the GPU-memory gate.
-                pids = await self.seam.engine_pids(lane, spec, snap.control_group)
+                pids = await self.seam.containers.engine_pids(lane, spec, snap.control_group)
                 digest = render.lane_digest(r.config, lane, r.systemd_version)
                 run.post(lane, i.FoundAsleep(digest, level or 0, frozenset(pids)))
             elif snap.running:
@@ -265,10 +267,10 @@ class Supervisor:
                 "the new config cannot be applied while laned runs", "; ".join(problems)
             )
         # No await from the check to the switch: nothing can start a lane in between.
-        changes = await self.seam.render(new, r.systemd_version)
+        changes = await self.seam.units.render(new, r.systemd_version)
         restart_needed = policy.restart_needed(r.config, new, r.book.states())
         keys = policy.reload_changes(r.config, new)
-        self.seam.use_podman(new)
+        self.seam.containers.use_podman(new)
         old, r.config = r.config, new
         r.name_units(new)
         for lane in old.lanes.keys() - new.lanes.keys():
@@ -277,7 +279,7 @@ class Supervisor:
         for lane in new.lanes:
             r.book.add(lane)
         r.writer.mark()
-        await self.seam.reload()
+        await self.seam.units.reload()
         await self.bus.ref_units()
         if self._log_task is not None:
             self._log_task.cancel()
@@ -402,11 +404,11 @@ class Supervisor:
                 continue
             spec = r.config.lanes[lane]
             try:  # its cgroup as systemd has it now (ControlGroup comes with no signal)
-                snap = await self.seam.snapshot(unit_name(lane, spec))
+                snap = await self.seam.units.snapshot(unit_name(lane, spec))
             except LanedError:
                 continue
             if snap.control_group:
-                for pid in await self.seam.engine_pids(lane, spec, snap.control_group):
+                for pid in await self.seam.containers.engine_pids(lane, spec, snap.control_group):
                     holders[pid] = lane
         return holders
 
@@ -414,40 +416,40 @@ class Supervisor:
 
     def journald_down(self) -> str | None:
         """Why journald does not answer now (one connect to its socket); None when it does."""
-        return self.seam.journald_down()
+        return self.seam.journal.journald_down()
 
     async def log_lines(self, lane: str, lines: int, source: str = "journal") -> list[str]:
         """The engine's last log lines, from journald or its running container's own log."""
         spec = self.spec(lane)
         if source == "journal":
-            return await self.seam.log_tail(unit_name(lane, spec), lines)
-        return await self.seam.container_logs(lane, spec, lines)
+            return await self.seam.journal.tail(unit_name(lane, spec), lines)
+        return await self.seam.containers.container_logs(lane, spec, lines)
 
     async def container(self, lane: str) -> dict[str, Any] | None:
         """A container lane's container as podman shows it now (None for other lanes)."""
-        return await self.seam.container(lane, self.spec(lane))
+        return await self.seam.containers.container(lane, self.spec(lane))
 
     async def host_facts(self) -> HostFacts:
         """The host's GPUs and memory as read now."""
-        return await self.seam.facts()
+        return await self.seam.facts.host_facts()
 
     async def weights_gib(self, lanes: Sequence[str]) -> dict[str, float | None]:
         """The size of each lane's local weight files."""
-        config, seam = self.config, self.seam
+        config, pages = self.config, self.seam.pages
         return await asyncio.to_thread(
-            lambda: {name: seam.weights_gib(model_path(config.lanes[name])) for name in lanes}
+            lambda: {name: pages.weights_gib(model_path(config.lanes[name])) for name in lanes}
         )
 
     async def weights_resident(self) -> dict[str, dict[str, Any]]:
         """Each lane with local weight files: its model and how much is in the page cache."""
-        config, seam = self.config, self.seam
+        config, pages = self.config, self.seam.pages
 
         def look() -> dict[str, dict[str, Any]]:
             found = {}
             for name, spec in config.lanes.items():
-                files = seam.weight_files(model_path(spec))
+                files = pages.weight_files(model_path(spec))
                 if files:
-                    found[name] = {"model": model_path(spec), **seam.residency(files).to_json()}
+                    found[name] = {"model": model_path(spec), **pages.residency(files).to_json()}
             return found
 
         return await asyncio.to_thread(look)

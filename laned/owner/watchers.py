@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from laned import engines
 from laned.config.model import LaneConfig
 from laned.core.facts import GIB
 from laned.core.liveness import UNANSWERED, EngineSample, MemoryFloor, StallDetector
 from laned.core.phases import Seen
-from laned.owner.seam import Seam
+from laned.engines import for_lane, headless
+from laned.owner.seam import Engines, Journal, PageCache
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def close_watch_from(expected: float | None) -> float | None:
 
 
 async def await_ready(
-    seam: Seam,
+    engines: Engines,
     spec: LaneConfig,
     poke: asyncio.Event,
     report: Report,
@@ -126,18 +126,18 @@ async def await_ready(
     start_interval_max). A close watch (the port every 10 ms) begins when `poke` is set —
     the engine logged that it is about to serve — and when the start has run most of the
     `expected` seconds the last cold start took: journald alone would be up to 250 ms late."""
-    if engines.headless(spec):
+    if headless(spec):
         # A worker rank serves no API: its unit running is all it shows. Its death (it exits
         # when the head goes away) reaches laned as the unit's exit.
         return True
     started = time.monotonic()
     interval = spec.probe.start_interval_min
-    key = seam.api_key(spec)
+    key = engines.api_key(spec)
     planned = close_watch_from(expected)
     close_until, opened = 0.0, False
     while True:
-        if await seam.health(spec.port, spec.health_path) == 200:
-            models = await seam.models(spec.port, key)
+        if await engines.health(spec.port, spec.health_path) == 200:
+            models = await engines.models(spec.port, key)
             if models is not None and spec.served_model_name in models:
                 return True
         elapsed = time.monotonic() - started
@@ -152,7 +152,7 @@ async def await_ready(
         if elapsed < close_until:
             if opened:  # it takes connections but does not serve yet (or a proxy holds the port)
                 await asyncio.sleep(CLOSE_HTTP)
-            opened = await _until_accepting(seam, spec.port, CLOSE_HTTP)
+            opened = await _until_accepting(engines, spec.port, CLOSE_HTTP)
             continue
         wait = interval if planned is None else min(interval, planned - elapsed)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -160,10 +160,10 @@ async def await_ready(
         interval = min(interval * 1.5, spec.probe.start_interval_max)
 
 
-async def _until_accepting(seam: Seam, port: int, at_most: float) -> bool:
+async def _until_accepting(engines: Engines, port: int, at_most: float) -> bool:
     """Whether the port took a connection within `at_most` seconds (tried every CLOSE_EVERY)."""
     deadline = time.monotonic() + at_most
-    while not await seam.accepts(port):
+    while not await engines.accepts(port):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(CLOSE_EVERY)
@@ -171,17 +171,21 @@ async def _until_accepting(seam: Seam, port: int, at_most: float) -> bool:
 
 
 async def watch_liveness(
-    seam: Seam, spec: LaneConfig, report: Report, alarm: asyncio.Event | None = None
+    engines: Engines,
+    pages: PageCache,
+    spec: LaneConfig,
+    report: Report,
+    alarm: asyncio.Event | None = None,
 ) -> None:
     """Every probe.interval, and at once when `alarm` is set (the engine logged that it is
     dying; then every DYING_EVERY for DYING_LOOK): health, then /metrics (stall), then the host's memory floor. A health answer
     that the engine's profile says means it is dead is reported at once (SaidDead); any other
     failed answer counts towards probe.failures. Returns when the owner says stop, or after
     reporting a failure that ends the run."""
-    if engines.headless(spec):
+    if headless(spec):
         return
     settings = spec.probe
-    rule = engines.for_lane(spec).health
+    rule = for_lane(spec).health
     stall = StallDetector(settings.stall_after)
     floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)
     failures = 0
@@ -200,7 +204,7 @@ async def watch_liveness(
                 look_until = time.monotonic() + DYING_LOOK
         if not report(Tick()):
             return
-        status = await seam.health(spec.port, spec.health_path)
+        status = await engines.health(spec.port, spec.health_path)
         if rule.says_dead(status):
             assert status is not None
             report(SaidDead(status, rule.why))
@@ -211,7 +215,7 @@ async def watch_liveness(
                 return
             continue
         failures = 0
-        sample = await seam.sample(spec)
+        sample = await engines.sample(spec)
         now = time.monotonic()
         if isinstance(sample, EngineSample):
             last = sample
@@ -227,7 +231,7 @@ async def watch_liveness(
         else:
             stall.answered()
         if settings.memory_floor_gib > 0:
-            free = seam.mem_available()
+            free = pages.mem_available()
             available = None if free is None else free / GIB
             if floor.observe(available, now) and available is not None:
                 report(MemoryLow(available))
@@ -235,7 +239,7 @@ async def watch_liveness(
 
 
 async def follow_phases(
-    seam: Seam,
+    journal: Journal,
     units: Callable[[], Mapping[str, str]],
     reader: Callable[[str], Callable[[str], Seen | None]],
     report: Callable[[str, Seen, float], None],
@@ -245,7 +249,7 @@ async def follow_phases(
     """Report (unit, what it says, when it was logged) for every startup line of the lane
     units' logs from `since` (default: now), each read by its unit's engine (`reader`);
     JournalUnavailable when they cannot be read."""
-    async for unit, line, at in seam.follow_logs(units(), since, opened):
+    async for unit, line, at in journal.follow(units(), since, opened):
         seen = reader(unit)(line)
         if seen is not None:
             report(unit, seen, at)

@@ -22,12 +22,12 @@ from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
 from laned.config.names import weights_unit_name
 from laned.core import inputs as i
-from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, EventKind
+from laned.core.lanes import START_COLD, START_WEIGHT_CACHE, EventKind, Refused
 from laned.core.unit_state import ActiveState, UnitSnapshot
 from laned.engines.footprints import held_of
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.records import Records
-from laned.owner.seam import Refused, Seam
+from laned.owner.seam import Units, WeightCaches
 from laned.render.wrapper import weights_digest_path
 
 log = logging.getLogger("laned.supervisor")
@@ -50,8 +50,11 @@ class Weights:
     """Each weight-cache lane's daemon, kept beside its engine: its unit as last seen, and
     what the actions of a lane's sequence ask of it (laned.owner.actions)."""
 
-    def __init__(self, records: Records, seam: Seam, checkpoints: Checkpoints) -> None:
-        self.records, self.seam, self.checkpoints = records, seam, checkpoints
+    def __init__(
+        self, records: Records, units: Units, caches: WeightCaches, checkpoints: Checkpoints
+    ) -> None:
+        self.records, self.units, self.caches = records, units, caches
+        self.checkpoints = checkpoints
         self.post: Post = lambda lane, event: None  # the interpreter's, bound by the supervisor
         self.stopping: set[str] = set()  # lanes whose daemon laned is stopping right now
 
@@ -81,7 +84,7 @@ class Weights:
         if not self.kept(lane) or not self.running(lane):
             return None
         path = weights_digest_path(self.records.config, lane)
-        running = await asyncio.to_thread(self.seam.weights_digest, path)
+        running = await asyncio.to_thread(self.caches.digest, path)
         if running != self.records.weights_digests.get(lane):
             return "what the weight cache loads changed: its daemon restarts"
         moved = await self.checkpoints.since(lane)
@@ -99,8 +102,8 @@ class Weights:
         (its unit read whole: a change signal need not carry its cgroup)."""
         if not self.kept(lane) or not self.running(lane):
             return frozenset()
-        snap = await self.seam.snapshot(weights_unit_name(lane, self._spec(lane)))
-        pids = await self.seam.weights_pids(lane, self._spec(lane), snap.control_group)
+        snap = await self.units.snapshot(weights_unit_name(lane, self._spec(lane)))
+        pids = await self.caches.pids(lane, self._spec(lane), snap.control_group)
         return frozenset(pids)
 
     async def up(self, lane: str) -> tuple[str, Refused | None]:
@@ -117,7 +120,7 @@ class Weights:
         note = functools.partial(self.records.book.note, lane, EventKind.WEIGHTS)
         note("the weight-cache daemon starts (weights from disk)")
         await self.checkpoints.record(lane)  # what it reads now, for the engine's next start
-        refused = await self.seam.start_weights(lane, self._spec(lane))
+        refused = await self.caches.start(lane, self._spec(lane))
         if refused is None:
             note("the weight-cache daemon holds the weights")
         return START_COLD, refused
@@ -134,7 +137,7 @@ class Weights:
         self.stopping.add(lane)
         try:
             note = functools.partial(self.records.book.note, lane)
-            return await self.seam.stop_weights(lane, self._spec(lane), note)
+            return await self.caches.stop(lane, self._spec(lane), note)
         finally:
             self.stopping.discard(lane)
 
@@ -170,7 +173,7 @@ class Weights:
         if cache is None:
             return
         path = weights_digest_path(self.records.config, lane)
-        said = await self.seam.weights_held(path, cache)
+        said = await self.caches.held(path, cache)
         if said is None or spec is None:
             return
         held, dropped = held_of(said, self.records.gpu_totals, gpu_indices(spec))

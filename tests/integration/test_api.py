@@ -25,8 +25,8 @@ from laned.api.metrics import LanedMetrics
 from laned.daemon import api_server as http_server
 from laned.daemon import api_settings
 from laned.errors import LanedError
-from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
+from laned.owner.wiring import host_seam
 from laned.validation.load import parse_config
 from tests.helpers import ROOT, free_port
 from tests.integration.conftest import Harness, Units
@@ -52,7 +52,7 @@ async def api_server(
 ) -> AsyncIterator[Supervisor]:
     """A started supervisor with its API on 127.0.0.1:api_port (with `host`: preflight, GPU
     gate, podman)."""
-    sup = Supervisor(config, HostSeam(Systemd(harness.bus), Probe(), host), systemd_version=252)
+    sup = Supervisor(config, host_seam(Systemd(harness.bus), Probe(), host), systemd_version=252)
     metrics = LanedMetrics()
     sup.recorder = metrics
     front = Front(sup)
@@ -248,7 +248,7 @@ def test_the_door_answers_lanes_and_metrics_as_their_routes_do(
     config = lane_config(harness, units, tmp_path, {"a": FAST, "b": FAST}, port)
 
     async def scenario() -> None:
-        sup = Supervisor(config, HostSeam(Systemd(harness.bus), Probe()), systemd_version=252)
+        sup = Supervisor(config, host_seam(Systemd(harness.bus), Probe()), systemd_version=252)
         metrics = LanedMetrics()
         sup.recorder = metrics
         front = Front(sup)

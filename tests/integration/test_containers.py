@@ -277,13 +277,13 @@ def test_the_podman_socket_going_away_disturbs_nothing(
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
             await sup.activate("c")
-            assert sup.seam.host is not None
+            assert sup.seam.containers.host is not None
             run(["kill", pid_file.read_text().strip()])
             name = units.name("ctr-c")
             deadline = time.monotonic() + 15
             while True:
                 try:
-                    await sup.seam.host.podman.container(name)
+                    await sup.seam.containers.host.podman.container(name)
                 except PodmanUnavailable as exc:
                     assert "podman.socket" in exc.hint
                     break
@@ -301,7 +301,7 @@ def test_the_podman_socket_going_away_disturbs_nothing(
             assert all(f.severity.value != "error" for f in findings)
             assert sup.statuses["c"].state is LaneState.READY  # the lane never noticed
             run([str(ROOT / "scripts" / "harness"), "up"], env=harness.env)
-            state = await sup.seam.host.podman.container(name)
+            state = await sup.seam.containers.host.podman.container(name)
             assert state is not None and state.status == "running"
 
     run_async(scenario())

@@ -24,8 +24,8 @@ from laned.adapters.probes import Probe
 from laned.adapters.systemd import Systemd
 from laned.core.lanes import Desired, LaneState, Verdict
 from laned.errors import ActivationFailed, Superseded
-from laned.owner.steps import HostSeam
 from laned.owner.supervisor import Supervisor
+from laned.owner.wiring import host_seam
 from laned.validation.load import Config
 from tests.helpers import free_port, wait_until
 from tests.integration.conftest import Harness, Units
@@ -53,7 +53,7 @@ async def supervise(
     """A started supervisor; with `host`, also its host adapter (podman API, preflight, the
     GPU gate), as `laned serve` has it; `gpus` stands in for NVML's readings there."""
     adapter = Host(Podman(harness.env["LANED_PODMAN_SOCKET"]), gpus) if host else None
-    sup = Supervisor(config, HostSeam(Systemd(harness.bus), Probe(), adapter), systemd_version=252)
+    sup = Supervisor(config, host_seam(Systemd(harness.bus), Probe(), adapter), systemd_version=252)
     await sup.start()
     return sup
 
@@ -558,15 +558,18 @@ def test_bus_reconnect_keeps_watching(
     async def scenario() -> None:
         async with supervising(harness, config) as sup:
             await sup.activate("a")
-            assert sup.seam.systemd.bus is not None
+            assert sup.seam.manager.systemd.bus is not None
             # The connection drops under laned's feet: closed, or cut by the other side (EOF,
             # which dbus-fast re-raises from wait_for_disconnect).
             if how == "disconnect":
-                sup.seam.systemd.bus.disconnect()
+                sup.seam.manager.systemd.bus.disconnect()
             else:
-                sup.seam.systemd.bus._sock.shutdown(socket.SHUT_RDWR)
+                sup.seam.manager.systemd.bus._sock.shutdown(socket.SHUT_RDWR)
             await until(
-                lambda: sup.seam.systemd.bus is not None and sup.seam.systemd.bus.connected,
+                lambda: (
+                    sup.seam.manager.systemd.bus is not None
+                    and sup.seam.manager.systemd.bus.connected
+                ),
                 10,
                 "a reconnect",
             )
@@ -590,14 +593,14 @@ def test_bus_reconnect_keeps_watching(
 @contextlib.contextmanager
 def bus_kept_away(sup: Supervisor, tmp_path: Path) -> Iterator[None]:
     """The bus connection drops and every reconnect fails until the block ends."""
-    address = sup.seam.systemd.address
-    sup.seam.systemd.address = f"unix:path={tmp_path}/no-bus"
-    assert sup.seam.systemd.bus is not None
-    sup.seam.systemd.bus.disconnect()
+    address = sup.seam.manager.systemd.address
+    sup.seam.manager.systemd.address = f"unix:path={tmp_path}/no-bus"
+    assert sup.seam.manager.systemd.bus is not None
+    sup.seam.manager.systemd.bus.disconnect()
     try:
         yield
     finally:
-        sup.seam.systemd.address = address
+        sup.seam.manager.systemd.address = address
 
 
 def test_a_restart_broken_by_a_lost_bus_is_caught_up(

@@ -6,6 +6,9 @@ every module is held to the rules of the folder it sits in.
   included;
 - pure folders (config, core, engines, preflight, validation, render, importer) reach no I/O
   library, no file and no environment (validation/load.py reads the config file);
+- of the owner only its wiring (owner/wiring.py) imports an adapter, and no part of the owner
+  imports the wiring: the parts reach the host through the seam's protocols (owner/seam.py),
+  each of a dozen members at most, each member with a one-line docstring;
 - no import loop;
 - the API reaches the host only through the supervisor; the CLI reads no state file and asks
   systemd nothing the daemon answers;
@@ -140,6 +143,54 @@ def test_no_import_runs_back_up_a_floor() -> None:
         if folder(target) != folder(module) and FLOOR[folder(target)] >= FLOOR[folder(module)]
     )
     assert up == [], "imports that run back up a floor (or across one):\n" + "\n".join(up)
+
+
+WIRING = "laned.owner.wiring"  # builds the seam's protocols over the adapters
+SEAM = PACKAGE / "owner" / "seam.py"
+PROTOCOL_MEMBERS = 12
+
+
+def test_only_the_wiring_of_the_owner_imports_an_adapter() -> None:
+    """The owner's parts act on the host through the seam (laned.owner.seam): no module of the
+    owner but its wiring imports laned.adapters (TYPE_CHECKING imports included), and none
+    imports the wiring (laned serve, the tests and the benches build the seam with it)."""
+    edges, _ = graph()
+    found = sorted(
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        if folder(module) == "owner" and module != WIRING
+        for target in targets
+        if folder(target) == "adapters" or target == WIRING
+    )
+    assert found == [], "\n".join(found)
+
+
+def test_the_seams_protocols_are_small_and_each_member_says_what_it_does() -> None:
+    """Every Protocol of owner/seam.py: at most PROTOCOL_MEMBERS members (methods and
+    properties), each with a one-line docstring."""
+    tree = ast.parse(SEAM.read_text())
+    protocols = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+        and any(ast.unparse(base) in {"Protocol", "typing.Protocol"} for base in node.bases)
+    ]
+    assert protocols, "owner/seam.py defines no protocol"
+    found = []
+    for protocol in protocols:
+        members = [
+            node
+            for node in protocol.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not node.name.startswith("_")
+        ]
+        if len(members) > PROTOCOL_MEMBERS:
+            found.append(f"{protocol.name}: {len(members)} members (at most {PROTOCOL_MEMBERS})")
+        for member in members:
+            doc = ast.get_docstring(member)
+            if not doc or "\n" in doc:
+                found.append(f"{protocol.name}.{member.name}: no one-line docstring")
+    assert found == [], "\n".join(found)
 
 
 def test_errors_imports_nothing_of_laned() -> None:

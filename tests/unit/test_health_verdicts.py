@@ -35,7 +35,8 @@ def lane(engine: str, interval: str = "60s") -> LaneConfig:
 
 class Engine:
     """A serving engine's probe: /health answers `status` from `dies` (monotonic) on, 200
-    before; /metrics is not read (None)."""
+    before; /metrics is not read (None), nor the host's memory (it stands for the page cache
+    too)."""
 
     def __init__(self, status: int | None, dies: float = 0.0) -> None:
         self.status, self.dies = status, dies
@@ -68,7 +69,7 @@ def watch(
         alarm = asyncio.Event()
         if alarm_at is not None:
             asyncio.get_running_loop().call_later(alarm_at, alarm.set)
-        watching = watchers.watch_liveness(engine, spec, report, alarm)  # type: ignore[arg-type]
+        watching = watchers.watch_liveness(engine, engine, spec, report, alarm)  # type: ignore[arg-type]
         with contextlib.suppress(asyncio.TimeoutError):  # a watch that goes on: cut at `limit`
             await asyncio.wait_for(watching, limit)
 

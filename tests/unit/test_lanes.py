@@ -13,8 +13,9 @@ from laned.core.exits import ExitFacts, decode_status, judge_exit
 from laned.core.lanes import Desired, Event, LaneState, LastExit, Verdict
 from laned.core.liveness import EngineSample, StallDetector
 from laned.core.policy import backoff_delay, is_crash_loop
+from laned.core.saved import Saved
 from laned.core.unit_state import UnitSnapshot
-from laned.owner.steps import read_exit_record
+from laned.owner.wiring import read_exit_record
 from tests.helpers import parse_phase
 
 
@@ -161,7 +162,7 @@ def test_unit_paths_and_snapshots() -> None:
 
 
 def test_state_file_round_trip(tmp_path: Path) -> None:
-    saved = state.Saved(
+    saved = Saved(
         desired={"a": Desired.ACTIVE},
         restarts={"a": 2},
         last_exit={"a": LastExit(0, None, 5.0, Verdict.FAILURE)},
@@ -234,7 +235,7 @@ def test_the_state_writer_says_when_it_cannot_write_and_when_it_can_again(tmp_pa
     heard: list[str | None] = []
 
     async def run() -> None:
-        writer = state.StateWriter(str(blocker / "state"), state.Saved, heard.append)
+        writer = state.StateWriter(str(blocker / "state"), Saved, heard.append)
         writer.mark()
         await writer.flush()
         assert heard and heard[-1] is not None and "cannot write" in heard[-1]

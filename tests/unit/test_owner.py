@@ -1,5 +1,5 @@
-"""The owner (laned.owner.supervisor) driven over fake adapters, fast: a fake user manager
-that runs units at once and says so as systemd's signals do, a fake probe that answers for
+"""The owner (laned.owner.supervisor) driven over a fake host, fast: a fake user manager
+that runs units at once and says so as systemd's signals do, a fake engine that answers for
 the units it runs, no journal. What the integration tests show on real systemd, in
 milliseconds: a swap, an engine's own exit (status 0 too) restarted as a failure, a crash
 loop that ends in `failed`, a deactivate that wins over a restart waiting to happen."""
@@ -7,13 +7,14 @@ loop that ends in `failed`, a deactivate that wins over a restart waiting to hap
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import threading
+import typing
 from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
-    Collection,
     Iterable,
     Mapping,
     Sequence,
@@ -26,22 +27,23 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from laned.adapters.pagecache import Prefetched, Residency
 from laned.config.model import Config, LaneConfig
 from laned.config.names import unit_name, weights_unit_name
 from laned.core import canary
 from laned.core.checkpoint import Files, FileStat
 from laned.core.exits import ExitRecord
-from laned.core.facts import NO_SLEEPERS, GpuReading, HostFacts, Sleepers
-from laned.core.lanes import Desired, EventKind, LaneState, Verdict
+from laned.core.facts import GpuReading, HostFacts, KeyFile, LaneFacts, Sleepers
+from laned.core.lanes import Desired, EventKind, LaneState, Refused, Verdict
 from laned.core.liveness import UNANSWERED, EngineSample, Unanswered
+from laned.core.page_cache import Prefetched, Residency
 from laned.core.recorder import Recorder
 from laned.core.unit_state import CLD_EXITED, UnitSnapshot
 from laned.engines.profile import WeightCacheApi
-from laned.errors import EngineBrokeOff, Finding
+from laned.errors import EngineBrokeOff
 from laned.gates.acceptance import GateResult
 from laned.owner import supervisor as owner_supervisor
-from laned.owner.seam import ALONE, Asleep, Beside, Note, Refused, Seam
+from laned.owner import wiring
+from laned.owner.seam import Note, Seam
 from laned.owner.supervisor import Supervisor
 from laned.render.plan import Action
 from laned.render.wrapper import weights_digest, weights_digest_path
@@ -49,10 +51,12 @@ from laned.validation.load import parse_config
 
 
 class FakeHost:
-    """The owner's seam (laned.owner.seam.Seam), in memory, and nothing else: a user manager
+    """A host in memory, and the owner's seam over it (`seam()`: a fake per protocol of
+    laned.owner.seam, each with the protocol's members and nothing else): a user manager
     whose StartUnit runs a unit at once and whose StopUnit stops it, each change reaching the
-    owner as a PropertiesChanged would; an engine that answers on a lane's port while its unit
-    runs; no journal, no podman, no NVML, no page cache."""
+    owner as a PropertiesChanged would; an engine that answers on a lane's port while its
+    unit runs; no journal, no podman, no NVML, no page cache; laned's own state files, real,
+    in the config's state_dir."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -63,54 +67,92 @@ class FakeHost:
         self.on_change: Callable[[str, dict[str, Any]], None] | None = None
         self.started: list[str] = []
         self.gpus: tuple[GpuReading, ...] | None = None  # none read, as on a host without NVML
-        self._closed = asyncio.Event()
+        self.closed = asyncio.Event()
+
+    def seam(self) -> Seam:
+        """The owner's seam over this host."""
+        return Seam(
+            manager=FakeManager(self),
+            units=FakeUnits(self),
+            containers=FakeContainers(),
+            engines=FakeEngines(self),
+            gpus=FakeGpus(),
+            pages=FakePages(self),
+            facts=FakeFacts(self),
+            weight_caches=FakeWeightCaches(self),
+            journal=FakeJournal(),
+            state=wiring.StateFiles(),
+        )
 
     # --- what the tests do to it -----------------------------------------------------------
-
-    def _set(self, unit: str, **props: Any) -> None:
-        self.units[unit] = self.units.get(unit, UnitSnapshot(unit)).update(props)
-        if self.on_change is not None:
-            self.on_change(unit, props)
 
     def running(self, unit: str) -> bool:
         return self.units.get(unit, UnitSnapshot(unit)).active_state == "active"
 
     def exit(self, unit: str, status: int) -> None:
         """The engine exits on its own with `status` (the unit fails, as Restart=no)."""
-        self._set(unit, ActiveState="failed", SubState="failed", Result="exit-code",
-                  ExecMainCode=CLD_EXITED, ExecMainStatus=status)  # fmt: skip
+        self.set(unit, ActiveState="failed", SubState="failed", Result="exit-code",
+                 ExecMainCode=CLD_EXITED, ExecMainStatus=status)  # fmt: skip
 
-    def _up(self, port: int) -> bool:
+    # --- the user manager's jobs, as systemd runs them --------------------------------------
+
+    def set(self, unit: str, **props: Any) -> None:
+        self.units[unit] = self.units.get(unit, UnitSnapshot(unit)).update(props)
+        if self.on_change is not None:
+            self.on_change(unit, props)
+
+    async def start(self, unit: str) -> None:
+        self.started.append(unit)
+        self.set(unit, ActiveState="activating", SubState="start", Result="success")
+        self.set(unit, ActiveState="active", SubState="running")
+
+    async def stop(self, unit: str) -> Refused | None:
+        if self.running(unit):
+            self.set(unit, ActiveState="deactivating", SubState="stop-sigterm")
+            self.set(unit, ActiveState="inactive", SubState="dead", Result="success",
+                     ExecMainCode=CLD_EXITED, ExecMainStatus=0)  # fmt: skip
+        return None
+
+    def up(self, port: int) -> bool:
         return port in self.lanes and self.running(self.lanes[port][0])
 
-    # --- the user manager ------------------------------------------------------------------
+
+class FakeManager:
+    """The user manager, always there."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
 
     @property
     def address(self) -> str:
         return "fake"
 
-    def connected(self) -> bool:
-        return not self._closed.is_set()
-
     async def connect(
         self, on_change: Callable[[str, dict[str, Any]], None], on_restart: Callable[[], None]
     ) -> None:
-        self.on_change = on_change
+        self.host.on_change = on_change
 
     async def subscribe(self) -> None:
         pass
 
     async def wait_closed(self) -> None:
-        await self._closed.wait()
+        await self.host.closed.wait()
 
     def disconnect(self) -> None:
-        self._closed.set()
+        self.host.closed.set()
 
     async def manager_started(self) -> int:
         return 1
 
     async def system_state(self) -> str:
         return "running"
+
+
+class FakeUnits:
+    """Units that run at once, through the fake host (a test may stand in for its start)."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
 
     async def render(self, config: Config, systemd_version: int) -> list[tuple[Action, str]]:
         return []
@@ -122,122 +164,82 @@ class FakeHost:
         pass
 
     async def snapshot(self, unit: str) -> UnitSnapshot:
-        return self.units.get(unit, UnitSnapshot(unit))
-
-    # --- units -----------------------------------------------------------------------------
+        return self.host.units.get(unit, UnitSnapshot(unit))
 
     async def start(self, unit: str) -> None:
-        self.started.append(unit)
-        self._set(unit, ActiveState="activating", SubState="start", Result="success")
-        self._set(unit, ActiveState="active", SubState="running")
+        await self.host.start(unit)
 
     async def stop(self, unit: str) -> Refused | None:
-        if self.running(unit):
-            self._set(unit, ActiveState="deactivating", SubState="stop-sigterm")
-            self._set(unit, ActiveState="inactive", SubState="dead", Result="success",
-                      ExecMainCode=CLD_EXITED, ExecMainStatus=0)  # fmt: skip
-        return None
+        return await self.host.stop(unit)
 
     async def still_ending(self, unit: str, seen: UnitSnapshot | None) -> bool:
         return (await self.snapshot(unit)).ending or (seen is not None and seen.ending)
 
-    async def container_gone(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
-        return None
-
     def exit_record(self, path: str) -> ExitRecord | None:
         return None
 
-    async def start_weights(self, lane: str, spec: LaneConfig) -> Refused | None:
-        await self.start(weights_unit_name(lane, spec))
-        self.digests[weights_digest_path(self.config, lane)] = weights_digest(self.config, lane)
+
+class FakeContainers:
+    """No podman: no container lane, no process to name."""
+
+    async def image_id(self, spec: LaneConfig) -> str | None:
         return None
 
-    async def stop_weights(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
-        return await self.stop(weights_unit_name(lane, spec))
-
-    def weights_digest(self, path: str) -> str | None:
-        return self.digests.get(path)
-
-    async def weights_held(self, path: str, cache: WeightCacheApi) -> Mapping[str, object] | None:
+    async def running_image(self, lane: str, spec: LaneConfig) -> str | None:
         return None
 
-    async def weights_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
-        return set()
+    async def prepare(self, lane: str, spec: LaneConfig, line: Callable[[str], None]) -> None:
+        pass
 
-    async def follow_logs(
-        self, units: Iterable[str], since: float | None, opened: Callable[[], None] | None
-    ) -> AsyncIterator[tuple[str, str, float]]:
-        await asyncio.Event().wait()  # no journal: no line ever comes
-        yield ("", "", 0.0)
-
-    # --- the start gate and what runs ------------------------------------------------------
-
-    async def preflight(
-        self,
-        config: Config,
-        lane: str,
-        states: Mapping[str, LaneState],
-        image_id: str | None,
-        sleepers: Sleepers = NO_SLEEPERS,
-    ) -> list[Finding]:
-        return []
-
-    async def clear_for_start(
-        self,
-        lane: str,
-        spec: LaneConfig,
-        last_image: str | None,
-        note: Note,
-        recorder: Recorder,
-        waking: bool = False,
-        sleepers: Collection[int] = (),
-        beside: Beside = ALONE,
-    ) -> Refused | None:
+    async def container_gone(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
         return None
 
     async def engine_pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
         return set()
 
-    async def running_image(self, lane: str, spec: LaneConfig) -> str | None:
+    async def container(self, lane: str, spec: LaneConfig) -> dict[str, Any] | None:
         return None
+
+    async def container_logs(self, lane: str, spec: LaneConfig, lines: int) -> list[str]:
+        return []
 
     def use_podman(self, config: Config) -> None:
         pass
 
-    # --- the engines -----------------------------------------------------------------------
+
+class FakeEngines:
+    """An engine that answers on a lane's port while its unit runs; one with a sleep_level
+    sleeps and wakes at once (its unit runs on), any other cannot."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
 
     def api_key(self, spec: LaneConfig) -> str | None:
         return None
 
     async def health(self, port: int, path: str = "/health") -> int | None:
-        return 200 if self._up(port) else None
+        return 200 if self.host.up(port) else None
 
     async def models(self, port: int, api_key: str | None) -> list[str] | None:
-        return [self.lanes[port][1].served_model_name] if self._up(port) else None
+        return [self.host.lanes[port][1].served_model_name] if self.host.up(port) else None
 
     async def accepts(self, port: int) -> bool:
-        return self._up(port)
+        return self.host.up(port)
 
     async def sample(self, spec: LaneConfig) -> EngineSample | Unanswered | None:
-        return EngineSample(0, 0, 0, 0) if self._up(spec.port) else UNANSWERED
+        return EngineSample(0, 0, 0, 0) if self.host.up(spec.port) else UNANSWERED
 
-    async def sleep(
-        self, lane: str, spec: LaneConfig, seen: UnitSnapshot | None, note: Note, level: int
-    ) -> Refused | Asleep:
-        # A lane with a sleep_level sleeps at once (its unit runs on); any other cannot.
-        return Asleep(frozenset(), {}) if spec.sleep_level else Refused("no sleep mode")
+    async def sleep(self, spec: LaneConfig, level: int) -> bool | None:
+        return bool(spec.sleep_level)
 
-    async def wake(self, spec: LaneConfig, level: int) -> Refused | None:
-        return None if spec.sleep_level else Refused("this engine has no sleep mode")
+    async def wake(self, spec: LaneConfig, level: int) -> bool:
+        return bool(spec.sleep_level)
 
     async def asleep(self, spec: LaneConfig) -> bool:
         return False
 
     async def sleep_level(self, spec: LaneConfig) -> int | None:
         return None
-
-    def sleep_level_now(self, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
-        return spec.sleep_level, ""
 
     async def canary(self, spec: LaneConfig) -> canary.Answer:
         raise EngineBrokeOff("this engine has no canary", "")
@@ -251,36 +253,31 @@ class FakeHost:
     ) -> list[GateResult]:
         return []
 
-    # --- the host, read --------------------------------------------------------------------
 
-    def journald_down(self) -> str | None:
-        return None
+class FakeGpus:
+    """No NVML, and nothing to say of it: the GPU-memory gate does not wait."""
 
-    async def log_tail(self, unit: str, lines: int) -> list[str]:
+    def unread(self) -> str | None:
+        return ""
+
+    def read(self, indices: Sequence[int] | None) -> list[GpuReading]:
         return []
 
-    async def container(self, lane: str, spec: LaneConfig) -> dict[str, Any] | None:
-        return None
 
-    async def container_logs(self, lane: str, spec: LaneConfig, lines: int) -> list[str]:
-        return []
+class FakePages:
+    """No weight file in the page cache; each model's checkpoint as the test sets it."""
 
-    async def facts(self) -> HostFacts:
-        return HostFacts(self.gpus, "a fake host")
-
-    def weights_gib(self, model: str | None) -> float | None:
-        return None
-
-    async def close(self) -> None:
-        pass
-
-    # --- the page cache --------------------------------------------------------------------
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
 
     def weight_files(self, model: str | None) -> list[str]:
         return []
 
     def checkpoint(self, model: str | None) -> Files:
-        return self.files.get(model or "", ())
+        return self.host.files.get(model or "", ())
+
+    def weights_gib(self, model: str | None) -> float | None:
+        return None
 
     def residency(self, files: Sequence[str]) -> Residency:
         return Residency(0, 0, 0)
@@ -299,19 +296,120 @@ class FakeHost:
         return Prefetched(0, 0.0, "nothing to read")
 
 
-TEST_ONLY = {"running", "exit"}  # what the tests do to the fake host, beside the seam
+class FakeFacts:
+    """The host's GPUs as the test sets them; no preflight facts; every port free."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+
+    async def host_facts(self) -> HostFacts:
+        return HostFacts(self.host.gpus, "a fake host")
+
+    async def lane_facts(
+        self,
+        config: Config,
+        lane: str,
+        port_peer: str | None,
+        image_id: str | None,
+        sleepers: Sleepers,
+    ) -> LaneFacts | None:
+        return None
+
+    def port_busy(self, port: int) -> bool:
+        return False
+
+    def key_file(self, path: str) -> KeyFile:
+        return KeyFile(exists=False)
 
 
-def test_the_fake_host_is_the_owners_seam_and_nothing_else() -> None:
-    """Every member of the Seam protocol, with its parameters, and no other public one: the
-    owner driven here reaches the host through the seam alone."""
-    seam = {n: m for n, m in vars(Seam).items() if not n.startswith("_")}
-    fake = {n: m for n, m in vars(FakeHost).items() if not n.startswith("_") and n not in TEST_ONLY}
-    assert set(fake) == set(seam)
-    for name, member in seam.items():
-        if callable(member):
-            ours = list(inspect.signature(fake[name]).parameters)
-            assert ours == list(inspect.signature(member).parameters), name
+class FakeWeightCaches:
+    """A weight-cache daemon is a unit that runs at once, and writes its digest."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+
+    async def start(self, lane: str, spec: LaneConfig) -> Refused | None:
+        host = self.host
+        await host.start(weights_unit_name(lane, spec))
+        host.digests[weights_digest_path(host.config, lane)] = weights_digest(host.config, lane)
+        return None
+
+    async def stop(self, lane: str, spec: LaneConfig, note: Note) -> Refused | None:
+        return await self.host.stop(weights_unit_name(lane, spec))
+
+    def digest(self, path: str) -> str | None:
+        return self.host.digests.get(path)
+
+    async def held(self, path: str, cache: WeightCacheApi) -> Mapping[str, object] | None:
+        return None
+
+    async def pids(self, lane: str, spec: LaneConfig, control_group: str) -> set[int]:
+        return set()
+
+
+class FakeJournal:
+    """No journal: no line ever comes."""
+
+    async def follow(
+        self, units: Iterable[str], since: float | None, opened: Callable[[], None] | None
+    ) -> AsyncIterator[tuple[str, str, float]]:
+        await asyncio.Event().wait()
+        yield ("", "", 0.0)
+
+    def journald_down(self) -> str | None:
+        return None
+
+    async def tail(self, unit: str, lines: int) -> list[str]:
+        return []
+
+
+# What stands for each protocol of the seam: the wiring's real one, and the fake here.
+WIRED = {
+    "manager": wiring.SystemdManager,
+    "units": wiring.SystemdUnits,
+    "containers": wiring.PodmanContainers,
+    "engines": wiring.EngineApis,
+    "gpus": wiring.NvmlGpus,
+    "pages": wiring.PageCacheFiles,
+    "facts": wiring.HostReadings,
+    "weight_caches": wiring.WeightCacheDaemons,
+    "journal": wiring.Journald,
+    "state": wiring.StateFiles,
+}
+FAKES = {
+    "manager": FakeManager,
+    "units": FakeUnits,
+    "containers": FakeContainers,
+    "engines": FakeEngines,
+    "gpus": FakeGpus,
+    "pages": FakePages,
+    "facts": FakeFacts,
+    "weight_caches": FakeWeightCaches,
+    "journal": FakeJournal,
+    "state": wiring.StateFiles,  # laned's own files, in the test's directory
+}
+
+
+def members(cls: type) -> dict[str, Any]:
+    return {n: m for n, m in vars(cls).items() if not n.startswith("_")}
+
+
+def test_the_fakes_and_the_wiring_are_the_seams_protocols_and_nothing_else() -> None:
+    """Each protocol of the seam, member for member and parameter for parameter, and no other
+    public member: the owner driven here reaches the host through the seam alone, and the
+    wiring `laned serve` builds answers the same calls."""
+    protocols = typing.get_type_hints(Seam)
+    fields = [f.name for f in dataclasses.fields(Seam) if f.name != "close"]
+    assert set(fields) == set(WIRED) == set(FAKES)
+    for name in fields:
+        wanted = members(protocols[name])
+        for stand_in in (WIRED[name], FAKES[name]):
+            found = members(stand_in)
+            assert set(found) == set(wanted), (name, stand_in)
+            for member, declared in wanted.items():
+                if callable(declared):
+                    ours = list(inspect.signature(found[member]).parameters)
+                    assert ours == list(inspect.signature(declared).parameters), (name, member)
 
 
 def config(tmp: Path, extra: str = "", weights: bool = False, a: str = "") -> Config:
@@ -340,7 +438,7 @@ async def owner(
 ) -> AsyncIterator[tuple[Supervisor, FakeHost]]:
     manager = FakeHost(cfg)
     manager.files.update(files or {})  # the models' files before the first start
-    sup = Supervisor(cfg, manager, systemd_version=255)
+    sup = Supervisor(cfg, manager.seam(), systemd_version=255)
     await sup.start()
     try:
         yield sup, manager

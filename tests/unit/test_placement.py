@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laned.adapters.gpus import held
 from laned.core.facts import GpuReading
+from laned.core.gpu_memory import held
 from laned.core.placement import (
     EVERY,
     Footprint,

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laned.adapters import secret_files
-from laned.adapters.gpus import held
 from laned.adapters.podman import parse_container
 from laned.core.facts import GIB, GpuReading, HostFacts, KeyFile, LaneFacts, blocking
+from laned.core.gpu_memory import held
 from laned.core.lanes import LaneStatus, phase_durations
 from laned.core.modes import Mode
 from laned.errors import ConfigError, Finding, Severity
@@ -113,7 +113,7 @@ def test_a_secrets_file_through_a_link_or_of_another_user_is_refused_never_chmod
     """Issue 53: a secrets file linked to /etc/shadow was read through the link (its mode,
     its names) and the hint said `chmod 600 <the link>`, which changes /etc/shadow. The link
     is read as a link; the hint names where it leads; the same finding stops a forced start
-    (laned.owner.steps asks not_held)."""
+    (laned.owner.gate asks not_held)."""
     shadow_mode = os.stat("/etc/shadow").st_mode
     link = tmp_path / "c.env"
     link.symlink_to("/etc/shadow")

@@ -306,6 +306,7 @@ def test_the_owners_scheduler_swaps_once_and_backs_off_a_failed_idle_return() ->
     from laned.owner.records import Records
     from laned.owner.scheduler import RETRY_AFTER, Scheduler
     from laned.owner.traffic import Traffic
+    from laned.owner.wiring import StateFiles
 
     text = GROUPS.replace('idle_return = "30m"', 'idle_return = "2s"').replace(
         "pinned = true\n", ""
@@ -314,7 +315,7 @@ def test_the_owners_scheduler_swaps_once_and_backs_off_a_failed_idle_return() ->
 
     async def scenario() -> None:
         now = [1000.0]
-        records = Records(config, lambda: now[0], 252)
+        records = Records(config, lambda: now[0], 252, StateFiles())
         asked: list[tuple[str, str]] = []
 
         def refuse(lane: str, reason: str) -> asyncio.Future[object]:
@@ -375,12 +376,13 @@ def test_the_owners_scheduler_starts_a_lane_that_fits_beside_the_running_one_wit
     from laned.owner.records import Records
     from laned.owner.scheduler import Scheduler
     from laned.owner.traffic import Traffic
+    from laned.owner.wiring import StateFiles
 
     config = parse_config(PLACED, "t.toml", {"HOME": "/home/op"})
 
     async def scenario() -> None:
         now = [1000.0]
-        records = Records(config, lambda: now[0], 252)
+        records = Records(config, lambda: now[0], 252, StateFiles())
         records.gpu_totals = {0: 96 * 2**30}
         traffic = Traffic(lambda: now[0])
         asked: list[tuple[str, str]] = []

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from laned.adapters.gpus import held
 from laned.adapters.kernel import cgroup_of, cgroup_pids
 from laned.adapters.pagecache import weights_gib
 from laned.core import canary, resume
 from laned.core.facts import GIB, GpuReading, HostFacts
+from laned.core.gpu_memory import held
 from laned.core.lanes import Desired, LaneState
 from laned.engines.vllm import level_now
 from laned.errors import ConfigError, Finding, Severity

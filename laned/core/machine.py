@@ -461,7 +461,14 @@ def _take_off(lane: LaneStatus, e: i.TakeOff, ctx: Context) -> Step:
 def _superseded_input(lane: LaneStatus, e: i.Superseded, ctx: Context) -> Step:
     """A newer request of another lane's won: the sequence under way ends, its callers and
     the lane's waiters hear why (the lane stays where it is: the newer request moves it)."""
+    mid_start = lane.mode in (Mode.STARTING, Mode.WAKING, Mode.RESTARTING)
     lane, effects = _ended(lane, ctx, _superseded(e.why))
+    if mid_start:
+        # Its run was on its way with nobody to follow it now: stopped (the request that won
+        # takes it off, or wanted it inactive), as a request ending in a stop is finished.
+        why = f"{e.why}: stopping its start"
+        lane = dataclasses.replace(lane, op=Op(SETTLE, ctx.epoch, reason=why, force=True))
+        effects += [*_stop_asked(why), Begin((CheckEnding(),))]
     return Step(lane, (FailWaiters(e.why, superseded=True), *effects))
 
 
@@ -559,12 +566,22 @@ def _found_stopped(lane: LaneStatus, e: i.FoundStopped, ctx: Context) -> Step:
 def _stopped_outside(lane: LaneStatus, e: i.StoppedOutside, ctx: Context) -> Step:
     """Stopped by somebody else: the user manager going down (the lane comes back with
     laned), or an operator's stop (not desired any more; its weight cache goes too)."""
+    lane, ended = _start_ends(lane, ctx, e.reason)
     if e.with_manager:
         lane, moved = _moved(lane, Mode.INACTIVE, e.reason, ctx)
-        return Step(lane, (moved,))
+        return Step(lane, (moved, *ended))
     lane = dataclasses.replace(lane, desired=Desired.INACTIVE)
     lane, moved = _moved(lane, Mode.INACTIVE, e.reason, ctx)
-    return Step(lane, (moved, FailWaiters(e.reason), Task("weights-gone")))
+    return Step(lane, (moved, FailWaiters(e.reason), *ended, Task("weights-gone")))
+
+
+def _start_ends(lane: LaneStatus, ctx: Context, reason: str) -> tuple[LaneStatus, list[Effect]]:
+    """A start under way (an activation or restart) that something outside laned ended:
+    its callers hear why (a stop of laned's own goes on: its results end it)."""
+    if lane.op is None or lane.op.kind not in STARTS_IT:
+        return lane, []
+    error = ("ActivationFailed", f"lane {lane.name}: {reason}", f"see `laned logs {lane.name}`")
+    return _ended(lane, ctx, error, settle=False)
 
 
 def _exited(lane: LaneStatus, e: i.Exited, ctx: Context) -> Step:
@@ -628,7 +645,8 @@ def _exited(lane: LaneStatus, e: i.Exited, ctx: Context) -> Step:
         lane, failed = _failed(lane, plan.reason, ctx)
         return Step(lane, (*effects, *failed, Task("weights-gone")))
     lane, moved = _moved(lane, Mode.FAILED, plan.reason, ctx)  # a failure nobody wants running
-    return Step(lane, (*effects, moved, Task("weights-gone")))
+    lane, ended = _start_ends(lane, ctx, plan.reason)
+    return Step(lane, (*effects, moved, *ended, Task("weights-gone")))
 
 
 def _ready(lane: LaneStatus, e: i.Ready, ctx: Context) -> Step:
@@ -675,6 +693,12 @@ def _failing(lane: LaneStatus, e: i.Failing, ctx: Context) -> Step:
     effects += [moved, *said]
     if counted is not None and counted.crash_loop:
         return _giving_up(lane, counted.reason, ctx, effects)
+    if lane.op is not None and lane.op.kind in STARTS_IT:
+        # A start under way: stopped and started again within the request that waits for it.
+        lane = dataclasses.replace(lane, restarts=lane.restarts + 1)
+        lane, again = _moved(lane, Mode.RESTART_STOPPING, e.reason, ctx)
+        effects += [Count("restart", (lane.name, e.restart_kind)), again, CancelRestart()]
+        return Step(lane, (*effects, Unfollow(), Begin((Drain(True), *RESTART))))
     after = _restart(lane, i.Restart(ctx.epoch, e.reason, e.restart_kind, True), ctx)
     return Step(after.lane, (*effects, *after.effects))
 
@@ -708,7 +732,8 @@ def _give_up(lane: LaneStatus, e: i.GiveUp, ctx: Context) -> Step:
 def _giving_up(lane: LaneStatus, reason: str, ctx: Context, effects: list[Effect]) -> Step:
     """Stop the lane (a stop of laned's) and leave it failed until the next activate; whoever
     waits hears why once it is stopped."""
-    op = Op(GIVE_UP, ctx.epoch, reason=reason, also=_callers(lane.op))
+    takers = lane.op.takers if lane.op is not None else ()
+    op = Op(GIVE_UP, ctx.epoch, reason=reason, also=_callers(lane.op), takers=takers)
     lane = dataclasses.replace(lane, op=op)
     lane, moved = _moved(lane, Mode.GIVING_UP, reason, ctx)
     return Step(lane, (*effects, moved, CancelRestart(), Unfollow(), End(), Begin(GIVING_UP)))
@@ -983,9 +1008,7 @@ def _unit_stopped(lane: LaneStatus, e: i.UnitStopped, ctx: Context) -> Step:
             lane = dataclasses.replace(lane, mode=Mode.RESTARTING)  # its stop is over
         if e.refused is None:
             return Step(lane)
-        error = ("ActivationFailed", f"lane {lane.name}: {e.refused.reason}", e.refused.hint)
-        lane, ended = _ended(lane, ctx, error)
-        return Step(lane, tuple(ended))
+        return _stop_failed(lane, e.refused, ctx)  # its waiters hear why
     if op.kind == GIVE_UP:  # failed all the same; its stop's failure said with why
         if e.refused is not None:
             op = dataclasses.replace(op, reason=f"{op.reason}; and {e.refused.reason}")
@@ -1103,6 +1126,11 @@ def _broken(lane: LaneStatus, e: i.Broken, ctx: Context) -> Step:
     if op.kind == GIVE_UP:
         lane, failed = _failed(lane, f"{op.reason}; and {e.message}", ctx, e.hint)
         return Step(lane, tuple(failed))
+    if lane.mode in (Mode.STARTING, Mode.WAKING, Mode.RESTARTING):
+        # In the middle of a start, nothing would move it (no watcher yet, no timer): failed,
+        # whoever waits told why; the next activate starts it again.
+        lane, failed = _failed(lane, e.message, ctx, e.hint)
+        return Step(lane, (Unfollow(), *failed))
     lane, ended = _ended(lane, ctx, (name, e.message, e.hint), settle=False)
     return Step(lane, tuple(ended))
 
@@ -1174,8 +1202,9 @@ TABLE: dict[type[i.Input], dict[Mode, Cell]] = {
     i.FoundStopped: _rows({ANY - {Mode.INACTIVE}: _found_stopped}, Ignore("inactive already")),
     i.StoppedOutside: _rows({ANY - SETTLED: _stopped_outside}, Ignore("settled already")),
     # What the watchers and the journal see of the run (an older run's report is dropped).
-    i.Ready: _rows(
-        {STARTING_MODES: _ready}, Ignore("a readiness report counts only while the lane starts")
+    i.Ready: _rows(  # `restarting`: a run systemd restarted (Restart=on-failure) is followed
+        {STARTING_MODES | {Mode.RESTARTING}: _ready},
+        Ignore("a readiness report counts only while the lane starts"),
     ),
     i.ProbeFailed: _rows(
         {SERVING_MODES: _probe_failed},

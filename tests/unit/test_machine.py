@@ -145,6 +145,78 @@ def test_an_activation_runs_preflight_then_its_peers_then_its_own_start() -> Non
     assert any(isinstance(e, fx.ResolveWaiters) for e in ready.effects)
 
 
+def starting(epoch: int = 1) -> LaneStatus:
+    """Lane `a` in the middle of its activation's start: cleared by the gate, its unit not
+    started yet."""
+    lane = activate(LaneStatus("a"), epoch).lane
+    for result in (i.Preflighted(epoch, (), 0, None), i.Ending(epoch, False)):
+        lane = step(lane, result, ctx()).lane
+    lane = step(lane, i.WeightsStale(epoch, None), ctx()).lane
+    lane = step(lane, i.Cleared(epoch, None), ctx()).lane
+    assert lane.mode is Mode.STARTING and lane.op is not None
+    return lane
+
+
+def answered(effects: tuple[fx.Effect, ...], epoch: int = 1) -> list[str | None]:
+    return [e.error for e in effects if isinstance(e, fx.Answer) and epoch in e.epochs]
+
+
+def test_an_operators_stop_in_the_middle_of_a_start_answers_the_activation() -> None:
+    up = step(starting(), i.UnitStarted(1), ctx()).lane
+    off = step(up, i.StoppedOutside("stopped outside laned", False), ctx())
+    assert off.lane.mode is Mode.INACTIVE and off.lane.op is None
+    assert answered(off.effects) == ["ActivationFailed"]
+
+
+def test_a_failure_in_the_middle_of_a_start_restarts_within_its_request() -> None:
+    up = step(starting(), i.UnitStarted(1), ctx()).lane
+    died = step(up, i.Failing(1, "the daemon died", "weights", "weights"), ctx())
+    assert died.lane.mode is Mode.RESTART_STOPPING and died.lane.op is not None
+    assert died.lane.op.epoch == 1 and not answered(died.effects)  # its caller still waits
+    (seq,) = [e for e in died.effects if isinstance(e, fx.Begin)]
+    assert "StopUnit" in [type(a).__name__ for a in seq.actions]
+
+
+def test_a_lane_superseded_in_the_middle_of_its_start_is_stopped_not_left_starting() -> None:
+    won = step(starting(), i.Superseded("superseded by activate b"), ctx(epoch=7))
+    assert answered(won.effects) == ["Superseded"]
+    assert won.lane.op is not None and won.lane.op.kind == "settle"
+    (seq,) = [e for e in won.effects if isinstance(e, fx.Begin)]
+    assert [type(a).__name__ for a in seq.actions] == ["CheckEnding"]
+
+
+def test_an_action_that_breaks_in_the_middle_of_a_start_fails_the_lane() -> None:
+    broke = step(starting(), i.Broken(1, "LanedError", "StartUnit: unit masked", ""), ctx())
+    assert broke.lane.mode is Mode.FAILED and broke.lane.op is None
+    assert answered(broke.effects) == ["ActivationFailed"]
+    assert any(isinstance(e, fx.FailWaiters) for e in broke.effects)
+
+
+def test_a_restart_whose_unit_outlived_its_stop_fails_and_tells_its_waiters() -> None:
+    lane = LaneStatus("a", mode=Mode.READY, run=1, desired=Desired.ACTIVE)
+    lane = step(lane, i.Restart(5, "restart requested", "requested"), ctx()).lane
+    lane = step(lane, i.Drained(5), ctx()).lane
+    kept = step(lane, i.UnitStopped(5, i.Refused("the unit is still active", "")), ctx())
+    assert kept.lane.mode is Mode.FAILED and kept.lane.op is None
+    assert any(isinstance(e, fx.FailWaiters) for e in kept.effects)
+
+
+def test_a_run_systemd_restarted_becomes_ready() -> None:
+    lane = LaneStatus("a", mode=Mode.READY, run=1, desired=Desired.ACTIVE, started_at=90.0)
+    crash = ExitFacts(1, None, requested_by_systemd=False, oom_killed=False)
+    again = step(lane, i.Exited(crash, "auto-restart", 1, True), ctx())
+    assert again.lane.mode is Mode.RESTARTING and again.lane.run == 2
+    ready = step(again.lane, i.Ready(2, "health 200", None), ctx(101.0))
+    assert ready.lane.mode is Mode.READY
+
+
+def test_giving_up_keeps_the_activations_that_wait_for_the_lane_to_be_off() -> None:
+    lane = LaneStatus("a", mode=Mode.READY, run=1, desired=Desired.ACTIVE)
+    off = step(lane, i.TakeOff(5, "b", 11, "swap to b", False, False, False), ctx()).lane
+    gave = step(off, i.GiveUp(1, "start timeout", "start-timeout"), ctx()).lane
+    assert gave.op is not None and gave.op.takers == (("b", 11),)
+
+
 def test_preflight_errors_refuse_and_put_back_what_was_desired() -> None:
     from laned.errors import Finding
 

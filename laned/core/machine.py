@@ -1112,6 +1112,11 @@ def _woken(lane: LaneStatus, e: i.Woken, ctx: Context) -> Step:
     return Step(lane, (said, Then((CheckEnding(),))))
 
 
+# The errors of a host away (laned.errors): the action broke because the bus or podman was
+# out of reach, not because the host said no; laned.owner.outages catches the lane up.
+HOST_AWAY = frozenset({"BusUnavailable", "PodmanUnavailable", "JournalUnavailable"})
+
+
 def _broken(lane: LaneStatus, e: i.Broken, ctx: Context) -> Step:
     """An action broke: its request ends with the error (an activation's as ActivationFailed,
     as its callers expect), and the lane stays where it is for laned.owner.outages to catch
@@ -1126,9 +1131,10 @@ def _broken(lane: LaneStatus, e: i.Broken, ctx: Context) -> Step:
     if op.kind == GIVE_UP:
         lane, failed = _failed(lane, f"{op.reason}; and {e.message}", ctx, e.hint)
         return Step(lane, tuple(failed))
-    if lane.mode in (Mode.STARTING, Mode.WAKING, Mode.RESTARTING):
+    if lane.mode in (Mode.STARTING, Mode.WAKING, Mode.RESTARTING) and e.error not in HOST_AWAY:
         # In the middle of a start, nothing would move it (no watcher yet, no timer): failed,
-        # whoever waits told why; the next activate starts it again.
+        # whoever waits told why; the next activate starts it again. (A host away — the bus,
+        # podman — leaves it for laned.owner.outages to catch up once it is back.)
         lane, failed = _failed(lane, e.message, ctx, e.hint)
         return Step(lane, (Unfollow(), *failed))
     lane, ended = _ended(lane, ctx, (name, e.message, e.hint), settle=False)

@@ -192,6 +192,12 @@ def test_an_action_that_breaks_in_the_middle_of_a_start_fails_the_lane() -> None
     assert any(isinstance(e, fx.FailWaiters) for e in broke.effects)
 
 
+def test_an_action_broken_by_the_bus_away_leaves_the_start_for_the_catch_up() -> None:
+    broke = step(starting(), i.Broken(1, "BusUnavailable", "the user bus was lost", ""), ctx())
+    assert broke.lane.mode is Mode.STARTING and broke.lane.op is None  # outages catch it up
+    assert answered(broke.effects) == ["ActivationFailed"]
+
+
 def test_a_restart_whose_unit_outlived_its_stop_fails_and_tells_its_waiters() -> None:
     lane = LaneStatus("a", mode=Mode.READY, run=1, desired=Desired.ACTIVE)
     lane = step(lane, i.Restart(5, "restart requested", "requested"), ctx()).lane

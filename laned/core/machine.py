@@ -460,7 +460,8 @@ def _take_off(lane: LaneStatus, e: i.TakeOff, ctx: Context) -> Step:
 
 def _superseded_input(lane: LaneStatus, e: i.Superseded, ctx: Context) -> Step:
     """A newer request of another lane's won: the sequence under way ends, its callers and
-    the lane's waiters hear why (the lane stays where it is: the newer request moves it)."""
+    the lane's waiters hear why. The lane stays where it is (the newer request moves it),
+    but a start on its way is stopped: nothing would follow it now."""
     mid_start = lane.mode in (Mode.STARTING, Mode.WAKING, Mode.RESTARTING)
     lane, effects = _ended(lane, ctx, _superseded(e.why))
     if mid_start:

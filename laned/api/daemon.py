@@ -152,6 +152,7 @@ def routes(api: APIRouter, front: Front, metrics: LanedMetrics, reload_config: R
             with front.subscribe(lane) as queue:
                 for event in chosen:
                     yield _sse(event)
+                yield b": following\n\n"  # subscribed: every event from here on is sent
                 while not await request.is_disconnected():
                     try:
                         event = await asyncio.wait_for(queue.get(), 15)

@@ -388,6 +388,7 @@ def test_events_follow_logs_and_the_cli(harness: Harness, units: Units, tmp_path
             httpx.AsyncClient(base_url=base, timeout=60) as client,
         ):
             seen: list[dict[str, Any]] = []
+            following = asyncio.Event()
 
             async def follow() -> None:
                 async with client.stream(
@@ -395,13 +396,15 @@ def test_events_follow_logs_and_the_cli(harness: Harness, units: Units, tmp_path
                 ) as response:
                     assert response.headers["content-type"].startswith("text/event-stream")
                     async for line in response.aiter_lines():
+                        if line.startswith(": following"):
+                            following.set()
                         if line.startswith("data: "):
                             seen.append(json.loads(line[6:]))
                             if seen[-1]["to"] == "ready":
                                 return
 
             follower = asyncio.get_running_loop().create_task(follow())
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(following.wait(), 10)  # subscribed before the activation
             await client.get("/lanes/a/activate?wait=true")
             await asyncio.wait_for(follower, 30)
             assert [e["to"] for e in seen] == ["starting", "ready"]

@@ -26,11 +26,20 @@ def harness_env() -> dict[str, str]:
     return dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port nothing listens on right now, and never one this process handed out before
+    (the kernel may give the same free port to two binds in a row: two lanes of one bench got
+    one port so, and laned refused their config)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def sim_lane(

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from bench.common import free_port as free_port  # one port ledger for tests and benches
 from laned.engines.vllm import read_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,22 +42,6 @@ def alive(pid: int | str) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now, and never one this run handed out before (the
-    kernel may give the same free port to two binds in a row: two lanes of one test got one
-    port so, and their config was refused)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 def port_open(port: int) -> bool:

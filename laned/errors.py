@@ -33,6 +33,7 @@
         ├── PreflightFailed         preflight found errors: nothing was stopped or started
         ├── ActivationFailed        the lane failed, timed out or crash-looped while starting
         ├── LaneNotRunning          the lane does not serve, so no acceptance gate can run
+        ├── RankNotAsleep           a worker's rank did not fall asleep with its head
         ├── NotAContainer           a container's own log asked of a lane that runs none
         ├── EngineUnreachable       the engine does not answer (check, bench)
         ├── EngineRefused           the engine answered a request with an error
@@ -316,6 +317,12 @@ class EngineRefused(LaneError):
     """The engine answered a request with an error."""
 
     code = "engine-refused"
+
+
+class RankNotAsleep(LaneError):
+    """A worker's rank of a lane over several hosts did not fall asleep with its head."""
+
+    code = "rank-not-asleep"
 
 
 class PeerUnreachable(LanedError):

@@ -42,6 +42,11 @@ class Peers:
         params = {"rank_only": "true", **({"force": "true"} if force else {})}
         return await self._call(node, "POST", f"/lanes/{lane}/{action}", params)
 
+    async def sleep(self, node: Node, lane: str, step: str, level: int) -> dict[str, Any]:
+        """A worker's rank around its head's sleep (`before`, then `after` at `level`)."""
+        params = {"rank_only": "true", "step": step, "level": str(level)}
+        return await self._call(node, "POST", f"/lanes/{lane}/rank-sleep", params)
+
     async def forward(self, node: Node, lane: str, action: str, force: bool = False) -> None:
         """Hand a request for the whole lane to its head, which coordinates every rank."""
         await self._call(

@@ -19,6 +19,7 @@ STATUS: tuple[tuple[type[errors.LanedError], int], ...] = (
     (errors.PreflightFailed, 409),  # nothing was stopped or started
     (errors.Superseded, 409),
     (errors.LaneNotRunning, 409),
+    (errors.RankNotAsleep, 409),  # the worker's rank serves on; its head stops the lane
     (errors.ConfigRefused, 409),  # the running config stays in force
     (errors.NotAContainer, 400),
     (errors.ConfigError, 400),

@@ -21,7 +21,7 @@ from laned.core import policy
 from laned.core.facts import blocking
 from laned.core.lanes import Event, LaneState, LaneStatus
 from laned.core.schedule import Admission
-from laned.errors import BusUnavailable, PreflightFailed
+from laned.errors import BadRequest, BusUnavailable, PreflightFailed
 from laned.owner.supervisor import Supervisor
 from laned.owner.traffic import Traffic
 from laned.preflight.fit import fit_report
@@ -340,6 +340,16 @@ class Front:
         if await self._coordinated(lane, "restart", force, rank_only):
             return self.supervisor.wait_ready(lane)
         return await self._kept(self.supervisor.restart(lane, force=force))
+
+    async def rank_sleep(self, lane: str, step: str, level: int) -> dict[str, Any]:
+        """This host's rank around its head's sleep (laned.owner.coordinator.rank_sleep)."""
+        self.status(lane)
+        if self.coordinator is None:
+            raise BadRequest(
+                f"lane {lane}: this laned coordinates no lane over several hosts",
+                "only a head's laned calls rank-sleep",
+            )
+        return await self.coordinator.rank_sleep(lane, step, level)
 
     def _reachable(self, lane: str, what: str) -> None:
         """Refuse a request while the user manager is out of reach (nothing is recorded)."""

@@ -145,6 +145,24 @@ def routes(api: APIRouter, front: Front) -> None:
         future = await front.restart(lane, force, rank_only=rank_only)
         return await answer(lane, future, wait, timeout, request)
 
+    @api.post("/lanes/{lane}/rank-sleep")
+    @access(Access.MUTATE, peers=True)
+    async def rank_sleep(
+        lane: str,
+        rank_only: Annotated[bool, Depends(ranked)],
+        step: str = Query(..., pattern="^(before|after)$"),
+        level: int = Query(1, ge=1, le=2),
+    ) -> dict[str, Any]:
+        """A worker's rank as its head's engine sleeps every rank (peers' call, rank_only):
+        `before`, it reads what it holds; `after`, it confirms it holds less and sleeps as a
+        sleeper of this host (409 rank-not-asleep: why not)."""
+        if not rank_only:
+            raise BadRequest(
+                f"rank-sleep of lane {lane} is a peer's call for this host's rank",
+                "only a head's laned calls it, with rank_only=true and the peer token",
+            )
+        return await front.rank_sleep(lane, step, level)
+
     @api.get("/lanes/{lane}/logs")
     @access(Access.READ)
     async def logs(

@@ -1,8 +1,8 @@
 """The rules of a lane that sleeps instead of stopping (`sleep_level` 1 or 2, docs/sleep.md),
 whatever its engine (each engine's own rules are its profile's, laned.engines: vLLM's dev
 mode and loopback, the levels SGLang and llama.cpp take). A sleeping engine keeps its process, so it
-keeps its port and its residual GPU memory: no peer of its group may share the port, and a
-lane over several hosts cannot sleep yet.
+keeps its port and its residual GPU memory: no peer of its group may share the port. A lane
+over several hosts sleeps where its engine's head sleeps every rank (laned.validation.rules).
 """
 
 from __future__ import annotations
@@ -47,12 +47,6 @@ def check_sleep(config: Config) -> Iterator[Finding]:
                 "a container lane that sleeps listens on the host's loopback: it needs the "
                 "host's network",
                 f'set {base}.container.network = "host", or sleep_level = 0',
-            )
-        if spec.nodes:
-            yield Finding(
-                f"{base}.sleep_level",
-                "a lane over several hosts cannot sleep (its ranks would sleep one by one)",
-                "set sleep_level = 0",
             )
         for peer in port_sharers(config, name):
             yield Finding(

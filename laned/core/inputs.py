@@ -189,6 +189,18 @@ class FoundAsleep(Input):
 
 
 @dataclass(frozen=True)
+class RankSlept(Input):
+    """A worker's rank of a lane over several hosts, asleep with its head: the head's engine
+    put every rank to sleep at `level`, and this host read its own rank's processes (`pids`)
+    holding less GPU memory than before (what stays on each GPU: `residual`)."""
+
+    level: int
+    pids: frozenset[int]
+    residual: Mapping[int, int]
+    digest: str
+
+
+@dataclass(frozen=True)
 class FoundStopped(Input):
     """Once systemd is back: the lane's unit is not running, and nothing wants it to."""
 

@@ -559,6 +559,20 @@ def _found_asleep(lane: LaneStatus, e: i.FoundAsleep, ctx: Context) -> Step:
     return Step(lane, (moved, Unfollow()))
 
 
+def _rank_slept(lane: LaneStatus, e: i.RankSlept, ctx: Context) -> Step:
+    """A worker's rank asleep with its head (docs/multinode.md): a sleeper of this host, not
+    desired, as one put to sleep here is; its head's activation wakes it."""
+    lane = dataclasses.replace(
+        lane,
+        desired=Desired.INACTIVE,
+        asleep=Asleep(e.pids, e.digest, e.level),
+        pinned=lane.pinned or e.level == 1,
+        residual=frozen(e.residual) if e.residual else lane.residual,
+    )
+    lane, moved = _moved(lane, Mode.SLEEPING, f"asleep with its head (level {e.level})", ctx)
+    return Step(lane, (moved, Unfollow()))
+
+
 def _found_stopped(lane: LaneStatus, e: i.FoundStopped, ctx: Context) -> Step:
     lane, moved = _moved(lane, Mode.INACTIVE, e.reason, ctx)
     return Step(lane, (moved,))
@@ -1205,6 +1219,10 @@ TABLE: dict[type[i.Input], dict[Mode, Cell]] = {
     i.FoundAsleep: _rows(
         {frozenset({Mode.INACTIVE}): _found_asleep},
         Refuse("found asleep only as laned starts, before any lane moved"),
+    ),
+    i.RankSlept: _rows(
+        {SERVING_MODES: _rank_slept},
+        Ignore("not serving: a rank sleeps with its head only from where it serves"),
     ),
     i.FoundStopped: _rows({ANY - {Mode.INACTIVE}: _found_stopped}, Ignore("inactive already")),
     i.StoppedOutside: _rows({ANY - SETTLED: _stopped_outside}, Ignore("settled already")),

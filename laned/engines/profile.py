@@ -74,7 +74,10 @@ class SleepApi:
     engine its sleep). `platforms`: where its sleep runs, for a host where laned sees no GPU.
     `level_now(level, weights_gib, available_gib, pinned)`: the level it sleeps at on this
     host now, and why where that is not `level` (vLLM's level 1 pins the weights in host RAM:
-    with too little, level 2); as asked by default."""
+    with too little, level 2); as asked by default. `across_nodes`: over several hosts, where
+    the engine's own source has the head's sleep and wake reach every rank (laned then
+    confirms each host's memory fell: docs/multinode.md); "" where it does not, and such a
+    lane cannot sleep."""
 
     levels: tuple[int, ...]
     sleep: Callable[[int], Call]
@@ -88,6 +91,7 @@ class SleepApi:
     unreleased: str = ""
     platforms: str = ""
     level_now: Callable[[int, float | None, float | None, bool], tuple[int, str]] = as_asked
+    across_nodes: str = ""  # where its source says a head's sleep reaches every rank ("": no)
 
 
 @dataclass(frozen=True)

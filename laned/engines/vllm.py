@@ -262,6 +262,11 @@ SLEEP = SleepApi(
     unreleased="is --enable-sleep-mode in its wrapper? (laned render)",
     platforms="vLLM's runs on CUDA, ROCm and XPU only: vllm/platforms/interface.py",
     level_now=level_now,
+    # The head's executor sends sleep and wake to every worker over its message queue, the
+    # headless nodes' included, and waits for each reply (vllm/v1/executor/abstract.py
+    # `sleep`/`wake_up` → multiproc_executor.py `collective_rpc`; a headless node runs only
+    # workers: vllm/entrypoints/cli/serve.py `run_headless`).
+    across_nodes="vllm/v1/executor/abstract.py sleep/wake_up (collective_rpc to every rank)",
 )
 
 

@@ -25,13 +25,13 @@ from laned.core.facts import GIB, Sleepers, blocking
 from laned.core.gpu_memory import Asleep, confirm_sleep, memory_of
 from laned.core.lanes import Desired, EventKind, LaneState, Refused
 from laned.core.unit_state import UnitSnapshot
-from laned.engines import for_lane
+from laned.engines import for_lane, headless
 from laned.errors import Finding, LanedError
 from laned.owner.checkpoints import Checkpoints
 from laned.owner.gate import Beside, clear_for_start
 from laned.owner.prefetching import Prefetches
 from laned.owner.records import Records
-from laned.owner.seam import Engines, Gpus, Note, PageCache, Seam
+from laned.owner.seam import Engines, Gpus, Note, PageCache, Ranks, Seam
 from laned.owner.traffic import Traffic
 from laned.owner.weights import Weights
 from laned.preflight.fit import sleep_level_for
@@ -61,6 +61,7 @@ class Actions:
         self.take_off: Callable[[str, int, str, i.TakeOff], asyncio.Future[i.Result]] | None = None
         self.epoch: Callable[[], int] = lambda: 0
         self.canary: Callable[[str, str, str | None], Awaitable[Refused | None]] | None = None
+        self.ranks: Ranks | None = None  # the head's word with its workers (a sleep, a wake)
         self._do: dict[type[fx.Action], Callable[..., Awaitable[i.Result]]] = {
             fx.RunPreflight: self._run_preflight,
             fx.TakePeerOff: self._take_peer_off,
@@ -249,7 +250,13 @@ class Actions:
         except LanedError:
             seen = None  # then no per-process confirmation: /is_sleeping still decides
         began = time.monotonic()
+        ranks = self.ranks if self.ranks is not None and self.ranks.heads(lane) else None
+        refused = await ranks.before_sleep(lane, action.level) if ranks is not None else None
+        if refused is not None:
+            return i.Slept(epoch, _refused(refused))
         slept = await sleep_engine(self.seam, lane, spec, seen, self._note(lane), action.level)
+        if not isinstance(slept, Refused) and ranks is not None:
+            slept = await ranks.after_sleep(lane, action.level) or slept
         if isinstance(slept, Refused):
             return i.Slept(epoch, _refused(slept))
         r.recorder.sleep_mode(lane, "sleep", time.monotonic() - began)
@@ -258,10 +265,27 @@ class Actions:
 
     async def _wake_up(self, lane: str, action: fx.WakeUp, epoch: int) -> i.Result:
         r = self.records
-        refused = await wake_engine(self.seam.engines, r.config.lanes[lane], action.level)
+        spec = r.config.lanes[lane]
+        if headless(spec):  # no API here: its head's wake reaches this rank (Ranks)
+            return i.Woken(epoch, None)
+        refused = None
+        if self.ranks is not None and self.ranks.heads(lane):
+            refused = await self.ranks.before_wake(lane)
+        if refused is None:
+            refused = await wake_engine(self.seam.engines, spec, action.level)
         if refused is None and self.canary is not None:  # the weights came back as they were?
             refused = await self.canary(lane, "wake", r.book[lane].image_id)
         return i.Woken(epoch, _refused(refused))
+
+
+async def rank_held(
+    seam: Seam, lane: str, spec: LaneConfig
+) -> tuple[set[int], dict[int, int] | None]:
+    """This host's rank of a lane over several hosts: its engine's processes, and what they
+    hold on each of its GPUs (None where that cannot be read)."""
+    seen = await seam.units.snapshot(unit_name(lane, spec))
+    pids = await seam.containers.engine_pids(lane, spec, seen.control_group)
+    return pids, await _held_by(seam.gpus, spec, pids)
 
 
 def sleep_level_now(pages: PageCache, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:

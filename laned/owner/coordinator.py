@@ -16,6 +16,10 @@
   its own rank, and the ranks meet again at the rendezvous. The head's backoff and crash-loop
   rule pace the lane, because a worker waits for its head.
 - A worker's laned starts its rank at boot only when the head asks (resume.plan_reconcile).
+- A lane that sleeps (its engine's head sleeps every rank: vLLM's collective_rpc): around
+  the head's sleep each worker reads what its rank holds, then confirms it holds less, and
+  its rank is a sleeper of its own host; before the head's wake every worker's rank is
+  activated and past its own GPU gate (`Ranks`, laned.owner.seam).
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from laned.config.model import LaneConfig, Node
 from laned.config.ranks import rank_here
-from laned.core.lanes import Desired, EventKind, LaneStatus
-from laned.errors import PeerUnreachable
+from laned.core.gpu_memory import confirm_sleep
+from laned.core.lanes import Desired, EventKind, LaneStatus, Refused
+from laned.core.modes import Mode
+from laned.engines import for_lane
+from laned.errors import BadRequest, PeerUnreachable, RankNotAsleep
 from laned.owner.seam import Peers
 
 if TYPE_CHECKING:
@@ -36,6 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("laned.coordinator")
 INTERVAL = 2.0  # seconds between the head's looks at its workers
+# How long the head waits, before its wake, for each worker's rank to clear its own GPUs (its
+# activation stops what runs there in the lane's group first: their drain and stop).
+WAKE_WAIT = 300.0
 
 
 class Coordinator:
@@ -50,6 +60,9 @@ class Coordinator:
         self.seen: dict[str, dict[int, dict[str, Any]]] = {}  # lane -> rank -> what it showed
         self._tasks: list[asyncio.Task[None]] = []
         self._asking: set[str] = set()  # lanes whose workers are being asked, now
+        # A worker's host: what its rank held when its head was about to sleep (pids, bytes
+        # by GPU), kept until the head asks it to confirm the sleep.
+        self._held: dict[str, tuple[set[int], dict[int, int] | None]] = {}
 
     def spec(self, lane: str) -> LaneConfig:
         return self.supervisor.config.lanes[lane]
@@ -91,6 +104,90 @@ class Coordinator:
                 if action == "activate":
                     raise
                 self.supervisor.note(lane, EventKind.PEER, f"{action}: rank {rank}: {exc.message}")
+
+    # --- a sleep and a wake of every rank (the head's side: laned.owner.seam.Ranks) ----------
+
+    def heads(self, lane: str) -> bool:
+        """Whether this host is the head of the lane over several hosts."""
+        return lane in self.supervisor.config.lanes and self.rank(lane) == 0
+
+    async def before_sleep(self, lane: str, level: int) -> Refused | None:
+        """Each worker reads what its rank holds, before the head's engine sleeps."""
+        return await self._every_worker(lane, "before", level)
+
+    async def after_sleep(self, lane: str, level: int) -> Refused | None:
+        """Each worker confirms its rank holds less than before: asleep there too. One that
+        cannot confirm leaves the sleep refused: the head stops the lane instead, and its
+        next look stops that worker's rank."""
+        return await self._every_worker(lane, "after", level)
+
+    async def _every_worker(self, lane: str, step: str, level: int) -> Refused | None:
+        for rank, node in self.workers(lane):
+            try:
+                await self.peers.sleep(node, lane, step, level)
+            except PeerUnreachable as exc:
+                return Refused(f"rank {rank} on {node.host}: {exc.message}", exc.hint)
+            if step == "after":
+                said = f"rank {rank} on {node.host} asleep (level {level}), confirmed there"
+                self.supervisor.note(lane, EventKind.PEER, said)
+        return None
+
+    async def before_wake(self, lane: str) -> Refused | None:
+        """Every worker's rank activated (the head's activation asked each first) and past
+        its own GPU gate, so the head's wake finds their GPUs clear."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAKE_WAIT
+        for rank, node in self.workers(lane):
+            while True:
+                try:
+                    view = await self.peers.view(node, lane)
+                except PeerUnreachable as exc:
+                    return Refused(f"wake: rank {rank} on {node.host}: {exc.message}", exc.hint)
+                state = view.get("state")
+                if state in ("ready", "degraded"):
+                    break
+                if state in ("failed", "inactive"):
+                    return Refused(
+                        f"wake: rank {rank} on {node.host} is {state}, not ready for its "
+                        "head's wake",
+                        f"see `laned events` on {node.host}",
+                    )
+                if loop.time() > deadline:
+                    return Refused(
+                        f"wake: rank {rank} on {node.host} is still {state} after "
+                        f"{WAKE_WAIT:g}s: its GPUs are not clear for its head's wake",
+                        f"see `laned events` on {node.host}",
+                    )
+                await asyncio.sleep(0.2)
+        return None
+
+    # --- a sleep of this rank (a worker's side) ------------------------------------------
+
+    async def rank_sleep(self, lane: str, step: str, level: int) -> dict[str, Any]:
+        """A worker's rank as its head sleeps every rank: `before`, what it holds now is
+        kept; `after`, it must hold less (laned.core.gpu_memory.confirm_sleep), and it is a
+        sleeper of this host from then on (RankNotAsleep: why not)."""
+        rank = self.rank(lane)
+        if not rank:
+            raise BadRequest(
+                f"lane {lane}: this host is not a worker rank of it",
+                "only a head's laned asks its workers' ranks to sleep",
+            )
+        if step == "before":
+            self._held[lane] = pids, held = await self.supervisor.rank_held(lane)
+            return {"lane": lane, "rank": rank, "held": held}
+        pids, before = self._held.pop(lane, (set(), None))
+        now, after = await self.supervisor.rank_held(lane)
+        spec = self.supervisor.engine_spec(lane)
+        slept = confirm_sleep(level, None, pids or now, before, after, for_lane(spec).unreleased)
+        if isinstance(slept, Refused):
+            raise RankNotAsleep(f"lane {lane} rank {rank}: {slept.reason}", slept.hint)
+        why = self.supervisor.rank_asleep(lane, level, pids or now, slept.residual)
+        if why:
+            raise RankNotAsleep(f"lane {lane} rank {rank}: {why}", "see `laned events`")
+        if slept.said:
+            self.supervisor.note(lane, EventKind.SLEEP, f"{slept.said} (with its head)")
+        return {"lane": lane, "rank": rank, "held": after}
 
     # --- watching ----------------------------------------------------------------------
 
@@ -142,8 +239,9 @@ class Coordinator:
                 "phase": view.get("phase"),
             }
             desired = status.desired  # as it is now, after the await
-            if lane in self._asking:
-                return  # a coordinated request is under way: it sets every rank itself
+            if lane in self._asking or self.supervisor.statuses[lane].mode is Mode.FALLING_ASLEEP:
+                # A coordinated request, or a sleep, is under way: it sets every rank itself.
+                return
             if view.get("desired") != desired.value:
                 action = "activate" if desired is Desired.ACTIVE else "deactivate"
                 try:

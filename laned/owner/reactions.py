@@ -25,6 +25,7 @@ from laned.core.lanes import EventKind, Mode, Refused
 from laned.core.phases import Seen
 from laned.core.policy import OpKind, RestartKind
 from laned.core.unit_state import UnitSnapshot, systemd_restarts
+from laned.engines import headless
 from laned.errors import LanedError
 from laned.owner import watchers
 from laned.owner.checkpoints import Checkpoints
@@ -142,7 +143,7 @@ class Reactions:
         ):
             return
         image = await self.seam.containers.running_image(lane, spec)
-        if spec.sleep_level and r.statuses[lane].mode is not Mode.WAKING:
+        if spec.sleep_level and r.statuses[lane].mode is not Mode.WAKING and not headless(spec):
             # Before any traffic: kept at the first good start, compared at later ones (a
             # difference after a cold start is said, and the lane serves on).
             await self.canary(lane, "start", image)

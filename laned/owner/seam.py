@@ -313,11 +313,32 @@ class Peers(Protocol):
     async def forward(self, node: Node, lane: str, action: str, force: bool = False) -> None:
         """Hand a request for the whole lane to its head, which coordinates every rank."""
 
+    async def sleep(self, node: Node, lane: str, step: str, level: int) -> dict[str, Any]:
+        """A worker's rank around its head's sleep: `before` it reads, `after` it confirms."""
+
     def use_token(self, token: str | None) -> None:
         """Send this peer token from the next call on (a reload's)."""
 
     async def close(self) -> None:
         """Release the connections."""
+
+
+class Ranks(Protocol):
+    """A head's word with its workers' laned on a sleep and a wake of the lane's ranks
+    (laned.owner.coordinator; docs/multinode.md): its engine sleeps and wakes every rank,
+    each worker's host confirms its own."""
+
+    def heads(self, lane: str) -> bool:
+        """Whether this host is the head of the lane over several hosts."""
+
+    async def before_sleep(self, lane: str, level: int) -> Refused | None:
+        """Each worker reads what its rank holds now, before the head's engine sleeps."""
+
+    async def after_sleep(self, lane: str, level: int) -> Refused | None:
+        """Each worker confirms its rank holds less than before: asleep there too."""
+
+    async def before_wake(self, lane: str) -> Refused | None:
+        """Every worker's rank is activated and past its own gate: the head may wake."""
 
 
 async def _nothing() -> None:

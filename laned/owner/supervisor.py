@@ -46,7 +46,7 @@ from laned.core.machine import Context
 from laned.core.recorder import Recorder
 from laned.core.schedule import Admission
 from laned.errors import ConfigRefused, Finding, LanedError
-from laned.owner.actions import Actions
+from laned.owner.actions import Actions, rank_held
 from laned.owner.book import Book, Listener
 from laned.owner.bus import BusKeeper
 from laned.owner.checkpoints import Checkpoints
@@ -328,6 +328,22 @@ class Supervisor:
         """The coordinator's word on a lane over several hosts: a peer rank out of reach
         (`reason`) or every one back (None)."""
         self.reactions.peer_trouble(lane, reason)
+
+    async def rank_held(self, lane: str) -> tuple[set[int], dict[int, int] | None]:
+        """This host's rank of a lane over several hosts: its engine's processes and what
+        they hold on each of its GPUs (None where that cannot be read)."""
+        return await rank_held(self.seam, lane, self.engine_spec(lane))
+
+    def rank_asleep(
+        self, lane: str, level: int, pids: set[int], residual: Mapping[int, int]
+    ) -> str | None:
+        """This host's rank asleep with its head (confirmed here); why not, where its mode
+        does not take it (it no longer serves)."""
+        digest = render.lane_digest(self.config, lane, self.records.systemd_version)
+        answer = self.interpreter.post(
+            lane, i.RankSlept(level, frozenset(pids), dict(residual), digest)
+        )
+        return answer.ignored or answer.refused or None
 
     def note(self, lane: str, kind: EventKind, text: str) -> None:
         """An event of the lane that changes no state (the coordinator's asks)."""

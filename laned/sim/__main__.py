@@ -271,7 +271,7 @@ async def serve(settings: Settings) -> int:
         timeline.mark("exit")
         os._exit(code)
 
-    engine = Engine(settings, exit_now)
+    engine = Engine(settings, exit_now, rendezvous.command if rendezvous is not None else None)
     if rendezvous is not None:
         rendezvous.watch(lambda why: engine.die(why) if not stop.is_set() else None)
     server = Server(engine.handle)

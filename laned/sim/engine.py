@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from laned.errors import EngineDead
@@ -33,7 +33,14 @@ WATCHDOG_SECONDS = 5.0  # VLLM_WATCHDOG_TIME_S in vllm/entrypoints/launcher.py (
 class Engine:
     """The simulated engine: state, routes, and faults."""
 
-    def __init__(self, settings: Settings, on_exit: Callable[[int, float], None]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        on_exit: Callable[[int, float], None],
+        ranks: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """`ranks`: a head over several nodes sends a sleep or a wake to its worker ranks
+        (laned.sim.ranks.Rendezvous.command)."""
         self.settings = settings
         self.on_exit = on_exit
         self.metrics = Metrics(
@@ -60,6 +67,8 @@ class Engine:
             self._abort_all,
             self._slept,
             self._move_gpu_memory if settings.enable_sleep_mode and settings.hold_gpu_gib else None,
+            self._sim_held if settings.enable_sleep_mode and settings.sim_gpus else None,
+            ranks,
         )
         self.metrics.extra = self.sleep.metric_lines
 
@@ -339,11 +348,6 @@ class Engine:
     def _move_gpu_memory(self, move: str) -> None:
         """What a sleep or a wake does to the GPU memory held (LANED_SIM_HOLD_GPU_GIB):
         level 1 copies it to pinned host memory and back, level 2 drops it and takes it again."""
-        root = self.settings.sim_gpus
-        if root:  # a simulated host: a sleep keeps the context only, a wake takes all again
-            asleep = move in ("offload", "discard")
-            held = self.settings.sim_held
-            gpu.sim_write(root, {g: int(gpu.RESIDUAL) for g in held} if asleep else held)
         if move == "offload":
             gpu.offload()
         elif move == "restore":
@@ -352,6 +356,11 @@ class Engine:
             gpu.release()
         else:
             gpu.hold(self.settings.hold_gpu_gib)
+
+    def _sim_held(self, asleep: bool) -> None:
+        """On a simulated host: a sleep keeps the context only, a wake takes all again."""
+        assert self.settings.sim_gpus is not None
+        gpu.sim_asleep(self.settings.sim_gpus, self.settings.sim_held, asleep)
 
     def _slept(self, asleep: bool) -> None:
         """Sleep mode: the requests waiting for the wake may be admitted."""

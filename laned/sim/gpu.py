@@ -67,6 +67,12 @@ def sim_write(root: str, held: dict[int, int]) -> None:
     os.replace(path + ".tmp", path)
 
 
+def sim_asleep(root: str, held: dict[int, int], asleep: bool) -> None:
+    """A sleep (or a wake) on the simulated GPUs: asleep, the process keeps its context
+    only (RESIDUAL on each GPU it holds); awake, all it took again."""
+    sim_write(root, {g: int(RESIDUAL) for g in held} if asleep else held)
+
+
 def _gib(size: int) -> float:
     """vllm/utils/mem_utils.py `format_gib`."""
     return round(size / 2**30, 2)

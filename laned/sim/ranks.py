@@ -26,6 +26,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from laned.sim import gpu, startup
 from laned.sim.settings import Settings
 from laned.sim.startup import log
 
@@ -41,6 +42,7 @@ class Rendezvous:
         self.joined = asyncio.Event()
         self.server: asyncio.base_events.Server | None = None
         self.watchers: list[asyncio.Task[None]] = []
+        self.replies: dict[int, asyncio.Queue[str]] = {}  # rank -> its answers to `command`
 
     async def gather(self, stop: asyncio.Event) -> bool:
         """Wait until every worker rank has connected (False: stopped first)."""
@@ -80,16 +82,29 @@ class Rendezvous:
             self.joined.set()
 
     def watch(self, on_death: Callable[[str], None]) -> list[asyncio.Task[None]]:
-        """Call `on_death` with the reason when a worker's connection ends."""
+        """Call `on_death` with the reason when a worker's connection ends; a worker's
+        replies to `command` are read here."""
 
         async def follow(rank: int, reader: asyncio.StreamReader) -> None:
-            while await reader.read(4096):
-                pass
+            while line := await reader.readline():
+                self.replies.setdefault(rank, asyncio.Queue()).put_nowait(line.decode().strip())
             on_death(f"node rank {rank} went away")
 
         # Held here: a task nobody references may be collected before it ends.
         self.watchers = [asyncio.ensure_future(follow(r, rd)) for r, (rd, _) in self.peers.items()]
         return self.watchers
+
+    async def command(self, word: str) -> None:
+        """A sleep or a wake on every worker rank ("sleep LEVEL", "wake"), back once each has
+        answered: vLLM's executor sends it to every rank over its message queue, the remote
+        nodes' workers included, and waits for each reply (vllm/v1/executor/abstract.py
+        `sleep` and `wake_up` → multiproc_executor.py `collective_rpc`). A rank that went
+        away answers nothing: its death ends the engine meanwhile (`watch`)."""
+        for _, writer in self.peers.values():
+            writer.write(f"{word}\n".encode())
+        for rank in self.peers:
+            reply = await self.replies.setdefault(rank, asyncio.Queue()).get()
+            log("INFO", "multiproc_executor.py:1", f"node rank {rank}: {reply}")
 
     def close(self) -> None:
         if self.server is not None:
@@ -140,7 +155,9 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> int:
         log("ERROR", "parallel_state.py:1", "the head went away before every node joined")
         return 1
     log("INFO", "parallel_state.py:1", f"joined the head at {s.master_addr}:{s.master_port}; loading this node's shards")  # fmt: skip
-    ended = asyncio.ensure_future(_until_closed(reader))
+    if s.sim_gpus:  # this node's workers take their memory as the head's do
+        startup.take_sim_gpus(s)
+    ended = asyncio.ensure_future(_follow_head(s, reader, writer))
     loading = asyncio.ensure_future(asyncio.sleep(s.startup))
     dying = asyncio.ensure_future(died.wait())
     await asyncio.wait({ended, loading, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
@@ -162,6 +179,22 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> int:
     return 1
 
 
-async def _until_closed(reader: asyncio.StreamReader) -> None:
-    while await reader.read(4096):
-        pass
+async def _follow_head(
+    s: Settings, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Until the head's connection closes: do each sleep and wake the head sends, as a
+    worker does its share of vLLM's collective_rpc (vllm/v1/worker/gpu_worker.py `sleep`:
+    level 1 copies this rank's weights to its own host's pinned memory, level 2 drops them;
+    both drop the KV cache; `wake_up` takes the memory back), and answer it."""
+    while line := await reader.readline():
+        word = line.decode(errors="replace").split()
+        if not word or word[0] not in ("sleep", "wake"):
+            continue
+        asleep = word[0] == "sleep"
+        if s.sim_gpus and s.sim_held:
+            gpu.sim_asleep(s.sim_gpus, s.sim_held, asleep)
+        if asleep:
+            freed = sum(s.sim_held.values()) / 2**30 if s.sim_held else s.weights_gib
+            log("INFO", "gpu_worker.py:326", f"Sleep mode freed {freed:.2f} GiB memory, 0.50 GiB memory is still in use.")  # fmt: skip
+        writer.write(b"slept\n" if asleep else b"woke\n")
+        await writer.drain()

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from laned.sim.http import Request, Response
@@ -64,6 +64,8 @@ class Sleep:
         abort: Callable[[], None],
         slept: Callable[[bool], None],
         moves: Callable[[str], None] | None = None,
+        held: Callable[[bool], None] | None = None,
+        ranks: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         # weights_gib 0: started without --enable-sleep-mode. vLLM then sleeps without its
         # cumem allocator's pools: the calls answer as usual and free nothing.
@@ -73,6 +75,14 @@ class Sleep:
         # "discard"|"retake")` does to it what the sleep does (blocking, run off the loop), in
         # place of the timings above.
         self.moves = moves
+        # A simulated host's GPUs (LANED_SIM_GPUS): `held(asleep)` says what the process holds
+        # there now, its context only while it sleeps.
+        self.held = held
+        # A head over several nodes: `ranks("sleep 1"|"sleep 2"|"wake")` does the same on
+        # every worker rank and returns once each has (vLLM's executor sleeps and wakes every
+        # rank, the headless nodes' workers too, through collective_rpc and waits for each
+        # reply: vllm/v1/executor/abstract.py `sleep`, `wake_up`).
+        self.ranks = ranks
         # torch's caching host allocator keeps the pinned buffers a wake drops (vLLM empties
         # it only at shutdown: vllm/distributed/parallel_state.py): only the first level-1
         # sleep pins host memory; later ones get the same buffers back (H200: 34.9 s, then
@@ -129,6 +139,10 @@ class Sleep:
             elif level == 1:
                 pin = 0.0 if self.pinned else self.weights_gib * PIN_SECONDS_PER_GIB
                 await asyncio.sleep(pin + self.weights_gib / LINK_GIBPS)
+            if self.held is not None:
+                self.held(True)
+            if self.ranks is not None:
+                await self.ranks(f"sleep {level}")
             self.pinned = self.pinned or level == 1
             self.asleep = set(SLEEP_TAGS)
             self.level = level
@@ -148,6 +162,10 @@ class Sleep:
                 await asyncio.to_thread(self.moves, "restore" if self.level == 1 else "retake")
             elif self.level == 1:
                 await asyncio.sleep(self.weights_gib / LINK_GIBPS)
+            if self.held is not None:
+                self.held(False)
+            if self.ranks is not None:
+                await self.ranks("wake")
             if self.level == 2 and self.weights_gib:
                 self.stale = True  # level 2: the memory is back, its contents are not
             shown = tags if tags is not None else sorted(self.asleep)

@@ -221,6 +221,13 @@ def _check_engine(base: str, lane: LaneConfig) -> Iterator[Finding]:
             (f"set sleep_level = {levels} or 0" if levels else "set sleep_level = 0")
             + ": a swap stops a lane that does not sleep",
         )
+    if lane.sleep_level and lane.nodes and profile.sleep and not profile.sleep.across_nodes:
+        yield Finding(
+            f"{base}.sleep_level",
+            f"= {lane.sleep_level}: {profile.title} does not sleep a lane over several "
+            "hosts as one (its head's sleep would not reach the other ranks)",
+            "set sleep_level = 0: a swap stops every rank",
+        )
     yield from profile.findings(lane, base)
     if lane.weight_cache is not None:
         if profile.weight_cache is None:

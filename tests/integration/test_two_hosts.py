@@ -140,10 +140,18 @@ def two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
             shutil.rmtree(host.harness, ignore_errors=True)
 
 
-def config(tmp: Path, host: Host, master: int) -> Path:
-    """The one config both hosts share, but for daemon.host and where laned keeps its files."""
+def config(tmp: Path, host: Host, master: int, sleeps: bool = False) -> Path:
+    """The one config both hosts share, but for daemon.host and where laned keeps its files.
+    `sleeps`: the lane over both hosts sleeps at level 1, on each host's simulated GPU (a
+    96 GiB one, its own), and the one-host lane has its own port (a sleeper keeps its own)."""
     home = tmp / host.name
     (home / "models").mkdir(parents=True, exist_ok=True)
+    gpus = home / "gpus"
+    gpus.mkdir(exist_ok=True)
+    (gpus / "gpus.json").write_text(
+        json.dumps({"gpus": [{"name": "sim", "total_bytes": 96 * 2**30}]})
+    )
+    on_gpus = f'LANED_SIM_GPUS = "{gpus}"\nLANED_SIM_WEIGHTS_GIB = "0.5"\n' if sleeps else ""
     for name, secret in (("token", TOKEN), ("peer-token", PEER_TOKEN)):
         (home / name).write_text(secret)
         (home / name).chmod(0o600)
@@ -162,6 +170,7 @@ state_dir = "{home}/state"
 [lanes.w]
 port = 8100
 served_model_name = "w"
+{"sleep_level = 1" if sleeps else ""}
 {fast}nodes = [{{ host = "host-a", laned = "http://10.77.0.1:9000" }}, {{ host = "host-b", laned = "http://10.77.0.2:9000" }}]
 values = {{ HEAD_IP = "10.77.0.1" }}
 args = ["--nnodes", "${{NNODES}}", "--node-rank", "${{NODE_RANK}}", "--master-addr", "${{HEAD_IP}}", "--master-port", "{master}"]
@@ -169,23 +178,26 @@ args = ["--nnodes", "${{NNODES}}", "--node-rank", "${{NODE_RANK}}", "--master-ad
 command = [{sim}]
 [lanes.w.env]
 LANED_SIM_STARTUP = "0.5"
-[lanes.w.rank.1]
+{on_gpus}[lanes.w.rank.1]
 args = [{{ flag = "--headless" }}]
 
 [lanes.solo]
-port = 8100
+port = {8101 if sleeps else 8100}
 served_model_name = "solo"
 {fast}[lanes.solo.exec]
 command = [{sim}]
 [lanes.solo.env]
 LANED_SIM_STARTUP = "0.3"
-"""
+{on_gpus}"""
     path = home / "laned.toml"
     path.write_text(text)
     return path
 
 
 def start_laned(host: Host, path: Path, log: Path) -> None:
+    gpus = path.parent / "gpus"  # laned reads this host's simulated GPU where its lanes hold it
+    if "sleep_level = 1" in path.read_text():
+        host.env["LANED_SIM_GPUS"] = str(gpus)
     with log.open("ab") as out:
         host.laned = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{host.ns}", sys.executable, "-m", "laned", "--config", str(path), "serve"],
@@ -222,6 +234,54 @@ def test_a_lane_over_two_hosts_runs_fails_and_recovers_as_one(
             )
             print(host.run("journalctl", "--user", "-n", "60", "--no-pager", check=False).stdout)
         raise
+
+
+def test_a_lane_over_two_hosts_sleeps_and_wakes_as_one_each_host_confirming_its_own(
+    two_hosts: tuple[Host, Host], tmp_path: Path
+) -> None:
+    a, b = two_hosts
+    for host in (a, b):
+        start_laned(host, config(tmp_path, host, 29656, sleeps=True), tmp_path / f"{host.name}.log")
+    try:
+        sleep_scenario(a, b)
+    except BaseException:
+        for host in (a, b):
+            print(
+                f"===== {host.name} laned =====\n{(tmp_path / f'{host.name}.log').read_text()[-6000:]}"
+            )
+            print(host.run("journalctl", "--user", "-n", "60", "--no-pager", check=False).stdout)
+        raise
+
+
+def events(host: Host, lane: str = "w") -> list[str]:
+    body = host.api("GET", f"/events?lane={lane}&limit=500")["body"]
+    return [str(e.get("reason", "")) for e in body["events"]]
+
+
+def sleep_scenario(a: Host, b: Host) -> None:
+    assert a.api("POST", "/lanes/w/activate")["status"] == 202
+    wait_until(lambda: state(a) == "ready" and state(b) == "ready", 60, "both ranks ready")
+    # A one-host lane on the head: the head's engine sleeps every rank; each host confirms
+    # its own rank's GPU memory fell, and the worker's rank is a sleeper of its host.
+    assert a.api("POST", "/lanes/solo/activate")["status"] == 202
+    wait_until(lambda: state(a, "solo") == "ready", 30, "the one-host lane on the head")
+    wait_until(lambda: state(a) == "sleeping" and state(b) == "sleeping", 20, "both ranks asleep")
+    assert b.lane("w")["desired"] == "inactive"
+    said = events(b)
+    assert any("GiB of GPU memory released" in m and "with its head" in m for m in said), said
+    assert any("rank 1 on host-b asleep (level 1), confirmed there" in m for m in events(a))
+    # The worker's host runs its own one-host lane beside the sleeping rank.
+    assert b.api("POST", "/lanes/solo/activate")["status"] == 202
+    wait_until(lambda: state(b, "solo") == "ready", 30, "the one-host lane on the worker")
+    assert state(b) == "sleeping"
+    # The lane again: each host stops its one-host lane and clears its GPU; the head wakes
+    # every rank (no cold start: no restart, the same engines).
+    assert a.api("POST", "/lanes/w/activate")["status"] == 202
+    wait_until(lambda: state(a) == "ready" and state(b) == "ready", 60, "both ranks awake")
+    assert state(a, "solo") == "inactive" and state(b, "solo") == "inactive"
+    for host in (a, b):
+        assert host.lane("w")["restarts"] == 0
+        assert any("waking (level 1)" in m for m in events(host)), events(host)
 
 
 def scenario(a: Host, b: Host, master: int) -> None:

@@ -93,6 +93,7 @@ EXPECTED = {
         for method in ("GET", "POST")
     },
     ("POST", "/lanes/{lane}/restart"): Grant(Access.MUTATE, peers=True),
+    ("POST", "/lanes/{lane}/rank-sleep"): Grant(Access.MUTATE, peers=True),
 }
 
 

@@ -409,3 +409,26 @@ def test_start_lines_journald_stamps_after_the_engine_answered_are_still_this_st
         lane = step(lane, i.PhaseSeen(Seen(line), at), ctx(140.0)).lane
     assert dict(lane.last_phases) == {"loading model": 0.8, "loading weights": 0.0}
     assert [name for name, _ in lane.phases] == ["loading model", "loading weights"]
+
+
+def test_a_worker_rank_sleeps_with_its_head_from_where_it_serves_and_wakes_by_an_activation() -> (
+    None
+):
+    """A worker's rank of a lane over several hosts, confirmed asleep on its own host
+    (RankSlept), is a sleeper there: not desired, its pids and residual kept, its watcher
+    ended; its head's activation then wakes it (no engine call of its own: the action's)."""
+    ready = LaneStatus("a", mode=Mode.READY, desired=Desired.ACTIVE, run=2)
+    slept = step(ready, i.RankSlept(1, frozenset({41, 42}), {0: 600}, "d"), ctx())
+    lane = slept.lane
+    assert lane.mode is Mode.SLEEPING and lane.desired is Desired.INACTIVE
+    assert lane.asleep is not None and lane.asleep.pids == {41, 42} and lane.asleep.level == 1
+    assert dict(lane.residual) == {0: 600} and lane.pinned
+    assert any(isinstance(e, fx.Unfollow) for e in slept.effects)
+    starting = step(
+        LaneStatus("a", mode=Mode.STARTING), i.RankSlept(2, frozenset(), {}, "d"), ctx()
+    )
+    assert starting.ignored and starting.lane.mode is Mode.STARTING
+    woken = activate(lane)
+    assert woken.lane.desired is Desired.ACTIVE
+    (seq,) = [e for e in woken.effects if isinstance(e, fx.Begin)]
+    assert "CheckSlept" in [type(a).__name__ for a in seq.actions]

@@ -219,3 +219,21 @@ def test_the_next_lane_must_start_beside_what_sleepers_keep_under_vllms_own_rule
     assert "keep 8.0 GiB" in coming.message and "a: 6.0 GiB at its last sleep" in coming.message
     assert "c:" not in coming.message and "lanes.a.sleep_level = 0" in coming.hint
     assert beside_sleepers("b", spec, [gpu], set(), {"a": {0: 5 * GIB}}) == []  # 75 free
+
+
+def test_a_lane_over_several_hosts_sleeps_only_where_its_engines_head_sleeps_every_rank() -> None:
+    nodes = (
+        '[daemon]\nhost = "h0"\n[lanes.m]\nport = 8010\nserved_model_name = "m"\nsleep_level = 1\n'
+        'nodes = [{{ host = "h0", laned = "http://h0:9000" }}, {{ host = "h1", laned = "http://h1:9000" }}]\n'
+        'exec = {{ command = ["{engine}", "--nnodes", "2", "--node-rank", "${{NODE_RANK}}"] }}\n'
+        '[lanes.m.rank.1]\nargs = [{{ flag = "{worker}" }}]\n'
+    )
+    vllm = nodes.format(engine='vllm", "serve", "/m/m', worker="--headless")
+    config = parse_config(vllm, "t.toml", ENV)  # vLLM's head sleeps every rank
+    assert config.lanes["m"].sleep_level == 1
+    sglang = nodes.format(
+        engine='python", "-m", "sglang.launch_server", "--model-path", "/m/m',
+        worker="--dist-init-addr",
+    )
+    found = [p for p in errors(sglang) if p.where == "lanes.m.sleep_level"]
+    assert found and "does not sleep a lane over several hosts" in found[0].message, found

@@ -6,8 +6,14 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
 
 from tests.helpers import ROOT
+
+# No per-example deadline: a property holds or not whatever the machine's load (the unit tier
+# runs while llama-server builds beside it, scripts/test); speed is bench/'s.
+settings.register_profile("laned", deadline=None)
+settings.load_profile("laned")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

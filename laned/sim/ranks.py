@@ -26,6 +26,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from laned.sim import startup
 from laned.sim.settings import Settings
 from laned.sim.startup import log
 
@@ -141,10 +142,10 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> int:
         return 1
     log("INFO", "parallel_state.py:1", f"joined the head at {s.master_addr}:{s.master_port}; loading this node's shards")  # fmt: skip
     ended = asyncio.ensure_future(_until_closed(reader))
-    loading = asyncio.ensure_future(asyncio.sleep(s.startup))
+    loading = asyncio.ensure_future(_load(s, stop))
     dying = asyncio.ensure_future(died.wait())
     await asyncio.wait({ended, loading, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
-    if loading.done() and not ended.done() and not died.is_set():
+    if loading.done() and loading.result() and not ended.done() and not died.is_set():
         log("INFO", "gpu_worker.py:1", f"node rank {s.node_rank} ready: serving the head's steps")
         await asyncio.wait({ended, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
     loading.cancel()
@@ -160,6 +161,14 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> int:
     log("ERROR", "multiproc_executor.py:1", f"lost the head at {s.master_addr}:{s.master_port}: its connection closed; exiting")  # fmt: skip
     sys.stderr.flush()
     return 1
+
+
+async def _load(s: Settings, stop: asyncio.Event) -> bool:
+    """This node's shards, as the head loads its own: from disk, or mapped from this host's
+    weight-cache daemon with --load-format ipc_cache (laned/sim/startup.py load_weights),
+    then the rest of the start; False when stopped first."""
+    pause = startup.pauser(stop)
+    return await startup.load_weights(s, pause) and await pause(s.startup * 0.5)
 
 
 async def _until_closed(reader: asyncio.StreamReader) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from laned.config.model import LaneConfig
 from laned.config.names import AF_UNIX_MAX, WEIGHTS_SOCKETS_MOUNT, weights_sockets_dir
+from laned.config.ranks import resolve
 from laned.config.sleep import LOOPBACK
 from laned.core.facts import LaneFacts
 from laned.engines.profile import Line, WeightCacheApi, Wire, words
@@ -322,15 +323,6 @@ def weight_cache_findings(spec: LaneConfig, base: str) -> list[Finding]:
                 'set container.ipc = "host"',
             )
         )
-    if spec.nodes:
-        out.append(
-            Finding(
-                where,
-                "is not rendered for a lane over several hosts yet (each host would run its "
-                "own daemon, with --weight-cache-master-port agreed across them)",
-                "remove weight_cache from this lane",
-            )
-        )
     for flag in ("--load-format", "--model-loader-extra-config"):
         if spec.engine_arg(flag) is not None:
             out.append(
@@ -354,14 +346,64 @@ def weight_cache_findings(spec: LaneConfig, base: str) -> list[Finding]:
                 "set weight_cache.health_port and master_port below 65535",
             )
         )
-    master_port = spec.engine_arg("--master-port")
-    if master_port is not None and master_port in (str(master), str(draft)):
+    ranks = [(where, spec)]
+    if spec.nodes:  # every rank as its host runs it (its values and args filled in)
+        ranks = [(f"{where} (rank {n}, {node.host})", resolve(spec, n)) for n, node in enumerate(spec.nodes)]  # fmt: skip
+    for at, rank in ranks:
+        master_port = rank.engine_arg("--master-port")
+        if master_port is not None and master_port in (str(health), str(master), str(draft)):
+            out.append(
+                Finding(
+                    at,
+                    f"the daemon's port {master_port} is the engine's --master-port: "
+                    "the daemon holds it while it serves, and the engine could not start",
+                    "set weight_cache.master_port to another port",
+                )
+            )
+    if spec.nodes:
+        out += _over_nodes(spec, where, [rank for _, rank in ranks])
+    return out
+
+
+def _over_nodes(spec: LaneConfig, where: str, ranks: list[LaneConfig]) -> list[Finding]:
+    """A lane over several hosts: one daemon per host, all in one group (weight_cache/daemon.py
+    module docstring; preload.py PreloadSubcommand.cmd). Each reuses its engine's --nnodes,
+    --node-rank and --master-addr, and they meet at the head's --master-addr on
+    weight_cache.master_port (the draft group's on the next): the same on every rank, which
+    one config gives them. What vLLM refuses of it, and what would leave a daemon waiting."""
+    out: list[Finding] = []
+    addresses = {rank.engine_arg("--master-addr") for rank in ranks}
+    if None in addresses:
         out.append(
             Finding(
                 where,
-                f"the daemon's rendezvous port {master_port} is the engine's --master-port: "
-                "the daemon holds it while it serves, and the engine could not start",
-                "set weight_cache.master_port to another port",
+                "the daemons of a lane over several hosts meet at the engine's --master-addr "
+                "(preload.py PreloadSubcommand.cmd: parallel_config.master_addr), and a rank "
+                "has none",
+                "give every rank --master-addr, the head's address (docs/multinode.md)",
+            )
+        )
+    elif len(addresses) > 1:
+        out.append(
+            Finding(
+                where,
+                f"the ranks' --master-addr differ ({', '.join(sorted(str(a) for a in addresses))}): "
+                "every host's daemon must reach the head's, where rank 0's daemon hosts the group",
+                "set --master-addr to the head's address on every rank",
+            )
+        )
+    sizes = [spec.engine_arg(flag) or "1" for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size")]  # fmt: skip
+    world = 1
+    for size in sizes:
+        world *= int(size) if size.isdigit() else 1
+    if world % len(spec.nodes):
+        out.append(
+            Finding(
+                where,
+                f"{len(spec.nodes)} nodes do not evenly divide the daemons' world of {world} "
+                "ranks (tensor x pipeline x data parallel): vLLM's daemon refuses it "
+                "(daemon.py _reject_unsupported_parallelism)",
+                "give each host the same number of the lane's GPUs",
             )
         )
     return out

@@ -63,6 +63,7 @@ class Coordinator:
         # A worker's host: what its rank held when its head was about to sleep (pids, bytes
         # by GPU), kept until the head asks it to confirm the sleep.
         self._held: dict[str, tuple[set[int], dict[int, int] | None]] = {}
+        supervisor.weights.apart = self.daemons_apart
 
     def spec(self, lane: str) -> LaneConfig:
         return self.supervisor.config.lanes[lane]
@@ -253,6 +254,33 @@ class Coordinator:
                     trouble = trouble or f"peer {node.host} (rank {rank}) refused: {exc.message}"
         if status.desired is Desired.ACTIVE:
             self.supervisor.peer_trouble(lane, trouble)
+
+    async def daemons_apart(self, lane: str) -> str | None:
+        """Why this host's running weight-cache daemon must start again before its engine maps
+        from it: another rank's daemon is not ready (it died, or started again and waits at
+        the daemons' rendezvous). vLLM's daemons form their group once, at
+        `--master-addr:--weight-cache-master-port` (weight_cache/daemon.py
+        WeightCacheDaemon.load_model: init_distributed_environment), and nothing lets a
+        restarted one join a group that formed already: it would wait there until torch's
+        timeout while ours serves on. None where every peer's daemon is ready, or a peer
+        cannot be asked (its rank waits at the engine's rendezvous, and the look at the
+        workers says it)."""
+        here = self.rank(lane)
+        for rank, node in enumerate(self.spec(lane).nodes):
+            if rank == here:
+                continue
+            try:
+                view = await self.peers.view(node, lane)
+            except PeerUnreachable:
+                continue
+            state = (view.get("weight_cache") or {}).get("state")
+            if state != "ready":
+                return (
+                    f"the weight-cache daemon of rank {rank} on {node.host} is {state}: the "
+                    "hosts' daemons form their group together, so this host's restarts too "
+                    "and reads the weights again"
+                )
+        return None
 
     def peers_of(self, lane: str) -> list[dict[str, Any]]:
         """What the head last saw of each worker (for the view)."""

@@ -4,7 +4,9 @@ and is ready first, stays up while the engine restarts, restarts itself only whe
 loads changed, goes with the lane (a stop, a swap, giving up), and its death is the lane's
 failure (both restart; the crash loop counts the run once). A daemon whose checkpoint
 changed on disk since it read it restarts before the engine maps its weights
-(laned.owner.checkpoints).
+(laned.owner.checkpoints). On a lane over several hosts, a daemon whose peers' daemons are
+not ready restarts too before the engine maps: the hosts' daemons form one group, once
+(docs/multinode.md).
 
 A part of the owner (laned.owner.supervisor): it acts through the seam for the actions of a
 lane's sequence (laned.owner.actions), and what its daemon's unit shows reaches the lane as
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from laned import engines
 from laned.config.model import LaneConfig, gpu_indices
@@ -57,6 +59,9 @@ class Weights:
         self.checkpoints = checkpoints
         self.post: Post = lambda lane, event: None  # the interpreter's, bound by the supervisor
         self.stopping: set[str] = set()  # lanes whose daemon laned is stopping right now
+        # A lane over several hosts: why this host's daemon must start again with the other
+        # hosts' (their group is gone), bound by the coordinator (Coordinator.daemons_apart).
+        self.apart: Callable[[str], Awaitable[str | None]] | None = None
 
     def kept(self, lane: str) -> bool:
         """Whether the lane keeps its weights in a daemon (as configured now)."""
@@ -87,6 +92,10 @@ class Weights:
         running = await asyncio.to_thread(self.caches.digest, path)
         if running != self.records.weights_digests.get(lane):
             return "what the weight cache loads changed: its daemon restarts"
+        if self._spec(lane).nodes and self.apart is not None:
+            why = await self.apart(lane)  # the other hosts' daemons (laned.owner.coordinator)
+            if why is not None:
+                return why
         moved = await self.checkpoints.since(lane)
         if moved is None:
             return None

@@ -158,10 +158,10 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> int:
     if s.sim_gpus:  # this node's workers take their memory as the head's do
         startup.take_sim_gpus(s)
     ended = asyncio.ensure_future(_follow_head(s, reader, writer))
-    loading = asyncio.ensure_future(asyncio.sleep(s.startup))
+    loading = asyncio.ensure_future(_load(s, stop))
     dying = asyncio.ensure_future(died.wait())
     await asyncio.wait({ended, loading, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
-    if loading.done() and not ended.done() and not died.is_set():
+    if loading.done() and loading.result() and not ended.done() and not died.is_set():
         log("INFO", "gpu_worker.py:1", f"node rank {s.node_rank} ready: serving the head's steps")
         await asyncio.wait({ended, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
     loading.cancel()
@@ -177,6 +177,14 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> int:
     log("ERROR", "multiproc_executor.py:1", f"lost the head at {s.master_addr}:{s.master_port}: its connection closed; exiting")  # fmt: skip
     sys.stderr.flush()
     return 1
+
+
+async def _load(s: Settings, stop: asyncio.Event) -> bool:
+    """This node's shards, as the head loads its own: from disk, or mapped from this host's
+    weight-cache daemon with --load-format ipc_cache (laned/sim/startup.py load_weights),
+    then the rest of the start; False when stopped first."""
+    pause = startup.pauser(stop)
+    return await startup.load_weights(s, pause) and await pause(s.startup * 0.5)
 
 
 async def _follow_head(

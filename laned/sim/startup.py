@@ -154,7 +154,11 @@ async def map_weights(s: Settings, pause: Pause) -> bool | None:
     weight-cache daemon, in a moment (True), or None: the engine reads them from disk after
     the loader's warning."""
     started = time.monotonic()
-    mapped, said = await weightwire.map_weights(s.model, s.weight_flags, s.loader_config)
+    tp = s.weight_flags.get("--tensor-parallel-size") or s.weight_flags.get("-tp") or "1"
+    per_node = (int(tp) if tp.isdigit() else 1) // max(s.nnodes, 1)
+    mapped, said = await weightwire.map_weights(
+        s.model, s.weight_flags, s.loader_config, tp_rank=s.node_rank * per_node
+    )
     if not mapped:
         log("WARNING", "ipc_loader.py:213", f"Weight cache unusable ({said}); falling back to disk loading", WORKER)  # fmt: skip
         return None

@@ -137,10 +137,12 @@ async def read_message(reader: asyncio.StreamReader) -> Any:
 
 
 async def map_weights(
-    model: str, flags: Mapping[str, str], extra: Mapping[str, Any]
+    model: str, flags: Mapping[str, str], extra: Mapping[str, Any], tp_rank: int = 0
 ) -> tuple[bool, str]:
-    """Ask rank 0's daemon for the weights (ipc_loader.py load_model): (True, its tensors)
-    when mapped, (False, why) when the engine falls back to disk."""
+    """Ask the daemon of this node's first GPU for the weights of global rank `tp_rank`
+    (ipc_loader.py load_model: the socket of the local GPU, the key with the engine's own
+    tensor-parallel rank, `node_rank * (tp // nnodes)` on node r): (True, its tensors) when
+    mapped, (False, why) when the engine falls back to disk."""
     directory = extra.get("socket_dir") or default_socket_dir()
     path = extra.get("socket_path") or socket_path(directory, 0)
     if not os.path.exists(path):
@@ -154,7 +156,7 @@ async def map_weights(
         return False, f"Cannot connect to weight cache daemon at {path}: {exc}"
     try:
         # ipc_loader.py: the engine's key is made at its load, from the files as they are now.
-        key = {**fingerprint(model, flags, hash_checkpoint(model)), "tp_rank": 0}
+        key = {**fingerprint(model, flags, hash_checkpoint(model)), "tp_rank": tp_rank}
         writer.write(encode({"cmd": "get_state", "cache_config": key}))
         await writer.drain()
         answer = await asyncio.wait_for(read_message(reader), 300.0)

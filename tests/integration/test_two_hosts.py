@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,10 +77,25 @@ def ip(*argv: str) -> None:
     subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=30)
 
 
+def can_run() -> bool:
+    """Network namespaces need root, iproute2 and nsenter."""
+    return (
+        os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("nsenter") is not None
+    )
+
+
 @pytest.fixture
-def two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nsenter") is None:
+def two_hosts() -> Iterator[tuple[Host, Host]]:
+    if not can_run():
         pytest.skip("network namespaces need root, iproute2 and nsenter")
+    with machines() as hosts:
+        yield hosts
+
+
+@contextlib.contextmanager
+def machines() -> Iterator[tuple[Host, Host]]:
+    """Two hosts, each in its own network namespace with its own user manager (the harness),
+    a veth pair between them; all of it removed after (bench/two_hosts.py uses it too)."""
     tag = uuid.uuid4().hex[:6]
     hosts = []
     for i, name in enumerate(("host-a", "host-b")):
@@ -140,10 +156,19 @@ def two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
             shutil.rmtree(host.harness, ignore_errors=True)
 
 
-def config(tmp: Path, host: Host, master: int, sleeps: bool = False) -> Path:
-    """The one config both hosts share, but for daemon.host and where laned keeps its files.
-    `sleeps`: the lane over both hosts sleeps at level 1, on each host's simulated GPU (a
-    96 GiB one, its own), and the one-host lane has its own port (a sleeper keeps its own)."""
+def config(
+    tmp: Path,
+    host: Host,
+    master: int,
+    startup: float = 0.5,
+    cached: float = 2.0,
+    sleeps: bool = False,
+) -> Path:
+    """The one config both hosts share, but for daemon.host and where laned keeps its files:
+    `w` (the simulator's start of `startup` s), `solo` on one host, and `wc`, as `w` but with
+    its weights kept in each host's weight-cache daemon (a start of `cached` s). `sleeps`: `w`
+    sleeps at level 1, on each host's simulated GPU (a 96 GiB one, its own), and the one-host
+    lane has its own port (a sleeper keeps its own)."""
     home = tmp / host.name
     (home / "models").mkdir(parents=True, exist_ok=True)
     gpus = home / "gpus"
@@ -177,8 +202,22 @@ args = ["--nnodes", "${{NNODES}}", "--node-rank", "${{NODE_RANK}}", "--master-ad
 [lanes.w.exec]
 command = [{sim}]
 [lanes.w.env]
-LANED_SIM_STARTUP = "0.5"
+LANED_SIM_STARTUP = "{startup}"
 {on_gpus}[lanes.w.rank.1]
+args = [{{ flag = "--headless" }}]
+
+[lanes.wc]
+port = 8200
+served_model_name = "wc"
+{fast}weight_cache = {{ health_port = 18200, master_port = {master + 20} }}
+nodes = [{{ host = "host-a", laned = "http://10.77.0.1:9000" }}, {{ host = "host-b", laned = "http://10.77.0.2:9000" }}]
+values = {{ HEAD_IP = "10.77.0.1" }}
+args = ["--tensor-parallel-size", "2", "--nnodes", "${{NNODES}}", "--node-rank", "${{NODE_RANK}}", "--master-addr", "${{HEAD_IP}}", "--master-port", "{master + 10}"]
+[lanes.wc.exec]
+command = [{sim}]
+[lanes.wc.env]
+LANED_SIM_STARTUP = "{cached}"
+[lanes.wc.rank.1]
 args = [{{ flag = "--headless" }}]
 
 [lanes.solo]
@@ -227,6 +266,7 @@ def test_a_lane_over_two_hosts_runs_fails_and_recovers_as_one(
         start_laned(host, config(tmp_path, host, master), tmp_path / f"{host.name}.log")
     try:
         scenario(a, b, master)
+        cached_scenario(a, b, master)
     except BaseException:
         for host in (a, b):
             print(
@@ -349,3 +389,84 @@ def scenario(a: Host, b: Host, master: int) -> None:
         "the worker stopped",
     )
     assert a.lane("w")["desired"] == "inactive"
+
+
+def ready_after(hosts: tuple[Host, ...], lane: str, since: float) -> float:
+    """Seconds from `since` until the last of the hosts' ranks of `lane` was ready again, by
+    each laned's own event (one clock: the hosts share a machine)."""
+    last = since
+    for host in hosts:
+        events = host.api("GET", f"/events?lane={lane}&limit=500")["body"]["events"]
+        last = max(last, min(e["at"] for e in events if e["to"] == "ready" and e["at"] >= since))
+    return last - since
+
+
+def reasons(host: Host, lane: str, since: float) -> list[str]:
+    events = host.api("GET", f"/events?lane={lane}&limit=500")["body"]["events"]
+    return [str(e["reason"]) for e in events if e["at"] >= since]
+
+
+def kill_worker_engine(lane_master: int) -> None:
+    """The worker's engine dies with status 0 (SIGUSR1; its daemon's command carries the
+    same flags, hence `sim serve`)."""
+    killed = subprocess.run(
+        ["pkill", "-USR1", "-f", f"sim serve .*node-rank 1 --master-addr 10.77.0.1 --master-port {lane_master}"],
+        capture_output=True, timeout=10,
+    )  # fmt: skip
+    assert killed.returncode == 0, "no worker engine to kill"
+
+
+def both(hosts: tuple[Host, Host], lane: str, check: Any) -> bool:
+    return all(check(host.lane(lane)) for host in hosts)
+
+
+def cached_scenario(a: Host, b: Host, master: int) -> dict[str, float]:
+    """`wc`, whose weights each host keeps in its own weight-cache daemon: activated (cold);
+    the worker's engine dies (both ranks ready again from their own host's daemon); the
+    worker's daemon dies (that failure counted once on each host; both hosts' daemons start
+    again, as vLLM's group forms once). The seconds each took, for bench/two_hosts.py (the
+    test asserts no timing)."""
+    hosts, took = (a, b), {}
+    since = time.time()
+    assert a.api("POST", "/lanes/wc/activate")["status"] == 202
+    wait_until(lambda: state(a, "wc") == "ready" and state(b, "wc") == "ready", 60, "wc ready")
+    took["cold_activation"] = ready_after(hosts, "wc", since)
+    assert both(hosts, "wc", lambda v: v["weight_cache"]["state"] == "ready")
+    assert both(hosts, "wc", lambda v: v["start_kind"] == "cold")
+    restarts = [h.lane("wc")["restarts"] for h in hosts]
+
+    # An engine's death: each rank maps its shards from its own host's daemon.
+    since = time.time()
+    kill_worker_engine(master + 10)
+    wait_until(
+        lambda: all(
+            v["restarts"] > n and v["state"] == "ready" and v["start_kind"] == "weight-cache"
+            for v, n in zip((h.lane("wc") for h in hosts), restarts, strict=True)
+        ),
+        60,
+        "both ranks ready again from the weight cache",
+    )
+    took["engine_death_from_cache"] = ready_after(hosts, "wc", since)
+    assert both(hosts, "wc", lambda v: "weight-cache" in v["last_starts"])
+    restarts = [h.lane("wc")["restarts"] for h in hosts]
+
+    # The worker's daemon dies: its host fails the lane (once) and starts both again; the
+    # head's engine dies with the worker's, and the head's daemon starts again before it
+    # maps (the group it formed with is gone).
+    since = time.time()
+    b.run("systemctl", "--user", "kill", "--signal=SIGKILL", b.lane("wc")["weight_cache"]["unit"])
+    wait_until(
+        lambda: all(
+            v["restarts"] > n and v["state"] == "ready" and v["weight_cache"]["state"] == "ready"
+            for v, n in zip((h.lane("wc") for h in hosts), restarts, strict=True)
+        ),
+        60,
+        "both ranks and both daemons ready again",
+    )
+    took["daemon_death_cold"] = ready_after(hosts, "wc", since)
+    assert [h.lane("wc")["restarts"] for h in hosts] == [n + 1 for n in restarts]  # once each
+    assert both(hosts, "wc", lambda v: v["start_kind"] == "cold")
+    assert any("weight-cache daemon exited" in r for r in reasons(b, "wc", since))
+    said = reasons(a, "wc", since)
+    assert any("weight-cache daemon of rank 1 on host-b" in r for r in said), said
+    return took

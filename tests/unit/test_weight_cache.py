@@ -454,3 +454,61 @@ def test_laned_alone_restarts_an_engine_that_maps_its_weights_whatever_the_manag
     assert "Restart=no" in files["glm53-tr3.service"]
     assert "StartLimitIntervalSec=0" in files["glm53-tr3.service"]
     assert "Restart=on-failure" in files["dsv41.service"]
+
+
+TWO_HOSTS = """
+[daemon]
+host = "{host}"
+[lanes.x]
+port = 8100
+served_model_name = "x"
+weight_cache = {{ master_port = {wc} }}
+nodes = [{{ host = "a", laned = "http://10.0.0.1:9000" }}, {{ host = "b", laned = "http://10.0.0.2:9000" }}]
+values = {{ HEAD_IP = "10.0.0.1" }}
+args = ["--tensor-parallel-size", "{tp}", "--nnodes", "${{NNODES}}", "--node-rank", "${{NODE_RANK}}", "--master-addr", "${{HEAD_IP}}", "--master-port", "29655"]
+[lanes.x.exec]
+command = ["vllm", "serve", "/m"]
+[lanes.x.rank.1]
+args = [{{ flag = "--headless" }}{more}]
+"""
+
+
+def two_hosts(host: str = "a", wc: int = 29600, tp: int = 2, more: str = "") -> str:
+    return TWO_HOSTS.format(host=host, wc=wc, tp=tp, more=more)
+
+
+def test_each_host_of_a_lane_over_two_renders_its_own_daemon_with_one_rendezvous() -> None:
+    from laned.config.ranks import for_host
+
+    assert not [p for p in problems(two_hosts()) if p[2] is Severity.ERROR]
+    argvs = []
+    for host in ("a", "b"):
+        config = for_host(parse_config(two_hosts(host), "t.toml", ENV))
+        argvs.append([w for _why, words in weights_lines(config, "x") for w in words])
+    for rank, argv in enumerate(argvs):
+        # vLLM's daemon.py docstring: the engine's --nnodes/--node-rank/--master-addr, plus
+        # --weight-cache-master-port (the same on every node) apart from the engine's port.
+        flags = " ".join(argv)
+        assert f"--nnodes 2 --node-rank {rank} --master-addr 10.0.0.1" in flags, flags
+        assert "--weight-cache-master-port 29600" in flags
+        assert "--weight-cache-draft-master-port 29601" in flags
+        assert "--headless" not in argv  # the API server's: preload's parser refuses it
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (two_hosts(wc=29655), "the engine's --master-port"),
+        (two_hosts(wc=29654), "the engine's --master-port"),  # its draft group's: + 1
+        (two_hosts(tp=3), "2 nodes do not evenly divide the daemons' world of 3"),
+        (
+            two_hosts(more=', { flag = "--master-addr", value = "10.0.0.9" }'),
+            "--master-addr differ",
+        ),
+    ],
+)
+def test_a_lane_over_two_hosts_refuses_a_daemon_rendezvous_vllm_would_refuse(
+    text: str, says: str
+) -> None:
+    found = [(w, m) for w, m, s in problems(text) if s is Severity.ERROR]
+    assert any(w.startswith("lanes.x.weight_cache") and says in m for w, m in found), found

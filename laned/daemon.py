@@ -66,7 +66,6 @@ async def start_supervisor(
     coordinator = None
     if any(spec.nodes for spec in config.lanes.values()):
         coordinator = Coordinator(supervisor, wiring.peers(peer_token))
-        supervisor.actions.ranks = coordinator  # the head's word with its workers on a sleep
     front = Front(supervisor, coordinator)  # the one view of this laned: metrics and API
     if recorder is not None:
         supervisor.recorder = recorder

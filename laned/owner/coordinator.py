@@ -63,7 +63,10 @@ class Coordinator:
         # A worker's host: what its rank held when its head was about to sleep (pids, bytes
         # by GPU), kept until the head asks it to confirm the sleep.
         self._held: dict[str, tuple[set[int], dict[int, int] | None]] = {}
+        # Its word with the other hosts, where the owner's parts need it: the daemons' group
+        # (a lane's weight cache), a sleep and a wake of every rank (laned.owner.seam.Ranks).
         supervisor.weights.apart = self.daemons_apart
+        supervisor.actions.ranks = self
 
     def spec(self, lane: str) -> LaneConfig:
         return self.supervisor.config.lanes[lane]

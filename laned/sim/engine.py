@@ -59,7 +59,9 @@ class Engine:
             lambda: self.metrics.running,
             self._abort_all,
             self._slept,
-            self._move_gpu_memory if settings.enable_sleep_mode and settings.hold_gpu_gib else None,
+            self._move_gpu_memory
+            if settings.enable_sleep_mode and (settings.hold_gpu_gib or settings.sim_gpus)
+            else None,
         )
         self.metrics.extra = self.sleep.metric_lines
 
@@ -344,6 +346,8 @@ class Engine:
             asleep = move in ("offload", "discard")
             held = self.settings.sim_held
             gpu.sim_write(root, {g: int(gpu.RESIDUAL) for g in held} if asleep else held)
+        if not self.settings.hold_gpu_gib:
+            return  # no real GPU memory held: nothing to move
         if move == "offload":
             gpu.offload()
         elif move == "restore":

@@ -66,7 +66,8 @@ def fit(
             out.append(
                 Finding(
                     "needs",
-                    f"{base}.gpus: the lane needs {needs.gpus} GPUs, this host has {len(gpus)}",
+                    f"{base}.gpus: the lane needs {needs.gpus} GPUs, this host has {len(gpus)}"
+                    + (f" read ({host.gpu_note})" if host.gpu_note else ""),
                     "run it on a host with enough GPUs",
                     severity=Severity.ERROR,
                 )
@@ -211,6 +212,8 @@ def beside_sleepers(
         kept = sum(used for pid, used in gpu.processes or () if pid in sleepers)
         kept += sum(soon.values())
         free = gpu.total_bytes - kept
+        if gpu.unified:  # the pool: what the host's other processes take is not free either
+            free = min(free, gpu.total_bytes - gpu.used_bytes - sum(soon.values()))
         if not kept or free >= gpu.total_bytes * wanted:
             continue
         fits = int((free / gpu.total_bytes) * 100) / 100 - 0.01

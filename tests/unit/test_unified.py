@@ -277,3 +277,14 @@ def test_metrics_and_status_fit_say_which_gpu_is_unified() -> None:
     assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
     table = fit_table(fit_report(lanes(), host))
     assert table.startswith("host: 1 GPU(s), 0: NVIDIA GB10 120 GiB unified (110 GiB free)"), table
+
+
+def test_a_start_beside_a_sleeper_on_unified_memory_counts_what_the_host_takes_too() -> None:
+    from laned.preflight.fit import beside_sleepers
+
+    spec = lanes()["a"]  # vLLM, 0.4 of the pool: 48 GiB
+    # A sleeper keeps 10 GiB; the host's other processes take 70 GiB more: 40 GiB free.
+    (found,) = beside_sleepers("a", spec, [gb10(80, (7, 10 * GIB))], {7})
+    assert "would find 40.0 GiB" in found.message, found.message
+    # With the host idle the pool has room beside the sleeper.
+    assert beside_sleepers("a", spec, [gb10(12, (7, 10 * GIB))], {7}) == []

@@ -191,13 +191,19 @@ async def watch_liveness(
     it is dead is reported at once (SaidDead); any other failed answer counts towards
     probe.failures. Returns when the owner says stop, or after reporting a failure that
     ends the run."""
-    if headless(spec):
-        return
     settings = spec.probe
-    rule = for_lane(spec).health
-    stall = StallDetector(settings.stall_after)
     floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)
     unified = settings.memory_floor_gib > 0 and await _pool_free(gpus, spec) is not None
+    if headless(spec):
+        # A worker rank serves no API to probe; its host's memory is guarded all the same
+        # (seed 002: each DGX Spark's pool is its own).
+        while settings.memory_floor_gib > 0:
+            await asyncio.sleep(settings.interval)
+            if not report(Tick()) or await _floor_low(floor, pages, gpus, spec, unified, report):
+                return
+        return
+    rule = for_lane(spec).health
+    stall = StallDetector(settings.stall_after)
     failures = 0
     last: EngineSample | None = None  # the last sample /metrics gave
     look_until = 0.0  # probing every DYING_EVERY until then: the engine said it is dying
@@ -240,12 +246,28 @@ async def watch_liveness(
                 return
         else:
             stall.answered()
-        if settings.memory_floor_gib > 0:
-            free = await _pool_free(gpus, spec) if unified else pages.mem_available()
-            available = None if free is None else free / GIB
-            if floor.observe(available, now) and available is not None:
-                report(MemoryLow(available, floor.floor_gib, settings.memory_floor_for, unified))
-                return
+        if settings.memory_floor_gib > 0 and await _floor_low(
+            floor, pages, gpus, spec, unified, report
+        ):
+            return
+
+
+async def _floor_low(
+    floor: MemoryFloor,
+    pages: PageCache,
+    gpus: Gpus | None,
+    spec: LaneConfig,
+    unified: bool,
+    report: Report,
+) -> bool:
+    """One reading of the memory the guard watches (the unified pool, else MemAvailable):
+    True, once reported, when it has stayed below the floor long enough."""
+    free = await _pool_free(gpus, spec) if unified else pages.mem_available()
+    available = None if free is None else free / GIB
+    if not floor.observe(available, time.monotonic()) or available is None:
+        return False
+    report(MemoryLow(available, floor.floor_gib, floor.for_seconds, unified))
+    return True
 
 
 async def _pool_free(gpus: Gpus | None, spec: LaneConfig) -> float | None:

@@ -288,3 +288,24 @@ def test_a_start_beside_a_sleeper_on_unified_memory_counts_what_the_host_takes_t
     assert "would find 40.0 GiB" in found.message, found.message
     # With the host idle the pool has room beside the sleeper.
     assert beside_sleepers("a", spec, [gb10(12, (7, 10 * GIB))], {7}) == []
+
+
+def test_a_worker_rank_serves_no_api_and_its_hosts_pool_is_guarded_all_the_same() -> None:
+    text = (
+        '[lanes.w]\nport = 8001\nserved_model_name = "w"\n'
+        'probe = { interval = "50ms", memory_floor_gib = 4, memory_floor_for = "100ms" }\n'
+        'exec = { command = ["vllm", "serve", "/m/w", "--headless"] }\n'
+    )
+    spec = parse_config(text, "t.toml", {"HOME": "/h"}).lanes["w"]
+    seen: list[watchers.Observation] = []
+
+    def report(observation: watchers.Observation) -> bool:
+        seen.append(observation)
+        return True
+
+    async def run(host: Guarded) -> None:
+        watching = watchers.watch_liveness(host, host, spec, report, None, host)  # type: ignore[arg-type]
+        await asyncio.wait_for(watching, 2)  # it ends at the guard's report
+
+    asyncio.run(run(Guarded(1.0)))
+    assert seen[-1] == watchers.MemoryLow(1.0, 4.0, 0.1, unified=True)

@@ -69,7 +69,7 @@ async def start_supervisor(
     front = Front(supervisor, coordinator)  # the one view of this laned: metrics and API
     if recorder is not None:
         supervisor.recorder = recorder
-        recorder.attach(front)
+        recorder.attach(front, front.host_facts)
     await supervisor.start()
     if coordinator is not None:
         coordinator.start()

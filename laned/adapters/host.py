@@ -61,9 +61,12 @@ class Host:
         return self._nvml, ""
 
     async def facts(self) -> HostFacts:
-        """GPUs and memory."""
+        """GPUs and memory (`gpu_note`: why NVML is absent, or the GPUs it cannot read)."""
         nvml, why = self.nvml()
-        gpus = None if nvml is None else tuple(await asyncio.to_thread(nvml.read))
+        gpus = None
+        if nvml is not None:
+            readings, skipped = await asyncio.to_thread(nvml.survey)
+            gpus, why = tuple(readings), "; ".join(skipped)
         memory = meminfo()
         return HostFacts(gpus, why, memory.get("MemTotal"), memory.get("MemAvailable"))
 

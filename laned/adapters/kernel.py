@@ -117,6 +117,31 @@ def memory_limit(pid: int | None = None, root: str | None = None) -> int | None:
         path = os.path.dirname(path)
 
 
+def cgroup_memory(pid: int | None = None, root: str | None = None) -> list[tuple[int, int]]:
+    """(memory.max, memory.current) in bytes of a process's cgroup (v2) and each cgroup above
+    it that has a limit (this process's by default); [] where none has one or it cannot be
+    read. What bounds the unified memory pool beside MemAvailable (laned.core.unified)."""
+    path = cgroup_of(os.getpid() if pid is None else pid)
+    if not path:
+        return []
+    root = cgroup2_root() if root is None else root
+    out = []
+    while True:
+        where = root + path
+        try:
+            with open(os.path.join(where, "memory.max"), encoding="ascii") as handle:
+                limit = handle.read().strip()
+            with open(os.path.join(where, "memory.current"), encoding="ascii") as handle:
+                current = handle.read().strip()
+        except OSError:
+            limit = current = ""
+        if limit.isdigit() and current.isdigit():
+            out.append((int(limit), int(current)))
+        if path in ("", "/"):
+            return out
+        path = os.path.dirname(path)
+
+
 def usable_memory() -> int | None:
     """The bytes of memory this process may use: the host's (MemTotal), or its cgroup's limit
     where that is lower; None where neither can be read."""

@@ -127,7 +127,7 @@ def routes(api: APIRouter, front: Front, metrics: LanedMetrics, reload_config: R
     @access(Access.READ)
     async def prometheus_metrics() -> Response:
         """laned's own metrics (Prometheus text format)."""
-        return Response(metrics.render(), media_type=METRICS_MEDIA)
+        return Response(await metrics.scrape(), media_type=METRICS_MEDIA)
 
     @api.get("/sd")
     @access(Access.READ)

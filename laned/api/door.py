@@ -96,4 +96,4 @@ class Door:
         await JSONResponse(views)(scope, receive, send)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await Response(self.metrics.render(), media_type=METRICS_MEDIA)(scope, receive, send)
+        await Response(await self.metrics.scrape(), media_type=METRICS_MEDIA)(scope, receive, send)

@@ -18,7 +18,7 @@ from laned.config.model import GATES, Config, LaneConfig, gpu_indices
 from laned.config.names import unit_name, weights_unit_name
 from laned.config.ranks import rank_here
 from laned.core import policy
-from laned.core.facts import blocking
+from laned.core.facts import HostFacts, blocking
 from laned.core.lanes import Event, LaneState, LaneStatus
 from laned.core.schedule import Admission
 from laned.errors import BadRequest, BusUnavailable, PreflightFailed
@@ -219,6 +219,10 @@ class Front:
         self.status(lane)
         return await self.supervisor.log_lines(lane, lines, source)
 
+    async def host_facts(self) -> HostFacts:
+        """The host's GPUs and memory as read now (for /metrics)."""
+        return await self.supervisor.host_facts()
+
     async def fit(self) -> dict[str, Any]:
         """Which configured lanes this host can run at all (needs against GPUs, memory, disks)."""
         facts = await self.supervisor.host_facts()
@@ -241,11 +245,14 @@ class Front:
         places = {g.index: g for g in self.supervisor.placement()}
         asleep = {fp.lane for fp in self.supervisor.resting()}
         return {
-            "note": None,
+            "note": facts.gpu_note or None,  # the GPUs NVML could not read, and why
             "gpus": [
                 {
                     "index": gpu.index,
                     "name": gpu.name,
+                    # unified: its memory is the host's pool (total, and all that is taken
+                    # of it, by any process): docs/placement.md, "Unified memory".
+                    "unified": gpu.unified,
                     "total_bytes": gpu.total_bytes,
                     "used_bytes": gpu.used_bytes,
                     # Where laned placed lanes (laned.core.placement): what each takes, and

@@ -8,10 +8,13 @@ the config, states and verdicts from fixed sets, exit codes are at most 0-255 an
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from laned.api.budget import Budget
-from laned.api.present import LaneSource, render_present
+from laned.api.present import LaneSource, _label, _value, render_present
+from laned.core.facts import GpuReading, HostFacts
 from laned.core.policy import RestartKind
 from laned.core.recorder import Recorder
 
@@ -43,6 +46,7 @@ class LanedMetrics(Recorder):
         self._rendered: bytes | None = None  # the counters and histograms, at their last change
         self._changed = True
         self.source: LaneSource | None = None
+        self.host: Callable[[], Awaitable[HostFacts]] | None = None  # the GPUs, read at a scrape
         self.budget: Budget | None = None  # the listener's memory of requests in flight
         r = self.registry
         self.exits = Counter(
@@ -159,9 +163,18 @@ class LanedMetrics(Recorder):
             registry=r,
         )
 
-    def attach(self, source: LaneSource) -> None:
-        """Export the lanes' present state at every scrape."""
+    def attach(
+        self, source: LaneSource, host: Callable[[], Awaitable[HostFacts]] | None = None
+    ) -> None:
+        """Export the lanes' present state at every scrape (and the GPUs `host` reads)."""
         self.source = source
+        self.host = host
+
+    async def scrape(self) -> bytes:
+        """`render`, then the GPUs' memory as read now (where laned reads GPUs)."""
+        facts = None if self.host is None else await self.host()
+        page = self.render()
+        return page if facts is None or not facts.gpus else page + _gpus(facts.gpus)
 
     def render(self) -> bytes:
         """The exposition for one scrape: the counters and histograms as rendered at their
@@ -297,6 +310,30 @@ BUDGET_SERIES = (
         "refused",
     ),
 )
+
+
+GPU_SERIES = (
+    (
+        "laned_gpu_memory_total_bytes",
+        "The GPU's memory; on a unified GPU, the pool it shares with the host.",
+    ),
+    (
+        "laned_gpu_memory_used_bytes",
+        "What is taken of it; on a unified GPU, by every process of the host.",
+    ),
+)
+
+
+def _gpus(readings: tuple[GpuReading, ...]) -> bytes:
+    """Each GPU's memory as read at this scrape, labelled unified="true" where it is the
+    host's pool (docs/placement.md, "Unified memory")."""
+    lines = []
+    for (name, text), what in zip(GPU_SERIES, ("total_bytes", "used_bytes"), strict=True):
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+        for g in readings:
+            labels = f'gpu="{g.index}",name="{_label(g.name)}",unified="{str(g.unified).lower()}"'
+            lines.append(f"{name}{{{labels}}} {_value(getattr(g, what))}")
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _budget(budget: Budget) -> bytes:

@@ -201,8 +201,15 @@ def fit_table(body: dict[str, Any]) -> str:
         gpus = f"GPUs unknown ({host['gpu_note']})"
     else:
         gpus = f"{len(host['gpus'])} GPU(s), " + ", ".join(
-            f"{g['index']}: {g['name']} {g['total_gib']:.0f} GiB" for g in host["gpus"]
+            f"{g['index']}: {g['name']} {g['total_gib']:.0f} GiB"
+            + (
+                f" unified ({g['total_gib'] - g['used_gib']:.0f} GiB free)"
+                if g.get("unified")
+                else ""
+            )
+            for g in host["gpus"]
         )
+        gpus += f" ({host['gpu_note']})" if host.get("gpu_note") else ""
     memory = host.get("mem_total_gib")
     lines = [f"host: {gpus}; RAM {memory:.0f} GiB" if memory else f"host: {gpus}"]
     for lane in body["lanes"]:

@@ -13,20 +13,27 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One GPU's memory: the device's own count, and its compute processes where NVML lists them."""
+    """One GPU's memory: the device's own count, and its compute processes where NVML lists them.
+
+    `unified`: a GPU with no memory of its own (DGX Spark's GB10: NVML will not read its
+    memory, laned.core.unified): `total_bytes` is the pool it shares with the host and
+    `used_bytes` all that is taken of it (by processes on the CPU too), so that
+    total - used is what is free for an engine, as on a discrete GPU."""
 
     index: int
     name: str
     total_bytes: int
     used_bytes: int
     processes: tuple[tuple[int, int], ...] | None  # (pid, bytes); None: NVML cannot list them
+    unified: bool = False
 
     @property
     def compute_bytes(self) -> int:
         """Memory held by compute processes; the device's used memory where NVML lists none
-        (it cannot see them from some containers and sandboxes, and then says nothing)."""
+        (it cannot see them from some containers and sandboxes, and then says nothing). On
+        unified memory the device's count is the whole host's: only the processes count."""
         if not self.processes:
-            return self.used_bytes
+            return 0 if self.unified else self.used_bytes
         return sum(used for _, used in self.processes)
 
     def to_json(self) -> dict[str, Any]:
@@ -38,12 +45,14 @@ class GpuReading:
             "used_gib": round(self.used_bytes / GIB, 2),
             "compute_gib": round(self.compute_bytes / GIB, 2),
             "processes": None if self.processes is None else [p for p, _ in self.processes],
+            "unified": self.unified,
         }
 
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What the host has: GPUs (None where NVML is absent, with the reason) and memory."""
+    """What the host has: GPUs (None where NVML is absent, with the reason in `gpu_note`; the
+    GPUs NVML could not read are left out, and `gpu_note` says which and why) and memory."""
 
     gpus: tuple[GpuReading, ...] | None
     gpu_note: str = ""

@@ -54,7 +54,11 @@ class Call:
 
 
 def as_asked(
-    level: int, weights_gib: float | None, available_gib: float | None, pinned: bool
+    level: int,
+    weights_gib: float | None,
+    available_gib: float | None,
+    pinned: bool,
+    unified: bool = False,
 ) -> tuple[int, str]:
     """An engine that sleeps at the level asked, whatever the host's memory."""
     return level, ""
@@ -72,12 +76,12 @@ class SleepApi:
     /metrics say it sleeps at. `missing`: the hint when the sleep routes answer 404;
     `unreleased`: the hint when a sleep released no GPU memory (the switch that gives the
     engine its sleep). `platforms`: where its sleep runs, for a host where laned sees no GPU.
-    `level_now(level, weights_gib, available_gib, pinned)`: the level it sleeps at on this
-    host now, and why where that is not `level` (vLLM's level 1 pins the weights in host RAM:
-    with too little, level 2); as asked by default. `across_nodes`: over several hosts, where
-    the engine's own source has the head's sleep and wake reach every rank (laned then
-    confirms each host's memory fell: docs/multinode.md); "" where it does not, and such a
-    lane cannot sleep."""
+    `level_now(level, weights_gib, available_gib, pinned, unified)`: the level it sleeps at
+    on this host now, and why where that is not `level` (vLLM's level 1 pins the weights in
+    host RAM: with too little, or on unified memory where host RAM is the GPU's, level 2);
+    as asked by default. `across_nodes`: over several hosts, where the engine's own source
+    has the head's sleep and wake reach every rank (laned then confirms each host's memory
+    fell: docs/multinode.md); "" where it does not, and such a lane cannot sleep."""
 
     levels: tuple[int, ...]
     sleep: Callable[[int], Call]
@@ -90,7 +94,7 @@ class SleepApi:
     missing: str
     unreleased: str = ""
     platforms: str = ""
-    level_now: Callable[[int, float | None, float | None, bool], tuple[int, str]] = as_asked
+    level_now: Callable[[int, float | None, float | None, bool, bool], tuple[int, str]] = as_asked
     across_nodes: str = ""  # where its source says a head's sleep reaches every rank ("": no)
 
 

@@ -215,6 +215,7 @@ def level_now(
     weights_gib: float | None,
     mem_available_gib: float | None,
     pinned: bool = False,
+    unified: bool = False,
 ) -> tuple[int, str]:
     """The level a lane sleeps at now, and why when it is not its own: level 1 pins the
     weights in host RAM (vllm/device_allocator/cumem.py), so it needs MemAvailable, less
@@ -228,7 +229,18 @@ def level_now(
     drops them at the wake into that cache, which vLLM empties only at shutdown
     (vllm/distributed/parallel_state.py), and the next sleep gets them back without pinning
     anew (a second pin of 40 GiB took 53 µs, the first 34.9 s). An engine that holds them
-    sleeps at level 1 again whatever MemAvailable says: they are out of it already."""
+    sleeps at level 1 again whatever MemAvailable says: they are out of it already.
+
+    On unified memory (`unified`: a GB10's, laned.core.unified) host RAM is the GPU's: the
+    copy in pinned host memory takes from the pool what the GPU gives back, and the sleep
+    frees nothing for the next lane. Level 2 drops the weights: the only level that frees
+    them there (the wake reads them again, from the page cache where they stayed)."""
+    if level == 1 and unified:
+        return 2, (
+            "its GPUs have unified memory, one pool with the host: level 1 would copy the "
+            "weights into pinned host memory, the same pool, and free nothing; level 2 drops "
+            "them (the wake reads them again from the page cache or the disk)"
+        )
     if level != 1 or weights_gib is None or mem_available_gib is None or pinned:
         return level, ""
     need = weights_gib * PINNED_ROUNDING

@@ -24,6 +24,7 @@ from laned.core import placement, policy
 from laned.core.facts import GIB, Sleepers, blocking
 from laned.core.gpu_memory import Asleep, confirm_sleep, memory_of
 from laned.core.lanes import Desired, EventKind, LaneState, Refused
+from laned.core.unified import pool_available
 from laned.core.unit_state import UnitSnapshot
 from laned.engines import for_lane, headless
 from laned.errors import Finding, LanedError
@@ -238,7 +239,9 @@ class Actions:
     async def _choose_level(self, lane: str, action: fx.ChooseLevel, epoch: int) -> i.Result:
         spec = self.records.engine_spec(lane)
         pinned = self.records.book[lane].pinned
-        level, why = await asyncio.to_thread(sleep_level_now, self.seam.pages, spec, pinned)
+        level, why = await asyncio.to_thread(
+            sleep_level_now, self.seam.pages, spec, pinned, self.seam.gpus
+        )
         return i.LevelChosen(epoch, level, why)
 
     async def _put_to_sleep(self, lane: str, action: fx.PutToSleep, epoch: int) -> i.Result:
@@ -288,15 +291,23 @@ async def rank_held(
     return pids, await _held_by(seam.gpus, spec, pids)
 
 
-def sleep_level_now(pages: PageCache, spec: LaneConfig, pinned: bool = False) -> tuple[int, str]:
+def sleep_level_now(
+    pages: PageCache, spec: LaneConfig, pinned: bool = False, gpus: Gpus | None = None
+) -> tuple[int, str]:
     """The level the lane sleeps at now (laned.preflight.fit.sleep_level_for, by its engine's
-    rule): its own, or 2 where host RAM cannot hold its weights at level 1 (`pinned`: its
-    engine holds its pinned buffers from an earlier level-1 sleep); and why, when the level is
-    not its own. Blocking (it reads the model directory): call it off the loop."""
+    rule): its own, or 2 where host RAM cannot hold its weights at level 1 or is the GPUs'
+    own (unified memory, read through `gpus`) (`pinned`: its engine holds its pinned buffers
+    from an earlier level-1 sleep); and why, when the level is not its own. Blocking (it
+    reads the model directory and the GPUs): call it off the loop."""
     weights = pages.weights_gib(model_path(spec))
     available = pages.mem_available()
     gib = None if available is None else available / GIB
-    return sleep_level_for(spec, weights, gib, pinned)
+    unified = (
+        gpus is not None
+        and gpus.unread() is None
+        and any(g.unified for g in gpus.read(gpu_indices(spec)))
+    )
+    return sleep_level_for(spec, weights, gib, pinned, unified)
 
 
 async def sleep_engine(
@@ -319,8 +330,22 @@ async def sleep_engine(
     after = None if asleep is False else await _held_by(seam.gpus, spec, pids)
     slept = confirm_sleep(level, asleep, pids, before, after, for_lane(spec).unreleased)
     if isinstance(slept, Asleep) and slept.said:
-        note(EventKind.SLEEP, slept.said)
+        pool = await _pool_of(seam.gpus, spec)
+        note(EventKind.SLEEP, slept.said + (f" ({pool})" if pool else ""))
     return slept
+
+
+async def _pool_of(gpus: Gpus, spec: LaneConfig) -> str:
+    """On unified-memory GPUs, what a sleep's confirmation adds: where the memory went and
+    what the pool has now ("" elsewhere)."""
+    readings = await asyncio.to_thread(gpus.read, gpu_indices(spec))
+    free = pool_available(readings)
+    if free is None:
+        return ""
+    return (
+        f"unified memory: released to the pool it shares with the host, "
+        f"{free / GIB:.1f} GiB available there now"
+    )
 
 
 async def _held_by(gpus: Gpus, spec: LaneConfig, pids: set[int]) -> dict[int, int] | None:

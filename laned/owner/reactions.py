@@ -150,7 +150,9 @@ class Reactions:
         if report(watchers.Ready(image)):
             alarm = self.alarm(lane)
             alarm.clear()  # what an earlier run's engine said is not this one's
-            await watchers.watch_liveness(self.seam.engines, self.seam.pages, spec, report, alarm)
+            await watchers.watch_liveness(
+                self.seam.engines, self.seam.pages, spec, report, alarm, self.seam.gpus
+            )
 
     def _observe(self, lane: str, run: int, seen: watchers.Observation) -> bool:
         """A watcher's report on one run of the lane, as an input; True: go on watching."""
@@ -193,6 +195,13 @@ class Reactions:
             self.post(lane, i.GiveUp(run, reason, "start-timeout"))
         elif isinstance(seen, watchers.MemoryLow):
             reason = f"memory-guard: MemAvailable {seen.available_gib:.1f} GiB below the floor"
+            if seen.unified:
+                reason = (
+                    f"memory-guard: the unified memory pool its GPUs share with the host has "
+                    f"{seen.available_gib:.1f} GiB available, below the floor of "
+                    f"{seen.floor_gib:g} GiB for {seen.for_seconds:g}s: stopped before the "
+                    "engine outgrows the pool and the OOM takes the host down"
+                )
             self.post(lane, i.GiveUp(run, reason, "memory-guard"))
         return False
 

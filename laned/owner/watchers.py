@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from laned.config.model import LaneConfig
+from laned.config.model import LaneConfig, gpu_indices
 from laned.core.facts import GIB
 from laned.core.liveness import UNANSWERED, EngineSample, MemoryFloor, StallDetector
 from laned.core.phases import Seen
+from laned.core.unified import pool_available
 from laned.engines import for_lane, headless
-from laned.owner.seam import Engines, Journal, PageCache
+from laned.owner.seam import Engines, Gpus, Journal, PageCache
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,14 @@ class Stalled:
 
 @dataclass(frozen=True)
 class MemoryLow:
-    """The host's MemAvailable stayed below the lane's floor."""
+    """The host's MemAvailable stayed below the lane's floor; `unified`: the lane's GPUs
+    share the host's memory, and what stayed low is that pool's available memory
+    (laned.core.unified: MemAvailable, or a cgroup's limit less its usage where lower)."""
 
     available_gib: float
+    floor_gib: float = 0.0
+    for_seconds: float = 0.0
+    unified: bool = False
 
 
 Observation = Tick | Ready | StartTimedOut | ProbeFailed | SaidDead | Sampled | Stalled | MemoryLow
@@ -176,18 +182,28 @@ async def watch_liveness(
     spec: LaneConfig,
     report: Report,
     alarm: asyncio.Event | None = None,
+    gpus: Gpus | None = None,
 ) -> None:
     """Every probe.interval, and at once when `alarm` is set (the engine logged that it is
-    dying; then every DYING_EVERY for DYING_LOOK): health, then /metrics (stall), then the host's memory floor. A health answer
-    that the engine's profile says means it is dead is reported at once (SaidDead); any other
-    failed answer counts towards probe.failures. Returns when the owner says stop, or after
-    reporting a failure that ends the run."""
-    if headless(spec):
-        return
+    dying; then every DYING_EVERY for DYING_LOOK): health, then /metrics (stall), then the
+    host's memory floor — on unified-memory GPUs (`gpus` read once at the start says so),
+    the pool they share with the host. A health answer that the engine's profile says means
+    it is dead is reported at once (SaidDead); any other failed answer counts towards
+    probe.failures. Returns when the owner says stop, or after reporting a failure that
+    ends the run."""
     settings = spec.probe
+    floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)
+    unified = settings.memory_floor_gib > 0 and await _pool_free(gpus, spec) is not None
+    if headless(spec):
+        # A worker rank serves no API to probe; its host's memory is guarded all the same
+        # (seed 002: each DGX Spark's pool is its own).
+        while settings.memory_floor_gib > 0:
+            await asyncio.sleep(settings.interval)
+            if not report(Tick()) or await _floor_low(floor, pages, gpus, spec, unified, report):
+                return
+        return
     rule = for_lane(spec).health
     stall = StallDetector(settings.stall_after)
-    floor = MemoryFloor(settings.memory_floor_gib, settings.memory_floor_for)
     failures = 0
     last: EngineSample | None = None  # the last sample /metrics gave
     look_until = 0.0  # probing every DYING_EVERY until then: the engine said it is dying
@@ -230,12 +246,36 @@ async def watch_liveness(
                 return
         else:
             stall.answered()
-        if settings.memory_floor_gib > 0:
-            free = pages.mem_available()
-            available = None if free is None else free / GIB
-            if floor.observe(available, now) and available is not None:
-                report(MemoryLow(available))
-                return
+        if settings.memory_floor_gib > 0 and await _floor_low(
+            floor, pages, gpus, spec, unified, report
+        ):
+            return
+
+
+async def _floor_low(
+    floor: MemoryFloor,
+    pages: PageCache,
+    gpus: Gpus | None,
+    spec: LaneConfig,
+    unified: bool,
+    report: Report,
+) -> bool:
+    """One reading of the memory the guard watches (the unified pool, else MemAvailable):
+    True, once reported, when it has stayed below the floor long enough."""
+    free = await _pool_free(gpus, spec) if unified else pages.mem_available()
+    available = None if free is None else free / GIB
+    if not floor.observe(available, time.monotonic()) or available is None:
+        return False
+    report(MemoryLow(available, floor.floor_gib, floor.for_seconds, unified))
+    return True
+
+
+async def _pool_free(gpus: Gpus | None, spec: LaneConfig) -> float | None:
+    """What is available of the unified memory pool the lane's GPUs share with the host;
+    None where they are not unified (or not read)."""
+    if gpus is None or gpus.unread() is not None:
+        return None
+    return pool_available(await asyncio.to_thread(gpus.read, gpu_indices(spec)))
 
 
 async def follow_phases(

@@ -66,7 +66,8 @@ def fit(
             out.append(
                 Finding(
                     "needs",
-                    f"{base}.gpus: the lane needs {needs.gpus} GPUs, this host has {len(gpus)}",
+                    f"{base}.gpus: the lane needs {needs.gpus} GPUs, this host has {len(gpus)}"
+                    + (f" read ({host.gpu_note})" if host.gpu_note else ""),
                     "run it on a host with enough GPUs",
                     severity=Severity.ERROR,
                 )
@@ -103,6 +104,18 @@ def fit(
                     severity=Severity.WARNING,
                 )
             )
+    if unified(spec, host) and not spec.probe.memory_floor_gib:
+        out.append(
+            Finding(
+                "needs",
+                f"lanes.{lane}.probe.memory_floor_gib: the lane's GPUs have unified memory, one "
+                "pool with the host, and the lane has no memory floor: an engine that outgrows "
+                "the pool takes the whole host down with it",
+                f"set lanes.{lane}.probe.memory_floor_gib (say 4) and laned stops the lane "
+                "before the pool runs out (docs/placement.md, Unified memory)",
+                severity=Severity.WARNING,
+            )
+        )
     if needs.disk_gib and disk_total_gib is not None and disk_total_gib < needs.disk_gib:
         out.append(
             Finding(
@@ -121,15 +134,21 @@ def sleep_level_for(
     weights_gib: float | None,
     mem_available_gib: float | None,
     pinned: bool = False,
+    unified: bool = False,
 ) -> tuple[int, str]:
     """The level the lane sleeps at now, and why when it is not its own, by its engine's
     rule (SleepApi.level_now: vLLM's level 1 pins the weights in host RAM, and with too
-    little of it sleeps at level 2); `pinned`: its engine holds its pinned buffers from an
-    earlier level-1 sleep."""
+    little of it, or on `unified` memory GPUs where host RAM is the GPU's, sleeps at level
+    2); `pinned`: its engine holds its pinned buffers from an earlier level-1 sleep."""
     sleep = engines.for_lane(spec).sleep
     if sleep is None:
         return spec.sleep_level, ""
-    return sleep.level_now(spec.sleep_level, weights_gib, mem_available_gib, pinned)
+    return sleep.level_now(spec.sleep_level, weights_gib, mem_available_gib, pinned, unified)
+
+
+def unified(spec: LaneConfig, host: HostFacts) -> bool:
+    """Whether the lane's GPUs share their memory with the host (laned.core.unified)."""
+    return any(g.unified for g in lane_gpus(spec, host))
 
 
 def sleep_fit(
@@ -138,7 +157,9 @@ def sleep_fit(
     """Preflight's word on a lane that sleeps: the level it would sleep at on this host now."""
     if not spec.sleep_level:
         return []
-    level, why = sleep_level_for(spec, weights_gib, host.mem_available_gib)
+    level, why = sleep_level_for(
+        spec, weights_gib, host.mem_available_gib, False, unified(spec, host)
+    )
     where = f"lanes.{lane}.sleep_level"
     if host.gpus is None:
         platforms = "; ".join(p.sleep.platforms for p in engines.LISTED if p.sleep is not None)
@@ -157,7 +178,9 @@ def sleep_fit(
             Finding(
                 "sleep",
                 f"{where} = 1: it would sleep at level 2 now: {why}",
-                "free host RAM, or set sleep_level = 2",
+                "set sleep_level = 2 (or 0: stopped, where a weight cache keeps the weights)"
+                if unified(spec, host)
+                else "free host RAM, or set sleep_level = 2",
                 severity=Severity.NOTE,
             )
         ]
@@ -189,6 +212,8 @@ def beside_sleepers(
         kept = sum(used for pid, used in gpu.processes or () if pid in sleepers)
         kept += sum(soon.values())
         free = gpu.total_bytes - kept
+        if gpu.unified:  # the pool: what the host's other processes take is not free either
+            free = min(free, gpu.total_bytes - gpu.used_bytes - sum(soon.values()))
         if not kept or free >= gpu.total_bytes * wanted:
             continue
         fits = int((free / gpu.total_bytes) * 100) / 100 - 0.01

@@ -2,7 +2,8 @@
 real with torch (LANED_SIM_HOLD_GPU_GIB, for runs on a GPU host).
 
 LANED_SIM_GPUS=DIR is a host with no GPU that laned reads as if NVML did
-(laned.adapters.gpus.SimGpus): DIR/gpus.json lists the GPUs, and each simulated engine writes
+(laned.adapters.gpus.SimGpus): DIR/gpus.json lists the GPUs (one marked `"unified": true` is a
+GB10's, whose memory is the host's pool, DIR/meminfo), and each simulated engine writes
 what its process holds to DIR/held/PID.json when it takes the memory (vLLM: at its worker's
 start, before the weights), rewrites it at a sleep and a wake, and leaves it at its exit (a
 process that has ended holds nothing). vLLM's rule is played as vllm/v1/worker/utils.py
@@ -37,13 +38,13 @@ _held: list[Any] = []
 RESIDUAL = 0.6 * 2**30
 
 
-def _sim_gpus(root: str) -> list[int]:
+def _sim_gpus(root: str) -> list[dict[str, Any]]:
     with open(os.path.join(root, "gpus.json")) as f:
-        return [int(g["total_bytes"]) for g in json.load(f)["gpus"]]
+        return list(json.load(f)["gpus"])
 
 
-def _sim_used(root: str, gpu: int) -> int:
-    """What the other live processes hold on a simulated GPU."""
+def _sim_used(root: str, gpus: set[int]) -> int:
+    """What the other live processes hold on simulated GPUs `gpus`."""
     folder, used = os.path.join(root, "held"), 0
     for name in os.listdir(folder) if os.path.isdir(folder) else ():
         try:
@@ -51,10 +52,36 @@ def _sim_used(root: str, gpu: int) -> int:
                 record = json.load(f)
             if int(record["pid"]) != os.getpid():
                 os.kill(int(record["pid"]), 0)
-                used += int(record["gpus"].get(str(gpu), 0))
+                used += sum(int(record["gpus"].get(str(gpu), 0)) for gpu in gpus)
         except (OSError, ValueError, KeyError):
             continue  # ended, or being written
     return used
+
+
+def _sim_meminfo(root: str) -> dict[str, int]:
+    """DIR/meminfo (a simulated host's /proc/meminfo) in bytes by key."""
+    out = {}
+    with open(os.path.join(root, "meminfo"), encoding="ascii") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key.strip()] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
+
+
+def sim_device(root: str, gpu: int) -> tuple[int, int]:
+    """(total, free) of a simulated GPU as CUDA's cudaMemGetInfo tells the engine. On a
+    unified one (a GB10: `"unified": true` in gpus.json) the host's memory, one pool: DIR/meminfo's
+    MemTotal, and its MemAvailable less what the live processes hold on the unified GPUs
+    (laned reads the same pool: laned.adapters.gpus.sim_pool)."""
+    gpus = _sim_gpus(root)
+    if gpus[gpu].get("unified"):
+        memory = _sim_meminfo(root)
+        shared = {i for i, g in enumerate(gpus) if g.get("unified")}
+        return memory["MemTotal"], memory["MemAvailable"] - _sim_used(root, shared)
+    total = int(gpus[gpu]["total_bytes"])
+    return total, total - _sim_used(root, {gpu})
 
 
 def sim_write(root: str, held: dict[int, int]) -> None:
@@ -84,12 +111,11 @@ def sim_take(
     """Take the memory of an engine on the simulated host's GPUs: `share` of each (vLLM),
     or (None) `of_free` of what is free on each (SGLang's --mem-fraction-static). vLLM's
     refusal as a ValueError with its text."""
-    totals = _sim_gpus(root)
+    count = len(_sim_gpus(root))
     mine = [int(v) for v in visible.split(",") if v.strip().isdigit()] if visible else []
     held = {}
-    for index, gpu in enumerate(mine or range(len(totals))):
-        total = totals[gpu]
-        free = total - _sim_used(root, gpu)
+    for index, gpu in enumerate(mine or range(count)):
+        total, free = sim_device(root, gpu)
         want = int(total * share) if share is not None else int(free * of_free)
         if free < want:
             raise ValueError(

@@ -42,6 +42,9 @@ class HeldGpus:
             self.reads_while_held += 1
         return [GpuReading(0, "test GPU", 80 * GIB, used, ((4242, used),) if used else ())]
 
+    def survey(self, indices: Sequence[int] | None = None) -> tuple[list[GpuReading], list[str]]:
+        return self.read(indices), []  # every GPU read (Nvml.survey: and why any was not)
+
     def close(self) -> None:
         pass
 

@@ -324,6 +324,9 @@ class SleepAwareGpu:
         used = sum(b for _, b in processes)
         return [GpuReading(0, "test GPU", 80 * GIB, used, tuple(processes))]
 
+    def survey(self, indices: Any = None) -> tuple[list[GpuReading], list[str]]:
+        return self.read(indices), []  # every GPU read (Nvml.survey)
+
     def close(self) -> None:
         pass
 

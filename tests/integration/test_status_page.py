@@ -232,6 +232,9 @@ def test_gpus_say_which_lanes_engine_holds_each_processs_memory(
             held = ((pid, 70 * GIB), (4242, 2 * GIB)) if pid else ()
             return [GpuReading(0, "test GPU", 80 * GIB, sum(b for _, b in held), held)]
 
+        def survey(self, indices: Any = None) -> tuple[list[GpuReading], list[str]]:
+            return self.read(indices), []  # every GPU read (Nvml.survey)
+
         def close(self) -> None:
             pass
 

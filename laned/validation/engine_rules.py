@@ -87,9 +87,13 @@ def check_argv(base: str, lane: LaneConfig) -> Iterator[Finding]:
     engine_parts: list[tuple[str, str]] = [
         (f"{base}.args[{i}]", a.flag) for i, a in enumerate(lane.args)
     ]
+    flags = [a.flag for a in lane.args]
     engine_parts += [
         (f"{base}.rank.{r}.args[{i}]", a.flag)
         for r, table in lane.rank.items()
+        # This host's rank (laned.config.ranks.resolve) has its args at the end of the lane's
+        # already: not a second time.
+        if not (table.args and flags[-len(table.args) :] == [a.flag for a in table.args])
         for i, a in enumerate(table.args)
     ]
     if lane.exec is not None:

@@ -51,8 +51,14 @@ def test_each_host_runs_its_own_rank() -> None:
     ]  # fmt: skip
     assert head.env["VLLM_HOST_IP"].value == "10.0.0.1"
     assert worker.env["VLLM_HOST_IP"].value == "10.0.0.2"
-    # No placeholder is left for the engine to see, so validate warns of none.
+    # No placeholder is left for the engine to see, so validate warns of none; nor is the
+    # worker's own --headless "given twice" (it is in the lane's args once, as its rank's).
     assert not [w for w in on("b").warnings if "placeholder" in w.message]
+    assert not [w for w in on("b").warnings if "given twice" in w.message]
+    twice = LANE.replace('args = [{{ flag = "--headless" }}]', 'args = [{{ flag = "--headless" }}, {{ flag = "--master-addr", value = "x" }}]')  # fmt: skip
+    assert [w.where for w in on("a", twice).warnings if "given twice" in w.message] == [
+        "lanes.two.rank.1.args[1]"
+    ]
 
 
 def test_a_host_outside_the_nodes_leaves_the_lane_alone() -> None:
@@ -143,7 +149,10 @@ def test_the_seed_002_lane_runs_the_seeds_argv_on_each_rank(host: str, rank: int
         at = after.index(flag)
         del after[at : at + 2]
     expected = after + (["--headless"] if rank else [])
-    assert ours[ours.index(image) + 1 : -4] == expected
+    # laned's own last: --port, --served-model-name, and the weight cache's loader (each
+    # engine maps from its own host's daemon).
+    assert ours[-4:] == ["--load-format", "ipc_cache", "--model-loader-extra-config", '{"socket_dir":"/run/laned/weights"}']  # fmt: skip
+    assert ours[ours.index(image) + 1 : -8] == expected
     env = {
         w.split("=", 1)[0]: w.split("=", 1)[1]
         for i, w in enumerate(theirs)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,40 +257,41 @@ def state(host: Host, lane: str = "w") -> str:
     return str(host.lane(lane)["state"])
 
 
+def run_on_both(
+    hosts: tuple[Host, Host], tmp_path: Path, master: int, steps: Callable[[], None], **kw: Any
+) -> None:
+    """Both hosts' laned on the shared config (`kw`: config's), then `steps`; on a failure,
+    each host's laned log and journal are printed."""
+    for host in hosts:
+        start_laned(host, config(tmp_path, host, master, **kw), tmp_path / f"{host.name}.log")
+    try:
+        steps()
+    except BaseException:
+        for host in hosts:
+            print(
+                f"===== {host.name} laned =====\n{(tmp_path / f'{host.name}.log').read_text()[-6000:]}"
+            )
+            print(host.run("journalctl", "--user", "-n", "60", "--no-pager", check=False).stdout)
+        raise
+
+
 def test_a_lane_over_two_hosts_runs_fails_and_recovers_as_one(
     two_hosts: tuple[Host, Host], tmp_path: Path
 ) -> None:
     a, b = two_hosts
     master = 29655
-    for host in (a, b):
-        start_laned(host, config(tmp_path, host, master), tmp_path / f"{host.name}.log")
-    try:
+
+    def steps() -> None:
         scenario(a, b, master)
         cached_scenario(a, b, master)
-    except BaseException:
-        for host in (a, b):
-            print(
-                f"===== {host.name} laned =====\n{(tmp_path / f'{host.name}.log').read_text()[-6000:]}"
-            )
-            print(host.run("journalctl", "--user", "-n", "60", "--no-pager", check=False).stdout)
-        raise
+
+    run_on_both(two_hosts, tmp_path, master, steps)
 
 
 def test_a_lane_over_two_hosts_sleeps_and_wakes_as_one_each_host_confirming_its_own(
     two_hosts: tuple[Host, Host], tmp_path: Path
 ) -> None:
-    a, b = two_hosts
-    for host in (a, b):
-        start_laned(host, config(tmp_path, host, 29656, sleeps=True), tmp_path / f"{host.name}.log")
-    try:
-        sleep_scenario(a, b)
-    except BaseException:
-        for host in (a, b):
-            print(
-                f"===== {host.name} laned =====\n{(tmp_path / f'{host.name}.log').read_text()[-6000:]}"
-            )
-            print(host.run("journalctl", "--user", "-n", "60", "--no-pager", check=False).stdout)
-        raise
+    run_on_both(two_hosts, tmp_path, 29656, lambda: sleep_scenario(*two_hosts), sleeps=True)
 
 
 def events(host: Host, lane: str = "w") -> list[str]:

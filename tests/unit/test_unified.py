@@ -237,6 +237,15 @@ class Guarded:
 def test_the_memory_guard_on_unified_memory_watches_the_pool() -> None:
     assert MemoryFloor(4.0, 0.2).observe(3.0, 0.0) is False  # low, not yet for long
     spec = lanes('probe = { interval = "50ms", memory_floor_gib = 4, memory_floor_for = "150ms" }\n')["a"]  # fmt: skip
+    seen = guard_reports(spec, 2.5)  # MemAvailable says 500 GiB; the pool has 2.5
+    low = [s for s in seen if isinstance(s, watchers.MemoryLow)]
+    assert low == [watchers.MemoryLow(2.5, 4.0, 0.15, unified=True)]
+    assert not [s for s in guard_reports(spec, 10.0) if isinstance(s, watchers.MemoryLow)]
+
+
+def guard_reports(spec: Any, free_gib: float) -> list[watchers.Observation]:
+    """What the liveness watcher reports over 2 s (or until its guard's report ends it) of a
+    GB10 host whose pool has `free_gib` available."""
     seen: list[watchers.Observation] = []
 
     def report(observation: watchers.Observation) -> bool:
@@ -248,12 +257,8 @@ def test_the_memory_guard_on_unified_memory_watches_the_pool() -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(watching, 2)
 
-    asyncio.run(run(Guarded(2.5)))  # MemAvailable says 500 GiB; the pool has 2.5
-    low = [s for s in seen if isinstance(s, watchers.MemoryLow)]
-    assert low == [watchers.MemoryLow(2.5, 4.0, 0.15, unified=True)]
-    seen.clear()
-    asyncio.run(run(Guarded(10.0)))
-    assert not [s for s in seen if isinstance(s, watchers.MemoryLow)]
+    asyncio.run(run(Guarded(free_gib)))
+    return seen
 
 
 def test_metrics_and_status_fit_say_which_gpu_is_unified() -> None:
@@ -297,15 +302,5 @@ def test_a_worker_rank_serves_no_api_and_its_hosts_pool_is_guarded_all_the_same(
         'exec = { command = ["vllm", "serve", "/m/w", "--headless"] }\n'
     )
     spec = parse_config(text, "t.toml", {"HOME": "/h"}).lanes["w"]
-    seen: list[watchers.Observation] = []
-
-    def report(observation: watchers.Observation) -> bool:
-        seen.append(observation)
-        return True
-
-    async def run(host: Guarded) -> None:
-        watching = watchers.watch_liveness(host, host, spec, report, None, host)  # type: ignore[arg-type]
-        await asyncio.wait_for(watching, 2)  # it ends at the guard's report
-
-    asyncio.run(run(Guarded(1.0)))
+    seen = guard_reports(spec, 1.0)
     assert seen[-1] == watchers.MemoryLow(1.0, 4.0, 0.1, unified=True)

@@ -10,7 +10,7 @@ when systemd garbage-collects the unit right after. D-Bus errors become SystemdE
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import re
 import shutil
@@ -26,6 +26,8 @@ from dbus_fast.errors import DBusError
 from laned.adapters import commands
 from laned.core.unit_state import UnitCallback, UnitSnapshot
 from laned.errors import BusUnavailable, CommandFailed, SystemdError
+
+log = logging.getLogger("laned.systemd")
 
 SYSTEMD = "org.freedesktop.systemd1"
 PATH = "/org/freedesktop/systemd1"
@@ -123,9 +125,12 @@ class Systemd:
         """Return when the bus connection is gone, however it went; jobs still being waited
         for then fail with BusUnavailable (their JobRemoved can no longer arrive)."""
         if self.bus is not None:
-            # dbus-fast re-raises what ended the connection (EOFError, OSError): it ended.
-            with contextlib.suppress(Exception):
+            # dbus-fast re-raises what ended the connection (EOFError, OSError, an unmarshalling
+            # error): it ended, and what ended it is said (the owner logs the loss itself).
+            try:
                 await self.bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                log.warning("the user bus connection ended: %s: %s", type(exc).__name__, exc)
         self._fail_waiting(
             BusUnavailable("the user bus connection was lost", "laned reconnects by itself")
         )

@@ -261,7 +261,7 @@ def test_a_delivery_that_waits_holds_the_engine_and_the_rest_follows_in_order() 
             while not answer._conn.held:  # the engine's socket is not read meanwhile
                 assert asyncio.get_running_loop().time() < deadline, "never held the engine"
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # a window in which nothing may arrive: not a wait
             assert not got and not pouring.done()
             free.set()
             await pouring
@@ -286,13 +286,14 @@ def test_pour_ends_with_the_error_of_a_delivery_or_of_an_answer_given_up() -> No
             answer.end()
 
             answer = await pool.post(port, b"/v1/x", b"", [])
-            never = asyncio.Event()
+            never, entered = asyncio.Event(), asyncio.Event()
 
             async def stuck(body: bytes) -> None:
+                entered.set()
                 await never.wait()
 
             pouring = asyncio.ensure_future(answer.pour(stuck))
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(entered.wait(), 10)  # its delivery waits now
             answer.end()  # the client went away while its delivery waited:
             never.set()  # uvicorn's send then returns (connection_lost resumes writing)
             with pytest.raises(EngineBrokeOff):

@@ -8,6 +8,8 @@ the config, states and verdicts from fixed sets, exit codes are at most 0-255 an
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -47,6 +49,8 @@ class LanedMetrics(Recorder):
         self._changed = True
         self.source: LaneSource | None = None
         self.host: Callable[[], Awaitable[HostFacts]] | None = None  # the GPUs, read at a scrape
+        self._reading: asyncio.Future[HostFacts] | None = None  # the last reading, shared
+        self._read_at = 0.0  # when it began (monotonic)
         self.budget: Budget | None = None  # the listener's memory of requests in flight
         r = self.registry
         self.exits = Counter(
@@ -171,10 +175,17 @@ class LanedMetrics(Recorder):
         self.host = host
 
     async def scrape(self) -> bytes:
-        """`render`, then the GPUs' memory as read now (where laned reads GPUs)."""
-        facts = None if self.host is None else await self.host()
+        """`render`, then the GPUs' memory (where laned reads GPUs): read at most once every
+        GPU_FRESH seconds, the scrapes meanwhile sharing that reading, so a busy /metrics
+        (bench/api.py) adds no NVML read per request."""
         page = self.render()
-        return page if facts is None or not facts.gpus else page + _gpus(facts.gpus)
+        if self.host is None:
+            return page
+        now = time.monotonic()
+        if self._reading is None or now - self._read_at > GPU_FRESH:
+            self._read_at, self._reading = now, asyncio.ensure_future(self.host())
+        facts = await asyncio.shield(self._reading)
+        return page + _gpus(facts.gpus) if facts.gpus else page
 
     def render(self) -> bytes:
         """The exposition for one scrape: the counters and histograms as rendered at their
@@ -311,6 +322,8 @@ BUDGET_SERIES = (
     ),
 )
 
+
+GPU_FRESH = 1.0  # seconds a reading of the GPUs serves the scrapes that follow it
 
 GPU_SERIES = (
     (

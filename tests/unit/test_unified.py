@@ -268,12 +268,20 @@ def test_metrics_and_status_fit_say_which_gpu_is_unified() -> None:
 
     metrics = LanedMetrics()
     host = HostFacts((gb10(10),), "", 119.0, 110.0)
+    reads = []
 
     async def facts() -> HostFacts:
+        reads.append(1)
         return host
 
+    async def scrape_twice() -> bytes:
+        first = await metrics.scrape()
+        assert await metrics.scrape() == first
+        return first
+
     metrics.host = facts
-    page = asyncio.run(metrics.scrape()).decode()
+    page = asyncio.run(scrape_twice()).decode()
+    assert len(reads) == 1  # scrapes within GPU_FRESH share one reading of the GPUs
     assert 'laned_gpu_memory_total_bytes{gpu="0",name="NVIDIA GB10",unified="true"}' in page
     assert 'laned_gpu_memory_used_bytes{gpu="0",name="NVIDIA GB10",unified="true"}' in page
     promtool = shutil.which("promtool")

@@ -59,7 +59,9 @@ def _sim_used(root: str, gpus: set[int]) -> int:
 
 
 def _sim_meminfo(root: str) -> dict[str, int]:
-    """DIR/meminfo (a simulated host's /proc/meminfo) in bytes by key."""
+    """DIR/meminfo (a simulated host's /proc/meminfo) in bytes by key (as
+    laned.core.unified.parse_meminfo reads it: the simulator stands below laned's core, which
+    it may not import, tests/unit/test_architecture.py)."""
     out = {}
     with open(os.path.join(root, "meminfo"), encoding="ascii") as f:
         for line in f:
